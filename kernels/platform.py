@@ -1,0 +1,73 @@
+"""What the kernels run on: device, compute capability, libraries.
+
+Selection is a pure function of a Platform, so `Platform.hypothetical("cuda", (8, 0))`
+answers "what would an A100 pick?" on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@dataclass(frozen=True)
+class Platform:
+    device: str  # "cpu" | "cuda"
+    capability: tuple[int, int] | None = None  # None on CPU
+    name: str = ""
+    libraries: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def has_capability(self, minimum: tuple[int, int]) -> bool:
+        return self.capability is not None and self.capability >= minimum
+
+    @property
+    def capability_str(self) -> str | None:
+        return None if self.capability is None else f"{self.capability[0]}.{self.capability[1]}"
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "capability": self.capability_str, "name": self.name}
+
+    @classmethod
+    def detect(cls, device: str | None = None) -> Platform:
+        """The platform this process would run on (`device`: auto/None, cpu, cuda)."""
+        if device in (None, "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "--device cuda was requested but torch sees no CUDA device "
+                    f"(torch {torch.__version__}); use --device cpu or install a CUDA build of torch"
+                )
+            index = torch.device(device).index or 0
+            cap = torch.cuda.get_device_capability(index)
+            libs = {"cuda"} | ({"triton"} if _has_module("triton") else set())
+            return cls("cuda", (cap[0], cap[1]), torch.cuda.get_device_name(index), frozenset(libs))
+        libs = {"triton-interpreter"} if _has_module("triton") else set()
+        return cls("cpu", None, "cpu", frozenset(libs))
+
+    @classmethod
+    def hypothetical(cls, device: str, capability: str | tuple[int, int] | None = None) -> Platform:
+        """A platform described rather than detected; CUDA ones are assumed to ship triton."""
+        if device == "cpu":
+            return cls("cpu", None, "cpu", frozenset())
+        if device != "cuda":
+            raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
+        if capability is None:
+            raise ValueError("a hypothetical CUDA platform needs a compute capability, e.g. 8.0 or 9.0")
+        if isinstance(capability, str):
+            try:
+                major, minor = (int(p) for p in capability.split("."))
+            except ValueError:
+                raise ValueError(f"capability {capability!r} is not of the form X.Y (e.g. 9.0)") from None
+            capability = (major, minor)
+        return cls("cuda", capability, f"cuda sm_{capability[0]}{capability[1]}", frozenset({"cuda", "triton"}))

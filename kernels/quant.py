@@ -1,0 +1,103 @@
+"""FP8 (e4m3fn) quantization in plain torch: the reference every kernel is checked against.
+
+Scales are float32 and multiply: real = fp8 * scale. Casts clamp first because a cast of an
+out-of-range value is NaN on CUDA (it saturates only on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+_MIN_SCALE = 1e-12
+
+
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    return (amax.float() / FP8_MAX).clamp(min=_MIN_SCALE)
+
+
+def block_scale_shape(n: int, k: int, block: tuple[int, int]) -> tuple[int, int]:
+    return (math.ceil(n / block[0]), math.ceil(k / block[1]))
+
+
+def _pad_to_blocks(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    n, k = w.shape
+    bn, bk = block_scale_shape(n, k, block)
+    return torch.nn.functional.pad(w, (0, bk * block[1] - k, 0, bn * block[0] - n))
+
+
+def quantize_weight_block(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (fp8 [N, K], scale [ceil(N/bn), ceil(K/bk)]). Partial edge blocks are allowed."""
+    n, k = w.shape
+    gn, gk = block_scale_shape(n, k, block)
+    padded = _pad_to_blocks(w.float(), block).view(gn, block[0], gk, block[1])
+    scale = _amax_scale(padded.abs().amax(dim=(1, 3)))
+    q = to_fp8(padded / scale[:, None, :, None]).view(gn * block[0], gk * block[1])[:n, :k]
+    return q.contiguous(), scale
+
+
+def quantize_weight_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (fp8 [N, K], scale [N, 1])."""
+    scale = _amax_scale(w.abs().amax(dim=1, keepdim=True))
+    return to_fp8(w.float() / scale), scale
+
+
+def quantize_weight_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (fp8 [N, K], scale []) ."""
+    scale = _amax_scale(w.abs().amax())
+    return to_fp8(w.float() / scale), scale
+
+
+def expand_block_scale(scale: torch.Tensor, n: int, k: int, block: tuple[int, int]) -> torch.Tensor:
+    """Block scale [gn, gk] -> elementwise scale [N, K]."""
+    return scale.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)[:n, :k]
+
+
+def dequantize_weight(
+    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of the quantize_weight_* functions; the scale's shape says which scheme."""
+    n, k = q.shape
+    if block is not None:
+        full = expand_block_scale(scale.float(), n, k, block)
+    else:
+        full = scale.float().reshape(-1, 1) if scale.numel() == n and scale.numel() > 1 else scale.float()
+    return (q.float() * full).to(dtype)
+
+
+def quantize_act_per_token_group(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (fp8 [M, K], scale [M, ceil(K/group)]): dynamic 1 x group activation scales."""
+    m, k = x.shape
+    groups = math.ceil(k / group)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    scale = _amax_scale(padded.abs().amax(dim=2))
+    q = to_fp8(padded / scale[:, :, None]).view(m, groups * group)[:, :k]
+    return q.contiguous(), scale
+
+
+def quantize_act_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (fp8 [M, K], scale [M, 1])."""
+    scale = _amax_scale(x.abs().amax(dim=1, keepdim=True))
+    return to_fp8(x.float() / scale), scale
+
+
+def quantize_act_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static (given `scale`) or dynamic per-tensor activation quantization; scale is 0-d."""
+    if scale is None:
+        scale = _amax_scale(x.abs().amax())
+    scale = scale.float().reshape(())
+    return to_fp8(x.float() / scale), scale
+
+
+def dequantize_act(q: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """Inverse of the quantize_act_* functions, in float32."""
+    if group is not None:
+        return q.float() * scale.repeat_interleave(group, dim=1)[:, : q.shape[1]]
+    return q.float() * scale

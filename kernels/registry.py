@@ -1,0 +1,205 @@
+"""Kernel selection: a pure function of (platform, layer config, requested backend).
+
+The priority lists below are data. `auto` takes the first kernel that passes
+`is_supported` and `can_implement`; an explicit backend is strict: if none of its kernels can
+serve the layer, selection raises with every candidate's reason. Never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Union
+
+from .base import LinearKernel, MoEKernel
+from .linear.emulation import EmulationLinearKernel
+from .linear.marlin import MarlinFp8LinearKernel
+from .linear.torch_scaled_mm import TorchScaledMMLinearKernel
+from .linear.triton_block import TritonBlockFp8LinearKernel
+from .linear.unquantized import UnquantizedLinearKernel
+from .moe.emulation import EmulationMoEKernel
+from .moe.marlin import MarlinMoEKernel
+from .moe.triton import TritonFusedMoEKernel
+from .platform import Platform
+from .schemes import LinearLayerConfig, MoELayerConfig, Scheme
+
+KernelClass = Union[type[LinearKernel], type[MoEKernel]]
+DISABLED_ENV = "QUANTGATE_DISABLED_KERNELS"  # debugging only: comma-separated class names
+
+B, C, T, U = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR, Scheme.UNQUANTIZED
+_lin_emul, _lin_torch, _lin_triton, _lin_marlin, _lin_dense = (
+    EmulationLinearKernel,
+    TorchScaledMMLinearKernel,
+    TritonBlockFp8LinearKernel,
+    MarlinFp8LinearKernel,
+    UnquantizedLinearKernel,
+)
+
+# (device, minimum capability) -> scheme -> kernels, fastest first. The first row whose
+# device matches and whose capability the platform reaches applies. Orders follow
+# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200).
+LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearKernel]]]]] = [
+    ("cuda", (9, 0), {
+        B: [_lin_triton, _lin_torch, _lin_marlin, _lin_emul],
+        C: [_lin_torch, _lin_triton, _lin_marlin, _lin_emul],
+        T: [_lin_torch, _lin_marlin, _lin_emul],
+        U: [_lin_dense, _lin_emul],
+    }),
+    ("cuda", (8, 9), {
+        B: [_lin_triton, _lin_marlin, _lin_emul],
+        C: [_lin_torch, _lin_triton, _lin_marlin, _lin_emul],
+        T: [_lin_torch, _lin_marlin, _lin_emul],
+        U: [_lin_dense, _lin_emul],
+    }),
+    ("cuda", (0, 0), {
+        B: [_lin_marlin, _lin_emul],
+        C: [_lin_marlin, _lin_emul],
+        T: [_lin_marlin, _lin_emul],
+        U: [_lin_dense, _lin_emul],
+    }),
+    ("cpu", (0, 0), {
+        B: [_lin_emul],
+        C: [_lin_emul, _lin_torch],
+        T: [_lin_emul, _lin_torch],
+        U: [_lin_dense, _lin_emul],
+    }),
+]
+
+MOE_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[MoEKernel]]]]] = [
+    ("cuda", (8, 9), {
+        B: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
+        C: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
+        T: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
+        U: [TritonFusedMoEKernel, EmulationMoEKernel],
+    }),
+    ("cuda", (0, 0), {
+        B: [MarlinMoEKernel, EmulationMoEKernel],
+        C: [MarlinMoEKernel, EmulationMoEKernel],
+        T: [MarlinMoEKernel, EmulationMoEKernel],
+        U: [TritonFusedMoEKernel, EmulationMoEKernel],
+    }),
+    ("cpu", (0, 0), {s: [EmulationMoEKernel] for s in Scheme}),
+]
+
+ALL_LINEAR_KERNELS: list[type[LinearKernel]] = [_lin_emul, _lin_dense, _lin_torch, _lin_triton, _lin_marlin]
+ALL_MOE_KERNELS: list[type[MoEKernel]] = [EmulationMoEKernel, TritonFusedMoEKernel, MarlinMoEKernel]
+
+LINEAR_BACKENDS = ("auto",) + tuple(dict.fromkeys(k.backend for k in ALL_LINEAR_KERNELS))
+MOE_BACKENDS = ("auto",) + tuple(dict.fromkeys(k.backend for k in ALL_MOE_KERNELS))
+
+
+class UnknownBackendError(ValueError):
+    pass
+
+
+def normalize_backend(name: str, known: tuple[str, ...], flag: str) -> str:
+    """'-' and '_' are equivalent and case is ignored; unknown names get a did-you-mean."""
+    canon = name.strip().lower().replace("_", "-")
+    if canon in known:
+        return canon
+    close = difflib.get_close_matches(canon, known, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownBackendError(f"unknown {flag} {name!r}{hint} (known: {', '.join(known)})")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str
+    backend: str
+    supported: bool
+    reason: str | None
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "backend": self.backend, "supported": self.supported, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Selection:
+    layer: str  # "linear" | "moe"
+    scheme: Scheme
+    requested: str
+    kernel: KernelClass | None
+    candidates: tuple[Candidate, ...] = field(default_factory=tuple)
+    error: str | None = None
+
+    def require(self, module_name: str | None = None) -> KernelClass:
+        """The selected kernel class, or KernelSelectionError naming every candidate's reason."""
+        if self.kernel is None:
+            raise KernelSelectionError(self, module_name)
+        return self.kernel
+
+    @property
+    def rejected(self) -> list[Candidate]:
+        return [c for c in self.candidates if not c.supported]
+
+    def to_dict(self) -> dict:
+        selected = None if self.kernel is None else {"kernel": self.kernel.kernel_name(), "backend": self.kernel.backend}
+        return {
+            "layer": self.layer,
+            "scheme": self.scheme.value,
+            "requested": self.requested,
+            "selected": selected,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "error": self.error,
+        }
+
+
+class KernelSelectionError(RuntimeError):
+    def __init__(self, selection: Selection, layer_name: str | None = None) -> None:
+        self.selection = selection
+        where = f" for {layer_name}" if layer_name else ""
+        super().__init__(f"{selection.error}{where}")
+
+
+def disabled_kernels() -> frozenset[str]:
+    return frozenset(n.strip() for n in os.environ.get(DISABLED_ENV, "").split(",") if n.strip())
+
+
+def _priority(table: list, platform: Platform, scheme: Scheme) -> list:
+    for device, minimum, by_scheme in table:
+        if device == platform.device and (platform.capability or (0, 0)) >= minimum:
+            return list(by_scheme.get(scheme, []))
+    return []
+
+
+def _judge(kernel: KernelClass, platform: Platform, config, disabled: frozenset[str]) -> Candidate:
+    name = kernel.kernel_name()
+    if name in disabled:
+        return Candidate(name, kernel.backend, False, f"disabled by {DISABLED_ENV}")
+    for ok, reason in (kernel.is_supported(platform), kernel.can_implement(config)):
+        if not ok:
+            return Candidate(name, kernel.backend, False, reason)
+    return Candidate(name, kernel.backend, True, None)
+
+
+def _select(layer: str, table: list, every: list, platform: Platform, config, requested: str, known, flag,
+            disabled: frozenset[str] | None) -> Selection:
+    requested = normalize_backend(requested, known, flag)
+    disabled = disabled_kernels() if disabled is None else disabled
+    ordered = _priority(table, platform, config.scheme)
+    if requested != "auto":
+        # Strict: every kernel of the backend is a candidate, priority order first.
+        ordered = [k for k in ordered + [k for k in every if k not in ordered] if k.backend == requested]
+    candidates = tuple(_judge(k, platform, config, disabled) for k in ordered)
+    chosen = next((k for k, c in zip(ordered, candidates) if c.supported), None)
+    error = None
+    if chosen is None:
+        where = platform.device + (f" {platform.capability_str}" if platform.capability else "")
+        reasons = "; ".join(f"{c.kernel}: {c.reason}" for c in candidates) or "no kernel is registered for it"
+        error = (f"no {layer} kernel for scheme {config.scheme.value} on {where} with {flag} {requested}: {reasons}")
+        if requested != "auto":
+            error += f". Choose another {flag} (see `quantgate kernels`) or 'auto'"
+    return Selection(layer, config.scheme, requested, chosen, candidates, error)
+
+
+def select_linear_kernel(platform: Platform, config: LinearLayerConfig, requested: str = "auto",
+                         disabled: frozenset[str] | None = None) -> Selection:
+    return _select("linear", LINEAR_PRIORITY, ALL_LINEAR_KERNELS, platform, config, requested,
+                   LINEAR_BACKENDS, "--linear-backend", disabled)
+
+
+def select_moe_kernel(platform: Platform, config: MoELayerConfig, requested: str = "auto",
+                      disabled: frozenset[str] | None = None) -> Selection:
+    return _select("moe", MOE_PRIORITY, ALL_MOE_KERNELS, platform, config, requested,
+                   MOE_BACKENDS, "--moe-backend", disabled)
