@@ -1,0 +1,715 @@
+"""Eval configs: loading, validation and list files (SPEC section 2).
+
+Three shapes load into one `EvalConfig`:
+- vLLM gen-2 (`tests/evals/gsm8k/configs`): `accuracy_threshold`, `server_args`, `env` ...
+- vLLM gen-1 (`.buildkite/lm-eval-harness/configs`): `tasks: [{name, metrics: [{name, value}]}]`,
+  `limit`, `rtol`, `env_vars`, `max_model_len`, `moe_backend` ...
+- this project's extensions: `name`, `engine`, `dataset`, `gate`, `expect`, `requires`, ...
+
+Every problem is a `ConfigError` whose text is `file:line: field: message`, found at load
+time so that a typo never costs an hour-long run. Keys this schema does not know are kept in
+`extra` and reported as warnings by `inspect_config` (lint), never rejected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import backends
+from .backends import Engine, Layer
+from .legacy import LEGACY_VARS, legacy_names, translate
+from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
+
+GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
+GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
+DEFAULT_METRIC = "exact_match,strict-match"
+CONFIG_SUFFIXES = (".yaml", ".yml")
+LIST_SUFFIX = ".txt"
+
+
+class ConfigError(ValueError):
+    """A config problem located in a file. `line` is 1-based; 0 when there is no line."""
+
+    def __init__(self, path: Path | str, line: int, field: str, message: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.field = field
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else f"{self.path}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema
+
+
+class _Block(BaseModel):
+    """Our own nested blocks reject unknown keys: a typo there would silently disable a check."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(_Block):
+    """Offline GSM8K-format data (`question`, `answer` ending in `#### N`), paths made absolute."""
+
+    train: Path | None = None
+    test: Path
+    sha256: dict[Literal["train", "test"], str] = Field(default_factory=dict)
+
+
+class GateSpec(_Block):
+    mode: GateMode = "absolute"
+    alpha: float = Field(0.05, gt=0, lt=1)
+    beta: float = Field(0.2, gt=0, lt=1)
+    rtol: float | None = Field(None, ge=0, lt=1)  # None: the config's top-level `rtol`
+    recovery: float = Field(0.95, gt=0)
+    max_invalid_rate: float | None = Field(None, ge=0, le=1)
+
+
+class Reference(BaseModel):
+    """A measured reference and its provenance; extra provenance keys are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    value: float = Field(ge=0, le=1)
+    stdev: float | None = Field(None, ge=0)
+    runs: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    measured_on: str | None = None
+    date: str | None = None
+    commit: str | None = None
+
+    @field_validator("date", "measured_on", "commit", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        return None if value is None else str(value)  # YAML reads 2026-11-29 as a date
+
+
+class Expect(_Block):
+    linear_kernel: str | None = None
+    moe_kernel: str | None = None
+
+
+class Requires(_Block):
+    gpus: int = Field(0, ge=0)
+    device: str | None = None
+    min_compute_capability: str | None = None
+
+    @field_validator("min_compute_capability", mode="before")
+    @classmethod
+    def _capability(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        text = str(value).strip()
+        major, dot, minor = text.partition(".")
+        if not (major.isdigit() and (not dot or minor.isdigit())):
+            raise ValueError(f"expected a compute capability like 8.0 or 9.0, got {value!r}")
+        return f"{int(major)}.{int(minor or 0)}"
+
+
+class EvalConfig(BaseModel):
+    """One eval config, every default applied and every path absolute."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    source: Path
+    sha256: str
+    engine: Engine = "builtin"
+    model_name: str = Field(min_length=1)
+    server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    task: str = "gsm8k"
+    dataset: DatasetSpec | None = None
+    metric: str = DEFAULT_METRIC
+    num_questions: int | None = Field(None, ge=1)
+    num_fewshot: int = Field(5, ge=0)
+    max_tokens: int = Field(256, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+    seed: int | None = None
+    temperature: float | None = Field(None, ge=0)
+    use_chat_completions: bool = False
+    gen_prefix: str | None = None
+    request_timeout_seconds: float | None = Field(None, gt=0)
+    startup_max_wait_seconds: float = Field(1200, gt=0)
+    gate: GateSpec = Field(default_factory=GateSpec)
+    accuracy_threshold: float | None = Field(None, ge=0, le=1)
+    tolerance: float = Field(0.08, ge=0, le=1)
+    rtol: float = Field(0.08, ge=0, lt=1)
+    reference: Reference | None = None
+    baseline: str | None = None
+    baseline_path: Path | None = None  # the baseline's config or results file, when one was found
+    expect: Expect = Field(default_factory=Expect)
+    requires: Requires = Field(default_factory=Requires)
+    tags: list[str] = Field(default_factory=list)
+    vllm_command: list[str] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("server_args", "vllm_command", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:  # unbalanced quotes
+                raise ValueError(f"cannot split into arguments: {exc}") from None
+        if isinstance(value, list):
+            return [_scalar_text(v) for v in value]
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): _scalar_text(v) for k, v in value.items()}
+        return value
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate_shorthand(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+    @property
+    def effective_rtol(self) -> float:
+        return self.gate.rtol if self.gate.rtol is not None else self.rtol
+
+    def backend_flags(self) -> dict[str, str]:
+        """`--linear-backend` / `--moe-backend` values named in server_args."""
+        return {flag: value for flag, value, _ in _backend_flags(self.server_args)}
+
+
+def _scalar_text(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "1" if value else "0"  # env switches; `true` in YAML means "1" to the engines
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class Inspection:
+    """Everything lint reports about one file."""
+
+    path: Path
+    config: EvalConfig | None
+    errors: list[ConfigError] = field(default_factory=list)
+    warnings: list[ConfigError] = field(default_factory=list)
+
+
+# Keys of vLLM's two formats that quantgate understands but spells differently, or turns
+# into server flags; see _normalize.
+_GEN1_KEYS = {"tasks", "limit", "env_vars"}
+# gen-1 keys that are engine options: key -> (flag, takes a value, engines that accept the flag)
+_GEN1_SERVER_FLAGS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+    "max_model_len": ("--max-model-len", True, ("builtin", "vllm")),
+    "moe_backend": ("--moe-backend", True, ("builtin", "vllm")),
+    "enforce_eager": ("--enforce-eager", False, ("builtin", "vllm")),
+    "trust_remote_code": ("--trust-remote-code", False, ("vllm",)),
+    "kv_cache_dtype": ("--kv-cache-dtype", True, ("vllm",)),
+    "tokenizer_mode": ("--tokenizer-mode", True, ("vllm",)),
+}
+_OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra"}
+
+
+def load_config(path: Path | str, engine: Engine | None = None) -> EvalConfig:
+    """Load and validate one config file; raise the first ConfigError.
+
+    `engine` overrides the file's `engine:` (`quantgate run --engine`), before backend names
+    are checked against that engine's known set.
+    """
+    result = inspect_config(path, engine)
+    if result.errors:
+        raise result.errors[0]
+    assert result.config is not None
+    return result.config
+
+
+def inspect_config(path: Path | str, engine: Engine | None = None) -> Inspection:
+    """Validate one config file and collect every error and warning (for lint)."""
+    path = Path(path)
+    report = Inspection(path=path, config=None)
+    try:
+        raw = path.read_bytes()
+        doc = load_yaml(path)
+    except FileNotFoundError:
+        report.errors.append(ConfigError(path, 0, "", "no such file"))
+        return report
+    except IsADirectoryError:
+        report.errors.append(ConfigError(path, 0, "", "is a directory, not a config file"))
+        return report
+    except YamlSyntaxError as exc:
+        report.errors.append(ConfigError(path, exc.line, "", exc.message))
+        return report
+    if doc.data is None or doc.data == {}:
+        report.errors.append(ConfigError(path, 1, "", "empty config: the file has no keys (all commented out?)"))
+        return report
+    if not isinstance(doc.data, dict):
+        kind = type(doc.data).__name__
+        report.errors.append(ConfigError(path, 1, "", f"a config must be a mapping of keys to values, got a {kind}"))
+        return report
+    _Loader(path, raw, doc, engine, report).run()
+    return report
+
+
+class _Loader:
+    """One file's journey from YAML to EvalConfig, with every problem located."""
+
+    def __init__(self, path: Path, raw: bytes, doc: YamlDocument, engine: Engine | None, report: Inspection):
+        self.path, self.raw, self.doc, self.report = path, raw, doc, report
+        self.engine_override = engine
+        self.data: dict[str, Any] = doc.data
+        self.origin: dict[str, KeyPath] = {}  # EvalConfig field -> YAML key path it came from
+
+    def error(self, key_path: KeyPath, message: str, *, value: bool = False) -> None:
+        line = self.doc.value_line(key_path) if value else self.doc.line(key_path)
+        self.report.errors.append(ConfigError(self.path, line, _dotted(key_path), message))
+
+    def warn(self, key_path: KeyPath, message: str) -> None:
+        self.report.warnings.append(ConfigError(self.path, self.doc.line(key_path), _dotted(key_path), message))
+
+    def run(self) -> None:
+        fields = self._normalize()
+        if self.report.errors:
+            return
+        try:
+            config = EvalConfig.model_validate(fields)
+        except ValidationError as exc:
+            for err in exc.errors():
+                self._pydantic_error(err)
+            self._check_switches_despite(exc, fields)
+            return
+        config = self._check(config)
+        if not self.report.errors:
+            self.report.config = config
+
+    # -- shape: three formats to one set of fields ----------------------------------------------
+
+    def _normalize(self) -> dict[str, Any]:
+        data = self.data
+        out: dict[str, Any] = {"source": self.path.resolve(), "sha256": hashlib.sha256(self.raw).hexdigest()}
+        extra: dict[str, Any] = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                self.error([key], f"keys must be text, got {key!r}")
+            elif key in _OWN_KEYS:
+                out[key] = value
+                self.origin[key] = [key]
+            elif key not in _GEN1_KEYS and key not in _GEN1_SERVER_FLAGS:
+                extra[key] = value
+        out["name"] = out.get("name", self.path.stem)
+        if self.engine_override is not None:
+            out["engine"] = self.engine_override
+        self._gen1(out)
+        self._gen1_flags(out, extra)
+        engine = out.get("engine", "builtin")
+        for key in extra:
+            if key in _GEN1_SERVER_FLAGS:
+                flag = _GEN1_SERVER_FLAGS[key][0]
+                self.warn([key], f"kept, but engine {engine} has no {flag}: it applies with engine: vllm")
+            else:
+                hint = _did_you_mean(key, sorted(_OWN_KEYS | _GEN1_KEYS | set(_GEN1_SERVER_FLAGS)))
+                self.warn([key], f"not used by quantgate; kept as-is{hint}")
+        out["extra"] = extra
+        return out
+
+    def _gen1(self, out: dict[str, Any]) -> None:
+        data = self.data
+        if "env_vars" in data:
+            env_vars = data["env_vars"] or {}
+            if not isinstance(env_vars, dict):
+                self.error(["env_vars"], "must be a mapping of variable names to values")
+            elif isinstance(out.get("env"), dict):
+                clash = sorted(set(env_vars) & set(out["env"]))
+                if clash:
+                    self.error(["env_vars"], f"{', '.join(clash)} set in both env and env_vars; keep one")
+                out["env"] = {**out["env"], **env_vars}
+            else:
+                out["env"] = env_vars
+                self.origin["env"] = ["env_vars"]
+        if "limit" in data:
+            if "num_questions" in data:
+                self.error(["limit"], "set either num_questions or limit (the gen-1 spelling), not both")
+            out["num_questions"] = data["limit"]
+            self.origin["num_questions"] = ["limit"]
+        if "tasks" in data:
+            self._gen1_tasks(out, data["tasks"])
+
+    def _gen1_tasks(self, out: dict[str, Any], tasks: Any) -> None:
+        if not isinstance(tasks, list) or not tasks:
+            self.error(["tasks"], "must be a list like [{name: gsm8k, metrics: [{name: ..., value: ...}]}]")
+            return
+        if len(tasks) > 1:
+            self.error(["tasks", 1], "one task per config: split the other tasks into their own config files")
+            return
+        task = tasks[0]
+        if not isinstance(task, dict) or not isinstance(task.get("name"), str):
+            self.error(["tasks", 0], "a task needs a `name` (the lm-eval task, e.g. gsm8k)")
+            return
+        if "task" in self.data and self.data["task"] != task["name"]:
+            self.error(["task"], f"task {self.data['task']!r} contradicts tasks[0].name {task['name']!r}")
+        out.setdefault("task", task["name"])
+        self.origin.setdefault("task", ["tasks", 0, "name"])
+        metrics = task.get("metrics") or []
+        values: dict[str, tuple[int, Any]] = {}
+        for i, metric in enumerate(metrics if isinstance(metrics, list) else [None]):
+            if not isinstance(metric, dict) or not isinstance(metric.get("name"), str) or "value" not in metric:
+                self.error(["tasks", 0, "metrics", i], "each metric needs `name` and `value`")
+                return
+            values[metric["name"]] = (i, metric["value"])
+        if not values or "reference" in self.data:
+            return  # an explicit reference: wins over the gen-1 values
+        gated = out.get("metric", DEFAULT_METRIC)
+        if gated not in values:
+            if "metric" in self.data:
+                self.error(["metric"], f"{gated!r} is not among tasks[0].metrics ({', '.join(values)})")
+                return
+            gated = next(iter(values))  # e.g. mbpp's pass_at_1: gate what the file lists
+            out["metric"] = gated
+            self.origin["metric"] = ["tasks", 0, "metrics", 0, "name"]
+        index, value = values[gated]
+        out["reference"] = {"value": value}
+        self.origin["reference"] = ["tasks", 0, "metrics", index]
+
+    def _gen1_flags(self, out: dict[str, Any], extra: dict[str, Any]) -> None:
+        """gen-1 engine options become server flags for engines that take them."""
+        engine = out.get("engine", "builtin")
+        args = out.get("server_args", [])
+        if isinstance(args, str):
+            try:
+                args = shlex.split(args)
+            except ValueError:
+                return  # reported by validation
+        if not isinstance(args, list):
+            return
+        args = [str(a) for a in args]
+        added: list[str] = []
+        for key, (flag, takes_value, engines) in _GEN1_SERVER_FLAGS.items():
+            if key not in self.data:
+                continue
+            value = self.data[key]
+            if engine not in engines:
+                extra[key] = value
+                continue
+            if _has_flag(args, flag):
+                continue  # server_args says it explicitly
+            if takes_value:
+                if value is not None:
+                    added += [flag, str(value)]
+            elif value is True or str(value).lower() == "true":
+                added.append(flag)
+            self.origin.setdefault("server_args", [key])
+        if added:
+            out["server_args"] = args + added
+
+    # -- validation errors ---------------------------------------------------------------------
+
+    def _pydantic_error(self, err: Mapping[str, Any]) -> None:
+        loc = list(err["loc"])
+        top = str(loc[0]) if loc else ""
+        key_path: list[str | int] = list(self.origin.get(top, [top])) + loc[1:]
+        if err["type"] == "extra_forbidden" and len(loc) >= 2:
+            model = {"gate": GateSpec, "dataset": DatasetSpec, "expect": Expect, "requires": Requires}.get(top)
+            known = sorted(model.model_fields) if model else []
+            message = f"unknown key{_did_you_mean(str(loc[-1]), known)} (known: {', '.join(known)})"
+        elif err["type"] == "missing":
+            message = "required"
+            if top == "model_name":
+                message = "required: the model to serve (a Hugging Face id or a local folder)"
+        else:
+            message = f"{err['msg']} (got {_short(err.get('input'))})"
+        self.error(key_path, message, value=err["type"] != "missing")
+
+    # -- checks across fields ------------------------------------------------------------------
+
+    def _check_switches_despite(self, exc: ValidationError, fields: dict[str, Any]) -> None:
+        """Report legacy env and backend names even when other fields failed validation, so
+        one lint pass shows every problem."""
+        broken = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        if broken & {"engine", "server_args", "env"}:
+            return
+        partial = EvalConfig.model_construct(
+            engine=fields.get("engine", "builtin"),
+            server_args=EvalConfig._split(fields.get("server_args", [])),
+            env=EvalConfig._env_text(fields.get("env") or {}),
+        )
+        self._check_env(partial)
+        self._check_backends(partial)
+
+    def _check(self, config: EvalConfig) -> EvalConfig:
+        self._check_env(config)
+        self._check_backends(config)
+        self._check_expect(config)
+        gate = self._check_gate(config)
+        dataset = self._check_dataset(config)
+        baseline_path = self._resolve_baseline(config)
+        return config.model_copy(update={"gate": gate, "dataset": dataset, "baseline_path": baseline_path})
+
+    def _at(self, field_name: str, *rest: str | int) -> list[str | int]:
+        return list(self.origin.get(field_name, [field_name])) + list(rest)
+
+    def _check_env(self, config: EvalConfig) -> None:
+        chosen = config.backend_flags()
+        translation = translate(config.env, chosen)
+        for name in legacy_names(config.env):
+            var = LEGACY_VARS[name]
+            if name in translation.unresolved:
+                fix = translation.unresolved[name]
+            elif translation.flags:
+                fix = f"use `{' '.join(translation.flags)}` in server_args instead"
+            else:
+                fix = "remove it: it selects nothing the server_args do not already say"
+            self.error(self._at("env", name), f"legacy kernel switch ({var.meaning}); {fix} "
+                       f"(`quantgate migrate --write {self.path}` rewrites what it can)")
+
+    def _check_backends(self, config: EvalConfig) -> None:
+        for index, (flag, value, arg_index) in enumerate(_backend_flags(config.server_args, strict=True)):
+            layer: Layer = "linear" if flag == "--linear-backend" else "moe"
+            where = self._server_arg_path(arg_index)
+            if value is None:
+                self.error(where, f"{flag} needs a value", value=True)
+                continue
+            problem = backends.check_backend(config.engine, layer, value)
+            if problem:
+                self.error(where, problem.message, value=True)
+        seen: dict[str, str] = {}
+        for flag, value, arg_index in _backend_flags(config.server_args):
+            if flag in seen and seen[flag] != value:
+                self.error(self._server_arg_path(arg_index), f"{flag} given twice ({seen[flag]}, {value})", value=True)
+            seen[flag] = value
+
+    def _server_arg_path(self, arg_index: int) -> list[str | int]:
+        origin = self.origin.get("server_args", ["server_args"])
+        if origin == ["server_args"] and isinstance(self.data.get("server_args"), list):
+            return ["server_args", arg_index]
+        return list(origin)
+
+    def _check_expect(self, config: EvalConfig) -> None:
+        for layer, value in (("linear", config.expect.linear_kernel), ("moe", config.expect.moe_kernel)):
+            if value is None:
+                continue
+            problem = backends.check_expected_kernel(config.engine, layer, value)  # type: ignore[arg-type]
+            if problem:
+                self.error(["expect", f"{layer}_kernel"], problem.message, value=True)
+
+    def _check_gate(self, config: EvalConfig) -> GateSpec:
+        """The gate with its mode settled; a missing input is an error now, not after the run."""
+        mode = config.gate.mode
+        given = self.data.get("gate")
+        if not (isinstance(given, str) or (isinstance(given, dict) and "mode" in given)):
+            mode = _default_mode(config) or mode
+            if _default_mode(config) is None:
+                self.error([], "no accuracy gate: set accuracy_threshold (absolute), reference (relative), "
+                           "or gate: {mode: ...} with its inputs")
+                return config.gate
+        where = ["gate", "mode"] if "gate" in self.data else []
+        if mode == "absolute" and config.accuracy_threshold is None:
+            self.error(where, "mode absolute needs accuracy_threshold (passes iff measured >= threshold - tolerance)")
+        if mode in ("relative", "hypothesis", "wilson") and config.reference is None:
+            self.error(where, f"mode {mode} needs reference: {{value: ...}} (or a gen-1 tasks[0].metrics value)")
+        if mode in ("paired", "recovery") and config.baseline is None:
+            self.error(where, f"mode {mode} needs baseline: the config name or results file to compare against")
+        return config.gate.model_copy(update={"mode": mode})
+
+    def _check_dataset(self, config: EvalConfig) -> DatasetSpec | None:
+        if config.dataset is None:
+            return None
+        base = self.path.resolve().parent
+        resolved: dict[str, Path | None] = {}
+        for split in ("train", "test"):
+            rel = getattr(config.dataset, split)
+            if rel is None:
+                resolved[split] = None
+                continue
+            absolute = (base / rel).resolve()
+            resolved[split] = absolute
+            if not absolute.is_file():
+                self.error(["dataset", split], f"no such file: {absolute} (paths are relative to the config file)",
+                           value=True)
+                continue
+            expected = config.dataset.sha256.get(split)  # type: ignore[call-overload]
+            if expected is not None:
+                actual = _file_sha256(absolute)
+                if actual != expected.lower():
+                    self.error(["dataset", "sha256", split], f"{absolute} has sha256 {actual}, expected {expected}; "
+                               "the data changed: regenerate it or update the hash and the reference", value=True)
+        return config.dataset.model_copy(update=resolved)
+
+    def _resolve_baseline(self, config: EvalConfig) -> Path | None:
+        if config.baseline is None:
+            return None
+        base = self.path.resolve().parent
+        text = config.baseline
+        looks_like_path = "/" in text or text.endswith((*CONFIG_SUFFIXES, ".json"))
+        if looks_like_path:
+            candidate = (base / text).resolve()
+            if candidate.is_dir():
+                candidate = candidate / "result.json"
+            if not candidate.is_file():
+                self.error(["baseline"], f"no such file: {candidate} (paths are relative to the config file)",
+                           value=True)
+                return None
+            return candidate
+        for sibling in sorted(base.glob("*")):
+            if sibling.suffix in CONFIG_SUFFIXES and sibling.resolve() != self.path.resolve():
+                if sibling.stem == text or _declared_name(sibling) == text:
+                    return sibling.resolve()
+        self.error(["baseline"], f"no config named {text!r} next to this file; give the baseline's config "
+                   "name (a sibling file's stem or name:) or a path to its config or result.json", value=True)
+        return None
+
+
+def _default_mode(config: EvalConfig) -> GateMode | None:
+    """gen-2 files gate absolutely, gen-1 files relatively: as vLLM's own harnesses do."""
+    if config.accuracy_threshold is not None:
+        return "absolute"
+    if config.reference is not None:
+        return "relative"
+    return None
+
+
+def _declared_name(path: Path) -> str | None:
+    try:
+        data = load_yaml(path).data
+    except (OSError, YamlSyntaxError):
+        return None
+    return data.get("name") if isinstance(data, dict) else None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str, Any, int]]:
+    """(flag, value, index) for each --linear-backend / --moe-backend in `args`, in both the
+    `--flag value` and `--flag=value` forms (underscores accepted, as vLLM's parser does).
+    Without `strict`, flags with no value are skipped."""
+    found: list[tuple[str, Any, int]] = []
+    for i, arg in enumerate(args):
+        head, eq, tail = arg.partition("=")
+        flag = head.replace("_", "-")
+        if flag not in ("--linear-backend", "--moe-backend"):
+            continue
+        if eq:
+            value: str | None = tail or None
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        else:
+            value = None
+        if value is not None or strict:
+            found.append((flag, value, i))
+    return found
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a.partition("=")[0].replace("_", "-") == flag for a in args)
+
+
+def _dotted(key_path: KeyPath) -> str:
+    text = ""
+    for key in key_path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text
+
+
+def _did_you_mean(word: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths: files, list files, directories
+
+
+def expand_paths(paths: Iterable[Path | str]) -> list[Path]:
+    """Config files named by `paths`: YAML files as given, `*.txt` list files expanded
+    (entries relative to the list file), directories searched recursively for YAML.
+    Order is kept and duplicates dropped. A missing path or listed file is a ConfigError."""
+    found: dict[Path, None] = {}
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for child in sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file()):
+                found.setdefault(child, None)
+        elif path.suffix == LIST_SUFFIX:
+            for child in read_list_file(path):
+                found.setdefault(child, None)
+        elif path.is_file():
+            found.setdefault(path, None)
+        else:
+            raise ConfigError(path, 0, "", "no such file or directory")
+    return list(found)
+
+
+def read_list_file(path: Path | str, _seen: frozenset[Path] = frozenset()) -> list[Path]:
+    """The configs a list file names: one path per line relative to the list file, `#` starts a
+    comment, blank lines skipped; an entry may itself be a list file. Missing entries are errors."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ConfigError(path, 0, "", "no such list file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, 0, "", "a list file must be UTF-8 text with one config path per line") from None
+    resolved = path.resolve()
+    if resolved in _seen:
+        raise ConfigError(path, 0, "", "list file includes itself (directly or through another list file)")
+    out: list[Path] = []
+    for number, line in enumerate(lines, start=1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        target = path.parent / entry
+        if entry.endswith(LIST_SUFFIX):
+            if not target.is_file():
+                raise ConfigError(path, number, "", f"listed list file {entry!r} does not exist ({target})")
+            out += read_list_file(target, _seen | {resolved})
+        elif target.is_file():
+            out.append(target)
+        elif target.is_dir():
+            raise ConfigError(path, number, "", f"{entry!r} is a directory; list config files one per line")
+        else:
+            raise ConfigError(path, number, "", f"listed config {entry!r} does not exist ({target}); "
+                              "fix the path (relative to this list file) or remove the line")
+    return out
+
+
+def check_unique_names(configs: Sequence[EvalConfig]) -> list[ConfigError]:
+    """`name` is the test id: two configs of one run must not share it."""
+    first: dict[str, EvalConfig] = {}
+    errors = []
+    for config in configs:
+        other = first.setdefault(config.name, config)
+        if other is not config:
+            errors.append(ConfigError(config.source, 1, "name", f"{config.name!r} is also the name of "
+                                      f"{other.source}; names are test ids and must be unique"))
+    return errors
+

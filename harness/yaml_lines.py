@@ -1,0 +1,122 @@
+"""YAML loading that remembers where every key and item came from.
+
+Config errors must name `file:line`, so configs are read with ruamel.yaml's round-trip
+loader, whose mappings and sequences carry `.lc` positions. `YamlDocument.line(path)`
+answers the 1-based line of any key path such as ("tasks", 0, "metrics", 1, "value").
+The same round-trip tree is what `quantgate migrate` edits, so comments and key order
+survive a rewrite.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+KeyPath = Sequence[str | int]
+
+
+class YamlSyntaxError(ValueError):
+    """The text is not YAML. `line` is 1-based (0 when the parser gave no position)."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def round_trip_yaml() -> YAML:
+    """The one YAML instance configuration both loading and `migrate` use."""
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.allow_duplicate_keys = False
+    yaml.width = 4096  # never re-wrap a long server_args string
+    return yaml
+
+
+@dataclass
+class YamlDocument:
+    """A parsed file: the round-trip tree (`root`) and plain Python data (`data`)."""
+
+    root: Any
+    data: Any
+
+    def line(self, path: KeyPath) -> int:
+        """1-based line of the deepest node of `path` that exists (1 for the document)."""
+        node, line = self.root, 1
+        for key in path:
+            if isinstance(node, CommentedMap) and key in node:
+                line = node.lc.key(key)[0] + 1
+                node = node[key]
+            elif isinstance(node, CommentedSeq) and isinstance(key, int) and 0 <= key < len(node):
+                line = node.lc.item(key)[0] + 1
+                node = node[key]
+            else:
+                break
+        return line
+
+    def value_line(self, path: KeyPath) -> int:
+        """1-based line of the value at `path` (differs from `line` for multi-line values)."""
+        if not path:
+            return 1
+        parent = self.root
+        for key in path[:-1]:
+            try:
+                parent = parent[key]
+            except (KeyError, IndexError, TypeError):
+                return self.line(path)
+        last = path[-1]
+        if isinstance(parent, CommentedMap) and last in parent:
+            return parent.lc.value(last)[0] + 1
+        return self.line(path)
+
+
+def parse_yaml(text: str) -> YamlDocument:
+    """Parse `text` into a YamlDocument, or raise YamlSyntaxError with the line."""
+    try:
+        root = round_trip_yaml().load(io.StringIO(text))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 0
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise YamlSyntaxError(line, f"invalid YAML: {problem}") from None
+    except YAMLError as exc:  # duplicate keys and other errors without a mark
+        raise YamlSyntaxError(0, f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    return YamlDocument(root=root, data=to_plain(root))
+
+
+def load_yaml(path: Path) -> YamlDocument:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlSyntaxError(0, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return parse_yaml(text)
+
+
+def to_plain(node: Any) -> Any:
+    """Round-trip nodes to dict/list/str/int/float/bool/None (scalars lose their styles)."""
+    if isinstance(node, dict):
+        return {_plain_key(k): to_plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [to_plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node  # dates and other tagged scalars stay as ruamel/python objects
+
+
+def _plain_key(key: Any) -> Any:
+    """YAML allows sequences and mappings as keys (`? [a, b]`); Python dicts do not."""
+    plain = to_plain(key)
+    return str(plain) if isinstance(plain, (list, dict)) else plain
