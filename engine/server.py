@@ -1,0 +1,595 @@
+"""The OpenAI-compatible HTTP surface of `quantgate serve` (SPEC section 6).
+
+`build_app(engine, loaded, settings)` returns a FastAPI app over an `AsyncEngine`: every HTTP
+request becomes one engine request per prompt, so concurrent clients share the engine's
+running batch. Bad input is turned into an OpenAI-style 4xx before the engine sees it; an
+error inside one request becomes that request's 500 and never stops the server. A client
+that disconnects has its engine requests aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import AsyncEngine, LoadedModel, RequestOutput, SamplingParams
+from .chat_template import ChatTemplate, ChatTemplateError
+from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
+from .protocol import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    UNION_HINTS,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenLogprob,
+    TokenIds,
+    TopLogprob,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 2**20  # far above any prompt a supported max_model_len can hold
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client gone before the answer
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_names: tuple[str, ...]  # the first one is reported in responses
+    max_model_len: int
+    api_key: str | None = None
+
+
+class APIError(Exception):
+    """An OpenAI-style error response."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        body = ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code))
+        return JSONResponse(body.model_dump(), status_code=self.status)
+
+
+# ---- request -> engine ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """One prompt of a request: one engine request."""
+
+    request_id: str
+    index: int
+    prompt_text: str
+    prompt_ids: TokenIds
+    params: SamplingParams
+
+
+@dataclass
+class _Finished:
+    """Everything an engine request produced, accumulated from its incremental outputs."""
+
+    job: _Job
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.new_text
+        self.token_ids += out.new_token_ids
+        self.token_logprobs += out.token_logprobs or []
+        self.top_logprobs += out.top_logprobs or []
+        if out.prompt_logprobs:
+            self.prompt_logprobs = list(out.prompt_logprobs)
+        self.num_prompt_tokens = out.num_prompt_tokens
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+class OpenAIServer:
+    """Request handling, independent of routing (build_app wires it to FastAPI)."""
+
+    def __init__(self, engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings,
+                 metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.settings = settings
+        self.metrics = metrics
+        self.vocab_size = int(loaded.model_config.vocab_size)
+        self.chat_template = ChatTemplate.for_tokenizer(loaded.tokenizer)
+
+    # -- checks shared by both endpoints
+
+    def model_name(self, requested: str | None) -> str:
+        names = self.settings.served_model_names
+        if requested is not None and requested not in names:
+            raise APIError(404, f"The model `{requested}` does not exist; this server serves {', '.join(names)}",
+                           param="model", code="model_not_found")
+        return names[0]
+
+    def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
+             params: Callable[[int], SamplingParams], param: str) -> _Job:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise APIError(400, f"token id {bad} is out of range: the vocabulary has {self.vocab_size} tokens "
+                               f"(ids 0..{self.vocab_size - 1})", param=param)
+            text, ids = self.tokenizer.decode(prompt), list(prompt)
+        if not ids:
+            raise APIError(400, "the prompt is empty (0 tokens); send at least one token", param=param)
+        limit = self.settings.max_model_len
+        if max_tokens is None:
+            max_tokens = limit - len(ids)
+        if len(ids) + max(max_tokens, 1) > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the completion). "
+                "Reduce the length of the prompt or max_tokens (or restart the server with a larger --max-model-len).",
+                param=param, code="context_length_exceeded")
+        return _Job(request_id, index, text, ids, params(max_tokens))
+
+    async def generate(self, job: _Job) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one job; aborts the engine request if the consumer leaves early."""
+        finished = False
+        accepted = time.perf_counter()
+        first_token_at: float | None = None
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        try:
+            async for out in self.engine.generate(job.request_id, job.prompt_ids, job.params):
+                if out.new_token_ids:
+                    self.metrics.generation_tokens.inc(len(out.new_token_ids))
+                    if first_token_at is None:
+                        first_token_at = time.perf_counter()
+                        self.metrics.time_to_first_token.observe(first_token_at - accepted)
+                finished = out.finished
+                if finished and first_token_at is not None and out.num_generated_tokens > 1:
+                    self.metrics.time_per_output_token.observe(
+                        (time.perf_counter() - first_token_at) / (out.num_generated_tokens - 1))
+                yield out
+        finally:
+            if not finished:
+                self.engine.abort(job.request_id)
+
+    async def collect(self, job: _Job) -> _Finished:
+        done = _Finished(job)
+        async with aclosing(self.generate(job)) as outputs:
+            async for out in outputs:
+                done.add(out)
+        return done
+
+    async def merged(self, jobs: Sequence[_Job]) -> AsyncIterator[tuple[_Job, RequestOutput]]:
+        """Outputs of several jobs as they come (one stream per multi-prompt request)."""
+        if len(jobs) == 1:
+            async with aclosing(self.generate(jobs[0])) as outputs:
+                async for out in outputs:
+                    yield jobs[0], out
+            return
+        queue: asyncio.Queue[tuple[_Job, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(job: _Job) -> None:
+            try:
+                async with aclosing(self.generate(job)) as outputs:
+                    async for out in outputs:
+                        await queue.put((job, out))
+                await queue.put((job, None))
+            except Exception as exc:  # handed to the consumer, which raises it
+                await queue.put((job, exc))
+
+        tasks = [asyncio.create_task(pump(job)) for job in jobs]
+        try:
+            remaining = len(jobs)
+            while remaining:
+                job, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield job, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- token strings for logprobs
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def top_dict(self, top: dict[int, float] | None) -> dict[str, float] | None:
+        return None if top is None else {self.token_text(t): _finite(lp) for t, lp in top.items()}
+
+    # -- /v1/completions
+
+    def completion_jobs(self, req: CompletionRequest) -> list[_Job]:
+        base = f"cmpl-{uuid.uuid4().hex}"
+        prompts = req.prompts()
+
+        def params(max_tokens: int) -> SamplingParams:
+            return SamplingParams(
+                max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
+                seed=req.seed, stop=list(req.stop or []), logprobs=req.logprobs,
+                prompt_logprobs=req.echo and req.logprobs is not None)
+
+        max_tokens = _or(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
+        return [self._job(base if len(prompts) == 1 else f"{base}-{i}", i, p, max_tokens, params, "prompt")
+                for i, p in enumerate(prompts)]
+
+    def completion_logprobs(self, req: CompletionRequest, done: _Finished) -> CompletionLogprobs | None:
+        if req.logprobs is None:
+            return None
+        tokens: list[str] = []
+        token_lps: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        if req.echo:
+            tokens += [self.token_text(t) for t in done.job.prompt_ids]
+            for i, entry in enumerate(_pad(done.prompt_logprobs, len(done.job.prompt_ids))):
+                lp, top = _prompt_entry(entry)
+                token_lps.append(None if i == 0 else lp)
+                tops.append(None if i == 0 else self.top_dict(top))
+        tokens += [self.token_text(t) for t in done.token_ids]
+        token_lps += [_finite(lp) for lp in done.token_logprobs]
+        tops += [self.top_dict(top) for top in done.top_logprobs]
+        offsets, position = [], 0
+        for token in tokens:
+            offsets.append(position)
+            position += len(token)
+        return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets)
+
+    async def completions(self, req: CompletionRequest) -> CompletionResponse:
+        model = self.model_name(req.model)
+        jobs = self.completion_jobs(req)
+        results = await asyncio.gather(*(self.collect(job) for job in jobs))
+        choices = [
+            CompletionChoice(index=d.job.index, text=(d.job.prompt_text if req.echo else "") + d.text,
+                             logprobs=self.completion_logprobs(req, d), finish_reason=d.finish_reason)
+            for d in results
+        ]
+        return CompletionResponse(id=jobs[0].request_id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].request_id,
+                                  model=model, choices=choices, usage=_usage(results))
+
+    async def stream_completions(self, req: CompletionRequest) -> AsyncIterator[str]:
+        model = self.model_name(req.model)
+        jobs = self.completion_jobs(req)
+        response_id = jobs[0].request_id
+        created = int(time.time())
+        started: set[int] = set()
+        usage = {"prompt": 0, "completion": 0}
+
+        async def events() -> AsyncIterator[str]:
+            async with aclosing(self.merged(jobs)) as outputs:
+                async for job, out in outputs:
+                    done = _Finished(job)
+                    done.add(out)
+                    prefix = ""
+                    if req.echo and job.index not in started:
+                        prefix = job.prompt_text
+                    logprobs = self.completion_logprobs(req, done) if (req.logprobs is not None) else None
+                    if logprobs is not None and job.index in started:
+                        logprobs = _without_prompt(logprobs, len(job.prompt_ids)) if req.echo else logprobs
+                    started.add(job.index)
+                    chunk = CompletionResponse(
+                        id=response_id, created=created, model=model,
+                        choices=[CompletionChoice(index=job.index, text=prefix + out.new_text, logprobs=logprobs,
+                                                  finish_reason=out.finish_reason if out.finished else None)])
+                    if out.finished:
+                        usage["prompt"] += out.num_prompt_tokens
+                        usage["completion"] += out.num_generated_tokens
+                    yield _sse(chunk.model_dump(exclude={"usage"}))
+            if req.include_usage_in_stream:
+                total = Usage(prompt_tokens=usage["prompt"], completion_tokens=usage["completion"],
+                              total_tokens=usage["prompt"] + usage["completion"])
+                yield _sse({"id": response_id, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": total.model_dump()})
+
+        async for event in _sse_stream(events()):
+            yield event
+
+    # -- /v1/chat/completions
+
+    def chat_job(self, req: ChatCompletionRequest) -> _Job:
+        try:
+            text = self.chat_template.render([m.model_dump() | {"content": m.text()} for m in req.messages],
+                                             add_generation_prompt=req.add_generation_prompt,
+                                             **(req.chat_template_kwargs or {}))
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+
+        def params(max_tokens: int) -> SamplingParams:
+            return SamplingParams(
+                max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
+                seed=req.seed, stop=list(req.stop or []),
+                logprobs=_or(req.top_logprobs, 0) if req.logprobs else None)
+
+        return self._job(f"chatcmpl-{uuid.uuid4().hex}", 0, ids, req.requested_max_tokens, params, "messages")
+
+    def chat_logprobs(self, req: ChatCompletionRequest, token_ids: list[int], logprobs: list[float],
+                      tops: list[dict[int, float]]) -> ChatLogprobs | None:
+        if not req.logprobs:
+            return None
+        k = _or(req.top_logprobs, 0)
+        content = []
+        for token_id, lp, top in zip(token_ids, logprobs, tops):
+            best = sorted((top or {}).items(), key=lambda kv: -kv[1])[:k]
+            content.append(TokenLogprob(
+                **_chat_token(self.token_text(token_id), lp),
+                top_logprobs=[TopLogprob(**_chat_token(self.token_text(t), v)) for t, v in best]))
+        return ChatLogprobs(content=content)
+
+    async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse:
+        model = self.model_name(req.model)
+        job = self.chat_job(req)
+        done = await self.collect(job)
+        choice = ChatChoice(index=0, message=AssistantMessage(content=done.text),
+                            logprobs=self.chat_logprobs(req, done.token_ids, done.token_logprobs, done.top_logprobs),
+                            finish_reason=done.finish_reason)
+        return ChatCompletionResponse(id=job.request_id, model=model, choices=[choice], usage=_usage([done]))
+
+    async def stream_chat(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
+        model = self.model_name(req.model)
+        job = self.chat_job(req)
+        created = int(time.time())
+
+        def chunk(delta: DeltaMessage, **kwargs: Any) -> str:
+            choice = ChatChunkChoice(index=0, delta=delta, **kwargs)
+            body = ChatCompletionChunk(id=job.request_id, created=created, model=model, choices=[choice])
+            return _sse(body.model_dump(exclude={"usage"}))
+
+        async def events() -> AsyncIterator[str]:
+            yield chunk(DeltaMessage(role="assistant", content=""))
+            last: RequestOutput | None = None
+            async with aclosing(self.merged([job])) as outputs:
+                async for _, out in outputs:
+                    last = out
+                    logprobs = self.chat_logprobs(req, out.new_token_ids, out.token_logprobs or [],
+                                                  out.top_logprobs or [])
+                    if out.new_text or logprobs:
+                        yield chunk(DeltaMessage(content=out.new_text), logprobs=logprobs)
+                    if out.finished:
+                        yield chunk(DeltaMessage(), finish_reason=out.finish_reason)
+            if req.include_usage_in_stream and last is not None:
+                usage = Usage(prompt_tokens=last.num_prompt_tokens, completion_tokens=last.num_generated_tokens,
+                              total_tokens=last.num_prompt_tokens + last.num_generated_tokens)
+                yield _sse(ChatCompletionChunk(id=job.request_id, created=created, model=model, choices=[],
+                                               usage=usage).model_dump())
+
+        async for event in _sse_stream(events()):
+            yield event
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _finite(value: float) -> float:
+    """JSON has no -inf; a token of probability 0 gets the most negative float instead."""
+    return value if math.isfinite(value) else -3.4e38
+
+
+def _pad(entries: Sequence[Any], n: int) -> list[Any]:
+    return list(entries) + [None] * (n - len(entries))
+
+
+def _prompt_entry(entry: Any) -> tuple[float | None, dict[int, float] | None]:
+    """A prompt position's (logprob, top alternatives) as the engine reports it."""
+    if entry is None:
+        return None, None
+    lp, top = entry
+    return (None if lp is None else _finite(lp)), top
+
+
+def _without_prompt(logprobs: CompletionLogprobs, n: int) -> CompletionLogprobs:
+    return CompletionLogprobs(tokens=logprobs.tokens[n:], token_logprobs=logprobs.token_logprobs[n:],
+                              top_logprobs=logprobs.top_logprobs[n:], text_offset=logprobs.text_offset[n:])
+
+
+def _chat_token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def _usage(results: Sequence[_Finished]) -> Usage:
+    prompt = sum(d.num_prompt_tokens or len(d.job.prompt_ids) for d in results)
+    completion = sum(len(d.token_ids) for d in results)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """OpenAI's server-sent events: the chunks, an error event if the request fails midway, then [DONE]."""
+    try:
+        async with aclosing(events) as stream:
+            async for event in stream:
+                yield event
+    except APIError as exc:
+        yield _sse({"error": ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code).model_dump()})
+    except Exception as exc:
+        log.exception("streamed request failed")
+        yield _sse({"error": ErrorInfo(message=f"internal error: {type(exc).__name__}: {exc}",
+                                       type="internal_error").model_dump()})
+    yield "data: [DONE]\n\n"
+
+
+async def _unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
+    """Run `work` while watching the connection; if the client leaves first, cancel it (which
+    aborts its engine requests) and return None."""
+
+    async def disconnected() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+    return task.result()
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    """pydantic's errors -> one OpenAI error naming the first offending field."""
+    errors = list(exc.errors())
+    first = errors[0] if errors else {"loc": ("body",), "type": "", "msg": "invalid request"}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}); "
+                        "send a JSON object")
+    if not loc:
+        if kind == "missing":
+            return APIError(400, "the request body is empty; send a JSON object with Content-Type: application/json")
+        return APIError(400, "the request body must be a JSON object (Content-Type: application/json)")
+    # Union members add their type name to the location; report the field once with a hint.
+    field_path = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool")]
+    param = ".".join(field_path)
+    same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
+    leaf = field_path[-1] if field_path else loc[0]
+    if leaf in UNION_HINTS and len(same_field) > 1 and kind != "unsupported":
+        return APIError(400, f"{param}: {UNION_HINTS[leaf]}", param=param)
+    message = first.get("msg", "invalid value")
+    if kind == "missing":
+        message = "this field is required"
+    return APIError(400, f"{param}: {message}", param=param)
+
+
+# ---- app -----------------------------------------------------------------------------------------
+
+
+def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings) -> FastAPI:
+    metrics = ServerMetrics(engine_gauges=lambda: _engine_gauges(engine))
+    server = OpenAIServer(engine, loaded, settings, metrics)
+    app = FastAPI(title="quantgate serve", description="OpenAI-compatible server of quantgate's engine",
+                  max_body_size=MAX_BODY_BYTES)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), type=kind, code=code).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="internal_error").response()
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        key = settings.api_key
+        if key and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                return APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
+                                "with the key given to --api-key", code="invalid_api_key").response()
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        cards = [ModelCard(id=name, root=str(getattr(loaded, "path", settings.served_model_names[0])),
+                           max_model_len=settings.max_model_len) for name in settings.served_model_names]
+        return ModelList(data=cards)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        if req.stream:
+            return StreamingResponse(server.stream_completions(req), media_type="text/event-stream")
+        result = await _unless_disconnected(raw, server.completions(req))
+        return _json(result)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={400: {"model": ErrorResponse}})
+    async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
+        if req.stream:
+            return StreamingResponse(server.stream_chat(req), media_type="text/event-stream")
+        result = await _unless_disconnected(raw, server.chat(req))
+        return _json(result)
+
+    @app.get("/v1/kernels")
+    async def kernels() -> dict[str, Any]:
+        return loaded.kernel_report()
+
+    @app.post("/v1/reload_weights")
+    async def reload_weights() -> dict[str, Any]:
+        start = time.perf_counter()
+        await engine.reload_weights()
+        return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    endpoints = frozenset(route.path for route in app.routes if hasattr(route, "methods"))
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=endpoints)
+    return app
+
+
+def _json(result: Any) -> Response:
+    if result is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(result.model_dump())
+
+
+def _engine_gauges(engine: AsyncEngine) -> dict[str, float]:
+    stats = engine.stats()
+    return {"waiting": stats["num_waiting"], "running": stats["num_running"]}
