@@ -32,19 +32,25 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
 
 
 class ChatTemplate:
+    """A model's template; a missing or broken one is reported on each chat request, so that
+    /v1/completions still serves such a model."""
+
     def __init__(self, source: str | None, special_tokens: dict[str, str], origin: str) -> None:
-        self.origin = origin
         self.special_tokens = special_tokens
         self._template: jinja2.Template | None = None
-        if source is not None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            try:
-                self._template = env.from_string(source)
-            except jinja2.TemplateSyntaxError as exc:
-                raise ChatTemplateError(f"{origin}: the chat template does not parse: {exc}") from None
+        self._problem: str | None = None
+        if source is None:
+            self._problem = (f"this model has no chat template (none in {origin}); use /v1/completions with a "
+                             "prompt, or add a chat_template to the model's tokenizer_config.json")
+            return
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            self._problem = f"the chat template in {origin} does not parse ({exc}); fix it or use /v1/completions"
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> ChatTemplate:
@@ -55,7 +61,7 @@ class ChatTemplate:
             try:
                 config = json.loads(config_file.read_text())
             except json.JSONDecodeError as exc:
-                raise ChatTemplateError(f"{config_file} is not valid JSON: {exc}") from None
+                return cls(None, {}, f"{config_file}, which is not valid JSON: {exc}")
         special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
         jinja_file = path / "chat_template.jinja"
         if jinja_file.is_file():
@@ -66,15 +72,9 @@ class ChatTemplate:
             source = named.get("default")
         return cls(source if isinstance(source, str) else None, special, str(config_file))
 
-    @property
-    def available(self) -> bool:
-        return self._template is not None
-
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         if self._template is None:
-            raise ChatTemplateError(
-                f"this model has no chat template (none in {self.origin}); use /v1/completions with a prompt, "
-                "or add a chat_template to the model's tokenizer_config.json")
+            raise ChatTemplateError(self._problem)
         variables = {**self.special_tokens, **kwargs, "messages": messages,
                      "add_generation_prompt": add_generation_prompt}
         try:

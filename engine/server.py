@@ -65,6 +65,7 @@ T = TypeVar("T")
 class ServerSettings:
     served_model_names: tuple[str, ...]  # the first one is reported in responses
     max_model_len: int
+    model_path: str  # the folder served: /v1/models' root, and where the chat template lives
     api_key: str | None = None
 
 
@@ -131,7 +132,13 @@ class OpenAIServer:
         self.settings = settings
         self.metrics = metrics
         self.vocab_size = int(loaded.model_config.vocab_size)
-        self.chat_template = ChatTemplate.for_tokenizer(loaded.tokenizer)
+        self.chat_template = ChatTemplate.from_model_dir(settings.model_path)
+
+    def encode(self, text: str, add_special_tokens: bool) -> TokenIds:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     # -- checks shared by both endpoints
 
@@ -145,13 +152,13 @@ class OpenAIServer:
     def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
              params: Callable[[int], SamplingParams], param: str) -> _Job:
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
+            text, ids = prompt, self.encode(prompt, add_special_tokens=True)
         else:
             bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 raise APIError(400, f"token id {bad} is out of range: the vocabulary has {self.vocab_size} tokens "
                                f"(ids 0..{self.vocab_size - 1})", param=param)
-            text, ids = self.tokenizer.decode(prompt), list(prompt)
+            text, ids = self.decode(prompt), list(prompt)
         if not ids:
             raise APIError(400, "the prompt is empty (0 tokens); send at least one token", param=param)
         limit = self.settings.max_model_len
@@ -232,7 +239,7 @@ class OpenAIServer:
     # -- token strings for logprobs
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self.decode([token_id])
 
     def top_dict(self, top: dict[int, float] | None) -> dict[str, float] | None:
         return None if top is None else {self.token_text(t): _finite(lp) for t, lp in top.items()}
@@ -253,72 +260,74 @@ class OpenAIServer:
         return [self._job(base if len(prompts) == 1 else f"{base}-{i}", i, p, max_tokens, params, "prompt")
                 for i, p in enumerate(prompts)]
 
-    def completion_logprobs(self, req: CompletionRequest, done: _Finished) -> CompletionLogprobs | None:
-        if req.logprobs is None:
-            return None
+    def completion_logprobs(self, echoed: _Job | None, prompt_logprobs: Sequence[Any], token_ids: Sequence[int],
+                            token_logprobs: Sequence[float], top_logprobs: Sequence[dict[int, float]],
+                            text_offset: int = 0) -> CompletionLogprobs:
+        """Legacy logprobs lists; with `echoed`, its prompt tokens come first (the very first one
+        has no logprob). `text_offset` is where these tokens start in the choice's text."""
         tokens: list[str] = []
-        token_lps: list[float | None] = []
+        lps: list[float | None] = []
         tops: list[dict[str, float] | None] = []
-        if req.echo:
-            tokens += [self.token_text(t) for t in done.job.prompt_ids]
-            for i, entry in enumerate(_pad(done.prompt_logprobs, len(done.job.prompt_ids))):
-                lp, top = _prompt_entry(entry)
-                token_lps.append(None if i == 0 else lp)
-                tops.append(None if i == 0 else self.top_dict(top))
-        tokens += [self.token_text(t) for t in done.token_ids]
-        token_lps += [_finite(lp) for lp in done.token_logprobs]
-        tops += [self.top_dict(top) for top in done.top_logprobs]
-        offsets, position = [], 0
+        if echoed is not None:
+            tokens += [self.token_text(t) for t in echoed.prompt_ids]
+            for i, entry in enumerate(_pad(prompt_logprobs, len(echoed.prompt_ids))):
+                lp, top = _prompt_entry(entry) if i else (None, None)
+                lps.append(lp)
+                tops.append(self.top_dict(top))
+        tokens += [self.token_text(t) for t in token_ids]
+        lps += [_finite(lp) for lp in token_logprobs]
+        tops += [self.top_dict(top) for top in top_logprobs]
+        offsets = []
         for token in tokens:
-            offsets.append(position)
-            position += len(token)
-        return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets)
+            offsets.append(text_offset)
+            text_offset += len(token)
+        return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
     async def completions(self, req: CompletionRequest) -> CompletionResponse:
         model = self.model_name(req.model)
         jobs = self.completion_jobs(req)
         results = await asyncio.gather(*(self.collect(job) for job in jobs))
-        choices = [
-            CompletionChoice(index=d.job.index, text=(d.job.prompt_text if req.echo else "") + d.text,
-                             logprobs=self.completion_logprobs(req, d), finish_reason=d.finish_reason)
-            for d in results
-        ]
-        return CompletionResponse(id=jobs[0].request_id.rsplit("-", 1)[0] if len(jobs) > 1 else jobs[0].request_id,
-                                  model=model, choices=choices, usage=_usage(results))
+        choices = []
+        for d in results:
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = self.completion_logprobs(d.job if req.echo else None, d.prompt_logprobs, d.token_ids,
+                                                    d.token_logprobs, d.top_logprobs)
+            choices.append(CompletionChoice(index=d.job.index, text=(d.job.prompt_text if req.echo else "") + d.text,
+                                            logprobs=logprobs, finish_reason=d.finish_reason))
+        return CompletionResponse(id=_response_id(jobs), model=model, choices=choices, usage=_usage(results))
 
     async def stream_completions(self, req: CompletionRequest) -> AsyncIterator[str]:
         model = self.model_name(req.model)
         jobs = self.completion_jobs(req)
-        response_id = jobs[0].request_id
-        created = int(time.time())
-        started: set[int] = set()
-        usage = {"prompt": 0, "completion": 0}
+        response_id, created = _response_id(jobs), int(time.time())
+        text_offsets: dict[int, int] = {}  # per choice: characters sent so far; absent until its first chunk
+        prompt_tokens = completion_tokens = 0
 
         async def events() -> AsyncIterator[str]:
+            nonlocal prompt_tokens, completion_tokens
             async with aclosing(self.merged(jobs)) as outputs:
                 async for job, out in outputs:
-                    done = _Finished(job)
-                    done.add(out)
-                    prefix = ""
-                    if req.echo and job.index not in started:
-                        prefix = job.prompt_text
-                    logprobs = self.completion_logprobs(req, done) if (req.logprobs is not None) else None
-                    if logprobs is not None and job.index in started:
-                        logprobs = _without_prompt(logprobs, len(job.prompt_ids)) if req.echo else logprobs
-                    started.add(job.index)
-                    chunk = CompletionResponse(
-                        id=response_id, created=created, model=model,
-                        choices=[CompletionChoice(index=job.index, text=prefix + out.new_text, logprobs=logprobs,
-                                                  finish_reason=out.finish_reason if out.finished else None)])
+                    echoed = job if req.echo and job.index not in text_offsets else None
+                    text = (echoed.prompt_text if echoed else "") + out.new_text
+                    logprobs = None
+                    if req.logprobs is not None:
+                        logprobs = self.completion_logprobs(echoed, out.prompt_logprobs or [], out.new_token_ids,
+                                                            out.token_logprobs or [], out.top_logprobs or [],
+                                                            text_offsets.get(job.index, 0))
+                    text_offsets[job.index] = text_offsets.get(job.index, 0) + len(text)
                     if out.finished:
-                        usage["prompt"] += out.num_prompt_tokens
-                        usage["completion"] += out.num_generated_tokens
+                        prompt_tokens += out.num_prompt_tokens
+                        completion_tokens += out.num_generated_tokens
+                    choice = CompletionChoice(index=job.index, text=text, logprobs=logprobs,
+                                              finish_reason=out.finish_reason if out.finished else None)
+                    chunk = CompletionResponse(id=response_id, created=created, model=model, choices=[choice])
                     yield _sse(chunk.model_dump(exclude={"usage"}))
             if req.include_usage_in_stream:
-                total = Usage(prompt_tokens=usage["prompt"], completion_tokens=usage["completion"],
-                              total_tokens=usage["prompt"] + usage["completion"])
-                yield _sse({"id": response_id, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": total.model_dump()})
+                usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                              total_tokens=prompt_tokens + completion_tokens)
+                yield _sse(CompletionResponse(id=response_id, created=created, model=model, choices=[],
+                                              usage=usage).model_dump())
 
         async for event in _sse_stream(events()):
             yield event
@@ -332,7 +341,7 @@ class OpenAIServer:
                                              **(req.chat_template_kwargs or {}))
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.encode(text, add_special_tokens=False)  # the template wrote the special tokens
 
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
@@ -372,7 +381,9 @@ class OpenAIServer:
         def chunk(delta: DeltaMessage, **kwargs: Any) -> str:
             choice = ChatChunkChoice(index=0, delta=delta, **kwargs)
             body = ChatCompletionChunk(id=job.request_id, created=created, model=model, choices=[choice])
-            return _sse(body.model_dump(exclude={"usage"}))
+            payload = body.model_dump(exclude={"usage"})
+            payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI sends role only once
+            return _sse(payload)
 
         async def events() -> AsyncIterator[str]:
             yield chunk(DeltaMessage(role="assistant", content=""))
@@ -420,9 +431,9 @@ def _prompt_entry(entry: Any) -> tuple[float | None, dict[int, float] | None]:
     return (None if lp is None else _finite(lp)), top
 
 
-def _without_prompt(logprobs: CompletionLogprobs, n: int) -> CompletionLogprobs:
-    return CompletionLogprobs(tokens=logprobs.tokens[n:], token_logprobs=logprobs.token_logprobs[n:],
-                              top_logprobs=logprobs.top_logprobs[n:], text_offset=logprobs.text_offset[n:])
+def _response_id(jobs: Sequence[_Job]) -> str:
+    """The id of the whole response: the request id, or their common stem for several prompts."""
+    return jobs[0].request_id if len(jobs) == 1 else jobs[0].request_id.rsplit("-", 1)[0]
 
 
 def _chat_token(text: str, logprob: float) -> dict[str, Any]:
@@ -510,6 +521,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     app = FastAPI(title="quantgate serve", description="OpenAI-compatible server of quantgate's engine",
                   max_body_size=MAX_BODY_BYTES)
     app.state.server = server
+    routes: list[str] = []  # "GET /health", ... for 404/405 messages; filled once the routes exist
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -520,10 +532,13 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         return _validation_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "internal_error"
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-        return APIError(exc.status_code, str(exc.detail), type=kind, code=code).response()
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):
+            message = f"{message}: {request.method} {request.url.path}; this server has {', '.join(routes)}"
+        return APIError(exc.status_code, message, type=kind, code=code).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
@@ -546,7 +561,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        cards = [ModelCard(id=name, root=str(getattr(loaded, "path", settings.served_model_names[0])),
+        cards = [ModelCard(id=name, root=settings.model_path,
                            max_model_len=settings.max_model_len) for name in settings.served_model_names]
         return ModelList(data=cards)
 
@@ -579,8 +594,9 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    endpoints = frozenset(route.path for route in app.routes if hasattr(route, "methods"))
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=endpoints)
+    endpoints = [route for route in app.routes if route.path.startswith(("/v1", "/health", "/metrics"))]
+    routes.extend(f"{sorted(route.methods)[0]} {route.path}" for route in endpoints)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
     return app
 
 
