@@ -669,37 +669,47 @@ def expand_paths(paths: Iterable[Path | str]) -> list[Path]:
     return list(found)
 
 
-def read_list_file(path: Path | str, _seen: frozenset[Path] = frozenset()) -> list[Path]:
+def read_list_file(path: Path | str) -> list[Path]:
     """The configs a list file names: one path per line relative to the list file, `#` starts a
-    comment, blank lines skipped; an entry may itself be a list file. Missing entries are errors."""
+    comment, blank lines are skipped; an entry may itself be a list file. A missing entry is a
+    ConfigError (the first one; `list_file_entries` collects them all)."""
+    entries, errors = list_file_entries(path)
+    if errors:
+        raise errors[0]
+    return entries
+
+
+def list_file_entries(path: Path | str, _seen: frozenset[Path] = frozenset()) -> tuple[list[Path], list[ConfigError]]:
+    """Like read_list_file, but returns every problem instead of raising the first."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise ConfigError(path, 0, "", "no such list file") from None
+        return [], [ConfigError(path, 0, "", "no such list file")]
     except UnicodeDecodeError:
-        raise ConfigError(path, 0, "", "a list file must be UTF-8 text with one config path per line") from None
+        return [], [ConfigError(path, 0, "", "a list file must be UTF-8 text with one config path per line")]
     resolved = path.resolve()
     if resolved in _seen:
-        raise ConfigError(path, 0, "", "list file includes itself (directly or through another list file)")
-    out: list[Path] = []
+        return [], [ConfigError(path, 0, "", "list file includes itself (directly or through another list file)")]
+    entries: list[Path] = []
+    errors: list[ConfigError] = []
     for number, line in enumerate(lines, start=1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
         target = path.parent / entry
-        if entry.endswith(LIST_SUFFIX):
-            if not target.is_file():
-                raise ConfigError(path, number, "", f"listed list file {entry!r} does not exist ({target})")
-            out += read_list_file(target, _seen | {resolved})
+        if entry.endswith(LIST_SUFFIX) and target.is_file():
+            more, problems = list_file_entries(target, _seen | {resolved})
+            entries += more
+            errors += problems
         elif target.is_file():
-            out.append(target)
+            entries.append(target)
         elif target.is_dir():
-            raise ConfigError(path, number, "", f"{entry!r} is a directory; list config files one per line")
+            errors.append(ConfigError(path, number, "", f"{entry!r} is a directory; list config files one per line"))
         else:
-            raise ConfigError(path, number, "", f"listed config {entry!r} does not exist ({target}); "
-                              "fix the path (relative to this list file) or remove the line")
-    return out
+            errors.append(ConfigError(path, number, "", f"listed file {entry!r} does not exist ({target}); "
+                                      "fix the path (relative to this list file) or remove the line"))
+    return entries, errors
 
 
 def check_unique_names(configs: Sequence[EvalConfig]) -> list[ConfigError]:

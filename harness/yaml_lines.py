@@ -120,3 +120,34 @@ def _plain_key(key: Any) -> Any:
     """YAML allows sequences and mappings as keys (`? [a, b]`); Python dicts do not."""
     plain = to_plain(key)
     return str(plain) if isinstance(plain, (list, dict)) else plain
+
+
+def dump_like(root: Any, original: str) -> str:
+    """Serialize a round-trip tree edited from `original`, keeping its indentation style so a
+    rewrite changes only the lines it must."""
+    yaml = round_trip_yaml()
+    mapping, sequence, offset = guess_indent(original)
+    yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
+    stream = io.StringIO()
+    yaml.dump(root, stream)
+    return stream.getvalue()
+
+
+def guess_indent(text: str) -> tuple[int, int, int]:
+    """(mapping indent, sequence indent, dash offset) as ruamel's `YAML.indent` takes them."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    mapping, sequence, offset = 2, 2, 0
+    found_map = found_seq = False
+    for above, below in zip(lines, lines[1:]):
+        if not above.rstrip().endswith(":"):
+            continue
+        if above.lstrip().startswith("- "):
+            continue  # a key inside a sequence item: its column is shifted by the dash
+        step = (len(below) - len(below.lstrip())) - (len(above) - len(above.lstrip()))
+        if step < 0:
+            continue
+        if below.lstrip().startswith("- ") and not found_seq:
+            offset, sequence, found_seq = step, step + 2, True
+        elif not below.lstrip().startswith("- ") and step > 0 and not found_map:
+            mapping, found_map = step, True
+    return mapping, max(sequence, offset + 2), offset

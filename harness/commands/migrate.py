@@ -1,0 +1,148 @@
+"""`quantgate migrate PATH... [--write]`: rewrite legacy kernel env switches into server_args.
+
+`env: {VLLM_TEST_FORCE_FP8_MARLIN: "1"}` becomes `--linear-backend marlin --moe-backend marlin`
+appended to `server_args` (string or list form, whichever the file uses); the variable is
+removed, and `env` too once empty. The file is edited as a ruamel.yaml round-trip tree, so
+comments, key order, quoting and indentation stay. Without --write a unified diff is printed;
+running it again changes nothing. Variables with no public equivalent are reported, and
+left for the author (exit 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from ..config import ConfigError, expand_paths
+from ..legacy import legacy_names, translate
+from ..yaml_lines import YamlSyntaxError, dump_like, parse_yaml
+
+EXIT_OK, EXIT_INVALID = 0, 3
+_ENV_KEYS = ("env", "env_vars")  # gen-2 and gen-1 spellings
+_BACKEND_FLAGS = ("--linear-backend", "--moe-backend")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="config files, list files (*.txt) or directories")
+    parser.add_argument("--write", action="store_true", help="rewrite the files in place instead of printing a diff")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        paths = expand_paths(args.paths)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
+    status = EXIT_OK
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        try:
+            result = migrate_text(text, path)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            status = EXIT_INVALID
+            continue
+        for problem in result.unresolved:
+            print(problem, file=sys.stderr)
+            status = EXIT_INVALID
+        if result.text == text:
+            continue
+        if args.write:
+            path.write_text(result.text, encoding="utf-8")
+            print(f"migrated {path}", file=sys.stderr)
+        else:
+            sys.stdout.writelines(difflib.unified_diff(
+                text.splitlines(keepends=True), result.text.splitlines(keepends=True),
+                fromfile=_diff_name("a", path), tofile=_diff_name("b", path)))
+    return status
+
+
+def _diff_name(side: str, path: Path) -> str:
+    return str(path) if path.is_absolute() else f"{side}/{path}"  # `git apply` takes a/ b/ names
+
+
+@dataclass
+class Migration:
+    text: str
+    unresolved: list[ConfigError] = field(default_factory=list)
+
+
+def migrate_text(text: str, path: Path) -> Migration:
+    """The migrated text of one config and what could not be migrated."""
+    try:
+        doc = parse_yaml(text)
+    except YamlSyntaxError as exc:
+        raise ConfigError(path, exc.line, "", exc.message) from None
+    root = doc.root
+    if not isinstance(root, CommentedMap):
+        return Migration(text)
+    out = Migration(text)
+    changed = False
+    for env_key in _ENV_KEYS:
+        env = root.get(env_key)
+        if not isinstance(env, CommentedMap) or not legacy_names(env):
+            continue
+        translation = translate({str(k): v for k, v in env.items()}, _chosen_backends(root))
+        for name, advice in translation.unresolved.items():
+            out.unresolved.append(ConfigError(path, doc.line([env_key, name]), f"{env_key}.{name}",
+                                              f"cannot migrate automatically: {advice}"))
+        if not translation.replaced and not translation.flags:
+            continue
+        position = list(root).index(env_key)
+        for name in translation.replaced:
+            del env[name]
+        if not env:
+            del root[env_key]
+        if translation.flags:
+            _append_server_args(root, translation.flags, position)
+        changed = True
+    if changed:
+        out.text = dump_like(root, text)
+    return out
+
+
+def _chosen_backends(root: CommentedMap) -> dict[str, str]:
+    """Backend flags the file already sets: in server_args, or gen-1's `moe_backend:` key."""
+    args = _args_of(root.get("server_args"))
+    chosen: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        head, eq, tail = arg.partition("=")
+        flag = head.replace("_", "-")
+        if flag in _BACKEND_FLAGS:
+            value = tail if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value:
+                chosen.setdefault(flag, value)
+    if root.get("moe_backend"):
+        chosen.setdefault("--moe-backend", str(root["moe_backend"]))
+    return chosen
+
+
+def _args_of(value: Any) -> list[str]:
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError:
+            return []
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return []
+
+
+def _append_server_args(root: CommentedMap, flags: list[str], position: int) -> None:
+    current = root.get("server_args")
+    if isinstance(current, CommentedSeq):
+        current.extend(flags)
+    elif isinstance(current, str):
+        joined = f"{current} {shlex.join(flags)}" if current.strip() else shlex.join(flags)
+        root["server_args"] = type(current)(joined)  # keeps the quoting style of the original
+    elif current is None and "server_args" not in root:
+        root.insert(min(position, len(root)), "server_args", shlex.join(flags))
+    else:
+        root["server_args"] = shlex.join(flags)
