@@ -200,7 +200,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     async_engine = AsyncEngine(engine)
     names = tuple(args.served_model_name or [args.model])
     settings = ServerSettings(served_model_names=names, max_model_len=engine.max_model_len,
-                              api_key=args.api_key, model_path=str(args.model))
+                              api_key=args.api_key)
     app = build_app(async_engine, loaded, settings)
     config = uvicorn.Config(app, log_config=None, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_keep_alive=30)

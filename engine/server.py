@@ -21,13 +21,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import AsyncEngine, LoadedModel, RequestOutput, SamplingParams
-from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -65,7 +65,6 @@ T = TypeVar("T")
 class ServerSettings:
     served_model_names: tuple[str, ...]  # the first one is reported in responses
     max_model_len: int
-    model_path: str  # the folder served: /v1/models' root, and where the chat template lives
     api_key: str | None = None
 
 
@@ -132,13 +131,24 @@ class OpenAIServer:
         self.settings = settings
         self.metrics = metrics
         self.vocab_size = int(loaded.model_config.vocab_size)
-        self.chat_template = ChatTemplate.from_model_dir(settings.model_path)
 
-    def encode(self, text: str, add_special_tokens: bool) -> TokenIds:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    # -- text <-> tokens (the model's transformers tokenizer; a folder may ship none)
+
+    def encode(self, text: str, add_special_tokens: bool, param: str) -> TokenIds:
+        if self.tokenizer is None:
+            raise APIError(400, f"this model folder has no tokenizer, so {param} cannot be text; "
+                           "send the prompt as token ids to /v1/completions", param=param)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.decode([token_id])
 
     # -- checks shared by both endpoints
 
@@ -152,7 +162,7 @@ class OpenAIServer:
     def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
              params: Callable[[int], SamplingParams], param: str) -> _Job:
         if isinstance(prompt, str):
-            text, ids = prompt, self.encode(prompt, add_special_tokens=True)
+            text, ids = prompt, self.encode(prompt, add_special_tokens=True, param=param)
         else:
             bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
             if bad is not None:
@@ -235,11 +245,6 @@ class OpenAIServer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- token strings for logprobs
-
-    def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
 
     def top_dict(self, top: dict[int, float] | None) -> dict[str, float] | None:
         return None if top is None else {self.token_text(t): _finite(lp) for t, lp in top.items()}
@@ -334,14 +339,31 @@ class OpenAIServer:
 
     # -- /v1/chat/completions
 
-    def chat_job(self, req: ChatCompletionRequest) -> _Job:
+    def render_chat(self, req: ChatCompletionRequest) -> str:
+        """The tokenizer's chat template (tokenizer_config.json / chat_template.jinja), rendered by
+        transformers in jinja2's sandbox; a template that refuses the messages is the client's 400."""
+        if self.tokenizer is None:
+            raise APIError(400, "this model folder has no tokenizer, hence no chat template; "
+                           "use /v1/completions with token ids", param="messages")
+        messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+                    for m in req.messages]
+        kwargs = dict(req.chat_template_kwargs or {})
+        for reserved in ("tokenize", "chat_template"):  # the server tokenizes; only the model's own template runs
+            kwargs.pop(reserved, None)
         try:
-            text = self.chat_template.render([m.model_dump() | {"content": m.text()} for m in req.messages],
-                                             add_generation_prompt=req.add_generation_prompt,
-                                             **(req.chat_template_kwargs or {}))
-        except ChatTemplateError as exc:
-            raise APIError(400, str(exc), param="messages") from None
-        ids = self.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+            return self.tokenizer.apply_chat_template(messages, **kwargs, tokenize=False,
+                                                      add_generation_prompt=req.add_generation_prompt)
+        except jinja2.TemplateError as exc:
+            raise APIError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            # No template at all, or chat_template_kwargs the template cannot take.
+            raise APIError(400, f"cannot apply the model's chat template: {type(exc).__name__}: {exc}; "
+                           "use /v1/completions with a prompt if this model has no chat template",
+                           param="messages") from None
+
+    def chat_job(self, req: ChatCompletionRequest) -> _Job:
+        text = self.render_chat(req)
+        ids = self.encode(text, add_special_tokens=False, param="messages")  # the template wrote the special tokens
 
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
@@ -561,7 +583,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        cards = [ModelCard(id=name, root=settings.model_path,
+        cards = [ModelCard(id=name, root=str(loaded.path),
                            max_model_len=settings.max_model_len) for name in settings.served_model_names]
         return ModelList(data=cards)
 
