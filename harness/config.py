@@ -219,14 +219,21 @@ class Inspection:
 # Keys of vLLM's two formats that quantgate understands but spells differently, or turns
 # into server flags; see _normalize.
 _GEN1_KEYS = {"tasks", "limit", "env_vars"}
-# gen-1 keys that are engine options: key -> (flag, takes a value, engines that accept the flag)
-_GEN1_SERVER_FLAGS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+# Keys of both vLLM formats that are engine options: key -> (flag, takes a value, engines that accept the flag)
+_ENGINE_OPTION_KEYS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "max_model_len": ("--max-model-len", True, ("builtin", "vllm")),
     "moe_backend": ("--moe-backend", True, ("builtin", "vllm")),
     "enforce_eager": ("--enforce-eager", False, ("builtin", "vllm")),
     "trust_remote_code": ("--trust-remote-code", False, ("vllm",)),
     "kv_cache_dtype": ("--kv-cache-dtype", True, ("vllm",)),
     "tokenizer_mode": ("--tokenizer-mode", True, ("vllm",)),
+}
+# Keys real vLLM configs carry that mean nothing to quantgate (ROCm and spec-decode knobs,
+# lm-eval options of vLLM's in-process runner).
+_VLLM_ONLY_KEYS = {
+    "rocm_request_timeout_seconds", "rocm_safetensors_load_strategy", "required_gpu_arch",
+    "min_acceptance_length", "batch_size", "backend", "gen_kwargs", "apply_chat_template",
+    "fewshot_as_multiturn", "system_instruction",
 }
 _OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra"}
 
@@ -314,7 +321,7 @@ class _Loader:
             elif key in _OWN_KEYS:
                 out[key] = value
                 self.origin[key] = [key]
-            elif key not in _GEN1_KEYS and key not in _GEN1_SERVER_FLAGS:
+            elif key not in _GEN1_KEYS and key not in _ENGINE_OPTION_KEYS:
                 extra[key] = value
         out["name"] = out.get("name", self.path.stem)
         if self.engine_override is not None:
@@ -323,12 +330,14 @@ class _Loader:
         self._gen1_flags(out, extra)
         engine = out.get("engine", "builtin")
         for key in extra:
-            if key in _GEN1_SERVER_FLAGS:
-                flag = _GEN1_SERVER_FLAGS[key][0]
+            if key in _ENGINE_OPTION_KEYS:
+                flag = _ENGINE_OPTION_KEYS[key][0]
                 self.warn([key], f"kept, but engine {engine} has no {flag}: it applies with engine: vllm")
+            elif key in _VLLM_ONLY_KEYS:
+                self.warn([key], "a vLLM harness key quantgate does not use; kept as-is")
             else:
-                hint = _did_you_mean(key, sorted(_OWN_KEYS | _GEN1_KEYS | set(_GEN1_SERVER_FLAGS)))
-                self.warn([key], f"not used by quantgate; kept as-is{hint}")
+                hint = _did_you_mean(key, sorted(_OWN_KEYS | _GEN1_KEYS | set(_ENGINE_OPTION_KEYS)))
+                self.warn([key], f"unknown key, not used by quantgate; kept as-is{hint}")
         out["extra"] = extra
         return out
 
@@ -403,7 +412,7 @@ class _Loader:
             return
         args = [str(a) for a in args]
         added: list[str] = []
-        for key, (flag, takes_value, engines) in _GEN1_SERVER_FLAGS.items():
+        for key, (flag, takes_value, engines) in _ENGINE_OPTION_KEYS.items():
             if key not in self.data:
                 continue
             value = self.data[key]
@@ -471,15 +480,13 @@ class _Loader:
         chosen = config.backend_flags()
         translation = translate(config.env, chosen)
         for name in legacy_names(config.env):
-            var = LEGACY_VARS[name]
             if name in translation.unresolved:
                 fix = translation.unresolved[name]
             elif translation.flags:
-                fix = f"use `{' '.join(translation.flags)}` in server_args instead"
+                fix = f"use `{' '.join(translation.flags)}` in server_args instead (`quantgate migrate --write` does it)"
             else:
-                fix = "remove it: it selects nothing the server_args do not already say"
-            self.error(self._at("env", name), f"legacy kernel switch ({var.meaning}); {fix} "
-                       f"(`quantgate migrate --write {self.path}` rewrites what it can)")
+                fix = "remove it: server_args already choose the backend (`quantgate migrate --write` does it)"
+            self.error(self._at("env", name), f"legacy kernel switch ({LEGACY_VARS[name].meaning}): {fix}")
 
     def _check_backends(self, config: EvalConfig) -> None:
         for index, (flag, value, arg_index) in enumerate(_backend_flags(config.server_args, strict=True)):

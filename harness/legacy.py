@@ -180,13 +180,3 @@ def _conflict(flags: list[str], chosen: Mapping[str, str]) -> str | None:
             return (f"it means `{flag} {value}` but the config already chooses `{flag} {chosen[flag]}`; "
                     f"keep one {flag} and remove the variable")
     return None
-
-
-def fix_for(name: str, env: Mapping[str, object], chosen: Mapping[str, str] | None = None) -> str:
-    """The exact fix for one legacy variable of `env`, worded for a lint message."""
-    result = translate(env, chosen)
-    if name in result.unresolved:
-        return result.unresolved[name]
-    if result.flags:
-        return f"use `{' '.join(result.flags)}` in server_args instead (`quantgate migrate --write` rewrites it)"
-    return "remove it: the config's server_args already choose the backend (`quantgate migrate --write` removes it)"

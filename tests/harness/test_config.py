@@ -1,0 +1,313 @@
+"""Config loading: vLLM's real files unchanged, the extensions, and located errors."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness.config import (
+    ConfigError,
+    check_unique_names,
+    expand_paths,
+    inspect_config,
+    load_config,
+    read_list_file,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+GSM8K = FIXTURES / "gsm8k"
+GEN1 = FIXTURES / "lm-eval-harness"
+
+
+def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def errors_of(path: Path, engine: str | None = None) -> list[str]:
+    return [str(e) for e in inspect_config(path, engine).errors]
+
+
+# -- real vLLM files ---------------------------------------------------------------------------
+
+
+def test_every_listed_gen2_config_loads_unchanged() -> None:
+    paths = read_list_file(GSM8K / "models-small.txt")
+    assert len(paths) == 8
+    configs = [load_config(p) for p in paths]
+    qwen = next(c for c in configs if c.name == "Qwen3-0.6B-FP8")
+    assert qwen.model_name == "Qwen/Qwen3-0.6B-FP8"
+    assert qwen.accuracy_threshold == 0.375 and qwen.tolerance == 0.08
+    assert qwen.num_questions == 1319 and qwen.num_fewshot == 5
+    assert qwen.server_args == ["--enforce-eager", "--max-model-len", "4096"]
+    assert qwen.gate.mode == "absolute" and qwen.engine == "builtin"
+    assert qwen.startup_max_wait_seconds == 1200 and qwen.max_tokens == 256
+
+
+def test_gen2_extra_keys_are_kept_and_reported() -> None:
+    report = inspect_config(GSM8K / "DeepSeek-V2-Lite-Instruct-FP8.yaml")
+    assert report.errors == []
+    assert report.config is not None
+    assert report.config.extra == {"rocm_request_timeout_seconds": 1800}
+    assert report.config.request_timeout_seconds == 2400 and report.config.startup_max_wait_seconds == 2400
+    [warning] = report.warnings
+    assert (warning.line, warning.field) == (8, "rocm_request_timeout_seconds")
+
+
+def test_gen2_max_model_len_key_becomes_the_server_flag() -> None:
+    config = load_config(GSM8K / "Llama-3.2-1B-Instruct-INT8-CT.yaml")
+    assert config.server_args == ["--max-model-len", "4096"]
+
+
+def test_folded_server_args_keep_every_argument() -> None:
+    config = load_config(GSM8K / "Laguna-XS.2-NVFP4.yaml")
+    assert config.server_args[:4] == ["--max-model-len", "4096", "--moe-backend", "marlin"]
+    assert config.server_args[-1] == "39" and len(config.server_args) == 4 + 1 + 40
+    assert config.backend_flags() == {"--moe-backend": "marlin"}
+
+
+def test_gen1_config_maps_to_a_relative_gate() -> None:
+    config = load_config(GEN1 / "Meta-Llama-3-8B-Instruct-FP8-compressed-tensors.yaml")
+    assert config.task == "gsm8k" and config.metric == "exact_match,strict-match"
+    assert config.reference is not None and config.reference.value == 0.755
+    assert config.num_questions == 1000 and config.gate.mode == "relative" and config.effective_rtol == 0.08
+
+
+def test_gen1_with_another_task_and_metric_loads_and_gates_what_it_lists() -> None:
+    config = load_config(GEN1 / "gpt-oss-120b.yaml", engine="vllm")
+    assert (config.task, config.metric, config.reference.value) == ("aime25", "exact_match", 0.80)
+    assert config.server_args == ["--max-model-len", "131072", "--trust-remote-code"]
+    assert set(config.extra) == {"batch_size", "gen_kwargs", "apply_chat_template"}
+
+
+def test_gen1_engine_options_builtin_does_not_take_stay_in_extra() -> None:
+    report = inspect_config(GEN1 / "Qwen3-30B-A3B-FP8.yaml")
+    assert report.config is not None and report.config.extra == {"trust_remote_code": True}
+    assert report.config.server_args == []
+    assert [w.field for w in report.warnings] == ["trust_remote_code"]
+
+
+def test_moe_refactor_backend_flags_load_for_both_engines() -> None:
+    path = GSM8K / "moe-refactor" / "Qwen3-30B-A3B-Fp8-AutoFp8-marlin.yaml"
+    for engine in ("builtin", "vllm"):
+        config = load_config(path, engine=engine)
+        assert config.backend_flags() == {"--linear-backend": "marlin", "--moe-backend": "marlin"}
+
+
+def test_legacy_env_is_an_error_with_the_exact_fix() -> None:
+    path = GSM8K / "moe-refactor" / "Qwen3-30B-A3B-Fp8-CT-Channel-marlin.yaml"
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (7, "env.VLLM_TEST_FORCE_FP8_MARLIN")
+    assert "--linear-backend marlin --moe-backend marlin" in error.message
+    assert str(error).startswith(f"{path}:7: env.VLLM_TEST_FORCE_FP8_MARLIN: ")
+    with pytest.raises(ConfigError, match="--linear-backend marlin --moe-backend marlin"):
+        load_config(path)
+
+
+def test_legacy_env_vars_of_gen1_are_rejected_too(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nenv_vars:\n  VLLM_USE_DEEP_GEMM: '1'\n")
+    [error] = inspect_config(path, "vllm").errors
+    assert error.line == 4 and "--linear-backend deep_gemm --moe-backend deep_gemm" in error.message
+
+
+# -- shapes and located errors -----------------------------------------------------------------
+
+
+def test_all_comments_file_is_reported_empty(tmp_path: Path) -> None:
+    path = write(tmp_path, "# model_name: x\n# accuracy_threshold: 0.5\n")
+    assert errors_of(path) == [f"{path}:1: empty config: the file has no keys (all commented out?)"]
+
+
+@pytest.mark.parametrize("text, line, field, words", [
+    ("model_name: m\naccuracy_threshold: high\n", 2, "accuracy_threshold", "valid number"),
+    ("model_name: m\naccuracy_threshold: 1.5\n", 2, "accuracy_threshold", "less than or equal to 1"),
+    ("accuracy_threshold: 0.5\n", 1, "model_name", "required"),
+    ("model_name: m\naccuracy_threshold: 0.5\ngate:\n  mode: absolute\n  mdoe: x\n", 5, "gate.mdoe", "did you mean 'mode'"),
+    ("model_name: m\naccuracy_threshold: 0.5\ngate: {mode: bayes}\n", 3, "gate.mode", "'absolute'"),
+    ("model_name: m\naccuracy_threshold: 0.5\nnum_fewshot: -1\n", 3, "num_fewshot", "greater than or equal to 0"),
+    ("model_name: m\naccuracy_threshold: 0.5\nserver_args: \"--a 'b\"\n", 3, "server_args", "cannot split"),
+    ("model_name: m\naccuracy_threshold: 0.5\nengine: tgi\n", 3, "engine", "'builtin' or 'vllm'"),
+    ("model_name: m\naccuracy_threshold: 0.5\nrequires: {min_compute_capability: abc}\n", 3,
+     "requires.min_compute_capability", "compute capability"),
+    ("model_name: m\naccuracy_threshold: 0.5\ntasks:\n- name: a\n- name: b\n", 5, "tasks[1]", "one task per config"),
+])
+def test_errors_name_file_line_and_field(tmp_path: Path, text: str, line: int, field: str, words: str) -> None:
+    path = write(tmp_path, text)
+    errors = inspect_config(path).errors
+    assert errors, text
+    error = errors[0]
+    assert (error.line, error.field) == (line, field), str(error)
+    assert words in error.message
+    assert str(error) == f"{path}:{line}: {field}: {error.message}"
+
+
+def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\nserver_args: [a, b\naccuracy_threshold: 0.5\n")
+    [error] = inspect_config(path).errors
+    assert error.line >= 2 and "invalid YAML" in error.message
+
+
+def test_duplicate_keys_are_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\nmodel_name: n\naccuracy_threshold: 0.5\n")
+    [error] = inspect_config(path).errors
+    assert "invalid YAML" in error.message and "duplicate" in error.message
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = write(tmp_path, "- a\n- b\n")
+    assert "mapping" in errors_of(path)[0]
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    assert errors_of(tmp_path / "nope.yaml") == [f"{tmp_path / 'nope.yaml'}: no such file"]
+
+
+# -- backend names and expect ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    "--linear-backend MARLIN --moe-backend Marlin",
+    "--linear-backend=marlin --moe_backend=marlin",
+    "--linear-backend emulation --moe-backend auto",
+])
+def test_backend_names_are_case_and_dash_insensitive(tmp_path: Path, args: str) -> None:
+    path = write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\nserver_args: {args!r}\n")
+    assert errors_of(path) == []
+
+
+def test_unknown_backend_gets_did_you_mean_on_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --moe-backend\n  - marlni\n")
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (4, "server_args[0]")
+    assert "did you mean 'marlin'" in error.message and "known: auto, emulation" in error.message
+
+
+def test_vllm_only_backend_under_builtin_points_at_engine_vllm(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: --moe-backend flashinfer-cutlass\n")
+    [error] = inspect_config(path).errors
+    assert "engine vllm" in error.message and "--engine vllm" in error.message
+    assert inspect_config(path, "vllm").errors == []
+
+
+def test_flag_without_value_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: --enforce-eager --linear-backend\n")
+    assert "--linear-backend needs a value" in errors_of(path)[0]
+
+
+@pytest.mark.parametrize("engine, expect, ok", [
+    ("builtin", "{linear_kernel: marlin, moe_kernel: MarlinMoEKernel}", True),
+    ("builtin", "{linear_kernel: MarlinFp8LinearKernel}", True),
+    ("builtin", "{linear_kernel: deep_gemm}", False),
+    ("builtin", "{moe_kernel: MarlinFp8LinearKernel}", False),  # a linear class for the MoE layer
+    ("builtin", "{linear_kernel: auto}", False),
+    ("vllm", "{linear_kernel: deep_gemm, moe_kernel: flashinfer_cutlass}", True),
+    ("vllm", "{linear_kernel: CutlassFP8ScaledMMLinearKernel}", True),
+    ("vllm", "{moe_kernel: flashinfer-cutlas}", False),
+])
+def test_expect_names_a_backend_or_kernel_class(tmp_path: Path, engine: str, expect: str, ok: bool) -> None:
+    path = write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\nengine: {engine}\nexpect: {expect}\n")
+    errors = inspect_config(path).errors
+    assert (errors == []) is ok, errors
+    if not ok:
+        assert errors[0].line == 4 and errors[0].field.startswith("expect.")
+
+
+# -- gates: a missing input is a load-time error ------------------------------------------------
+
+
+@pytest.mark.parametrize("text, words", [
+    ("model_name: m\n", "no accuracy gate"),
+    ("model_name: m\ngate: relative\n", "needs reference"),
+    ("model_name: m\ngate: {mode: hypothesis}\n", "needs reference"),
+    ("model_name: m\naccuracy_threshold: 0.5\ngate: {mode: paired}\n", "needs baseline"),
+    ("model_name: m\nreference: {value: 0.5}\ngate: {mode: absolute}\n", "needs accuracy_threshold"),
+])
+def test_gate_inputs_are_checked_at_load(tmp_path: Path, text: str, words: str) -> None:
+    assert words in " ".join(errors_of(write(tmp_path, text)))
+
+
+def test_gate_defaults_and_rtol(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "model_name: m\nreference: {value: 0.7, n: 1319, date: 2026-11-29}\n"
+                                         "rtol: 0.05\ngate: {mode: wilson, alpha: 0.01}\n"))
+    assert (config.gate.mode, config.gate.alpha, config.effective_rtol) == ("wilson", 0.01, 0.05)
+    assert config.reference.date == "2026-11-29"
+
+
+def test_baseline_resolves_to_a_sibling_config(tmp_path: Path) -> None:
+    write(tmp_path, "name: tiny-bf16\nmodel_name: m\naccuracy_threshold: 0.5\n", "bf16.yaml")
+    config = load_config(write(tmp_path, "model_name: m\nbaseline: tiny-bf16\ngate: {mode: recovery}\n"))
+    assert config.baseline_path == (tmp_path / "bf16.yaml").resolve()
+    missing = write(tmp_path, "model_name: m\nbaseline: nothing-here\ngate: paired\n", "c.yaml")
+    assert "no config named 'nothing-here'" in errors_of(missing)[0]
+
+
+# -- dataset ------------------------------------------------------------------------------------
+
+
+def test_dataset_paths_are_absolute_and_hash_checked(tmp_path: Path) -> None:
+    data = write(tmp_path, '{"question": "1+1?", "answer": "#### 2"}\n', "data/test.jsonl")
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    text = f"model_name: m\naccuracy_threshold: 0.5\ndataset:\n  test: data/test.jsonl\n  sha256: {{test: {digest}}}\n"
+    config = load_config(write(tmp_path, text))
+    assert config.dataset.test == data.resolve() and config.dataset.train is None
+    data.write_text('{"question": "changed", "answer": "#### 3"}\n')
+    [error] = inspect_config(tmp_path / "cfg.yaml").errors
+    assert (error.line, error.field) == (5, "dataset.sha256.test") and "expected" in error.message
+
+
+def test_missing_dataset_file_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ndataset: {test: nowhere.jsonl}\n")
+    assert "no such file" in errors_of(path)[0]
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def test_server_args_list_and_env_scalars_become_text(tmp_path: Path) -> None:
+    text = "model_name: m\naccuracy_threshold: 0.5\nserver_args: [--max-model-len, 4096]\nenv: {A: 1, B: true}\n"
+    config = load_config(write(tmp_path, text))
+    assert config.server_args == ["--max-model-len", "4096"] and config.env == {"A": "1", "B": "1"}
+
+
+def test_name_defaults_to_stem_and_must_be_unique(tmp_path: Path) -> None:
+    a = load_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "x/same.yaml"))
+    b = load_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "y/same.yaml"))
+    assert a.name == "same"
+    [error] = check_unique_names([a, b])
+    assert error.field == "name" and "unique" in error.message
+
+
+# -- list files and paths -------------------------------------------------------------------------
+
+
+def test_list_file_relative_paths_comments_and_blanks(tmp_path: Path) -> None:
+    write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "configs/a.yaml")
+    write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "configs/sub/b.yaml")
+    listing = write(tmp_path, "# the small set\n\na.yaml  # first\n   \nsub/b.yaml\n", "configs/small.txt")
+    assert read_list_file(listing) == [tmp_path / "configs/a.yaml", tmp_path / "configs/sub/b.yaml"]
+
+
+def test_missing_listed_config_is_an_error_with_its_line(tmp_path: Path) -> None:
+    listing = write(tmp_path, "# header\nmissing.yaml\n", "list.txt")
+    with pytest.raises(ConfigError) as info:
+        read_list_file(listing)
+    assert info.value.line == 2 and "missing.yaml" in info.value.message
+
+
+def test_list_file_including_itself_is_an_error(tmp_path: Path) -> None:
+    listing = write(tmp_path, "loop.txt\n", "loop.txt")
+    with pytest.raises(ConfigError, match="includes itself"):
+        read_list_file(listing)
+
+
+def test_expand_paths_files_lists_directories(tmp_path: Path) -> None:
+    a = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "d/a.yaml")
+    b = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "d/e/b.yml")
+    listing = write(tmp_path, "a.yaml\n", "d/l.txt")
+    assert expand_paths([listing, tmp_path / "d", a]) == [a, b]
+    with pytest.raises(ConfigError, match="no such file"):
+        expand_paths([tmp_path / "absent.yaml"])
