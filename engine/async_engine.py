@@ -1,0 +1,138 @@
+"""`AsyncEngine`: the `LLMEngine` in one background thread, for an asyncio server.
+
+Only the engine thread touches the engine: requests, aborts and reloads are queued as
+commands it runs between steps, so a reload never overlaps a forward. Outputs go back to
+each request's asyncio queue on the loop that asked for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from .llm_engine import LLMEngine
+from .sampling_params import RequestOutput, SamplingParams
+
+logger = logging.getLogger("quantgate.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; the server cannot serve requests any more."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="quantgate-engine", daemon=True)
+        self._thread.start()
+
+    # -- API for the server (any thread / event loop)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Incremental outputs of one request; leaving early (client gone) aborts it."""
+        if self._stopping or not self._thread.is_alive():
+            raise EngineDeadError("the engine has stopped; restart the server")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, queue)
+        self._submit(lambda: self._add(request_id, prompt_token_ids, params))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda: self.engine.abort(request_id))
+
+    async def reload_weights(self) -> None:
+        """Re-read the weights between two steps; requests in flight continue with the new weights."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def reload() -> None:
+            try:
+                self.engine.loaded.reload_weights()
+            except BaseException as exc:  # handed to the caller
+                loop.call_soon_threadsafe(_settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, None)
+
+        self._submit(reload)
+        await done
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # -- engine thread
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        with self._lock:
+            self._commands.append(command)
+        self._wake.set()
+
+    def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.add_request(request_id, prompt_token_ids, params)
+        except Exception as exc:  # e.g. InvalidRequestError: raised in the caller's generate()
+            self._deliver(request_id, exc)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, queue = stream
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            with self._lock:
+                commands, self._commands = self._commands, []
+            for command in commands:
+                command()
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a failed step fails its requests, not the server
+                logger.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id in self.engine.request_ids():
+            self.engine.abort(request_id)
+            self._deliver(request_id, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

@@ -1,0 +1,255 @@
+"""HF `config.json` -> the model facts the engine builds from, and the checkpoint's quantization.
+
+Two FP8 formats are recognised: native (`quant_method: fp8`, as written by transformers'
+FineGrainedFP8 and vLLM) and compressed-tensors (`quant_method: compressed-tensors`,
+`format: float-quantized`, parsed with the compressed-tensors package). Both reduce to one
+`QuantConfig` that answers, per module name, which `Scheme` its weights are stored in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quantgate.kernels import Scheme
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelConfigError(ValueError):
+    """The checkpoint's config.json describes something this engine cannot load."""
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Which modules are FP8, in which scheme, and under which scale name."""
+
+    scheme: Scheme
+    fmt: str  # "fp8" (native) | "compressed-tensors"
+    scale_name: str  # weight_scale_inv (native block) | weight_scale
+    block_size: tuple[int, int] | None = None
+    static_input_scale: bool = False
+    ignore: tuple[str, ...] = ()  # module names; entries starting with "re:" are regexes
+
+    def scheme_for(self, module_name: str) -> Scheme:
+        return Scheme.UNQUANTIZED if self.is_ignored(module_name) else self.scheme
+
+    def is_ignored(self, module_name: str) -> bool:
+        return any(_matches(module_name, entry) for entry in self.ignore)
+
+
+def _matches(name: str, entry: str) -> bool:
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    # Native configs list bare or partial names ("lm_head", "mlp.gate"); match on dotted boundaries.
+    return name == entry or name.startswith(entry + ".") or name.endswith("." + entry) or f".{entry}." in name
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: torch.dtype  # the checkpoint's dtype for unquantized tensors
+    eos_token_ids: tuple[int, ...] = ()
+    # Qwen3-MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    quant: QuantConfig | None = None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.architecture == "Qwen3MoeForCausalLM"
+
+    def is_moe_layer(self, index: int) -> bool:
+        return (
+            self.is_moe
+            and self.num_experts > 0
+            and index not in self.mlp_only_layers
+            and (index + 1) % self.decoder_sparse_step == 0
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ModelConfigError(f"{path} has no config.json: pass a Hugging Face model folder")
+        try:
+            raw = json.loads(config_file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(f"{config_file} is not valid JSON: {exc}") from None
+        return cls.from_dict(raw, source=str(config_file), eos_token_ids=_generation_eos(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json", eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ModelConfigError(
+                f"{source}: architectures {archs} are not supported by the built-in engine "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); use `engine: vllm` for other models"
+            )
+
+        def need(key: str):
+            if key not in raw:
+                raise ModelConfigError(f"{source}: missing required field {key!r} for {arch}")
+            return raw[key]
+
+        if raw.get("use_sliding_window"):
+            raise ModelConfigError(f"{source}: use_sliding_window=true is not supported; set it to false")
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ModelConfigError(f"{source}: rope_type {rope_type!r} is not supported (only 'default' RoPE)")
+        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ModelConfigError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+
+        num_heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+        if dtype_name not in _DTYPES:
+            raise ModelConfigError(f"{source}: dtype {dtype_name!r} is not one of {', '.join(_DTYPES)}")
+        eos = eos_token_ids or _as_ids(raw.get("eos_token_id"))
+        moe = {}
+        if arch == "Qwen3MoeForCausalLM":
+            experts = raw.get("num_experts", raw.get("num_local_experts"))
+            if experts is None:
+                raise ModelConfigError(f"{source}: missing num_experts (or num_local_experts) for {arch}")
+            moe = dict(
+                num_experts=int(experts),
+                num_experts_per_tok=int(need("num_experts_per_tok")),
+                moe_intermediate_size=int(need("moe_intermediate_size")),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+                decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            )
+        return cls(
+            architecture=arch,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=int(hidden),
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=int(num_heads),
+            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            dtype=_DTYPES[dtype_name],
+            eos_token_ids=eos,
+            quant=parse_quant_config(raw.get("quantization_config"), source),
+            raw=raw,
+            **moe,
+        )
+
+
+def _as_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    gen = path / "generation_config.json"
+    if not gen.is_file():
+        return ()
+    try:
+        return _as_ids(json.loads(gen.read_text()).get("eos_token_id"))
+    except json.JSONDecodeError:
+        return ()
+
+
+def parse_quant_config(qc: dict | None, source: str = "config.json") -> QuantConfig | None:
+    if not qc:
+        return None
+    method = qc.get("quant_method")
+    if method == "fp8":
+        return _parse_native_fp8(qc, source)
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(qc, source)
+    raise ModelConfigError(
+        f"{source}: quantization_config.quant_method {method!r} is not supported "
+        "(supported: 'fp8' and 'compressed-tensors' float-quantized FP8)"
+    )
+
+
+def _parse_native_fp8(qc: dict, source: str) -> QuantConfig:
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise ModelConfigError(f"{source}: FP8 format {qc['fmt']!r} is not supported (only e4m3)")
+    activation = qc.get("activation_scheme", "dynamic")
+    if activation not in ("dynamic", "static"):
+        raise ModelConfigError(f"{source}: activation_scheme {activation!r} must be 'dynamic' or 'static'")
+    ignore = tuple(qc.get("modules_to_not_convert") or ()) + tuple(qc.get("ignored_layers") or ())
+    block = qc.get("weight_block_size")
+    if block is not None:
+        if activation != "dynamic":
+            raise ModelConfigError(f"{source}: block FP8 needs activation_scheme 'dynamic', got {activation!r}")
+        return QuantConfig(Scheme.FP8_BLOCK, "fp8", "weight_scale_inv", (int(block[0]), int(block[1])), False, ignore)
+    return QuantConfig(Scheme.FP8_TENSOR, "fp8", "weight_scale", None, activation == "static", ignore)
+
+
+def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy, QuantizationType
+
+    try:
+        parsed = QuantizationConfig.model_validate(qc)
+    except Exception as exc:  # pydantic's message names the field
+        raise ModelConfigError(f"{source}: invalid compressed-tensors quantization_config: {exc}") from None
+    if parsed.format not in ("float-quantized", "naive-quantized"):
+        raise ModelConfigError(
+            f"{source}: compressed-tensors format {parsed.format!r} is not supported (only float-quantized FP8)"
+        )
+    groups = list(parsed.config_groups.values())
+    if len(groups) != 1:
+        raise ModelConfigError(f"{source}: {len(groups)} config_groups; only one quantization group is supported")
+    group = groups[0]
+    targets = set(group.targets)
+    if not targets <= {"Linear", "re:.*Linear"} and not all(t.startswith("re:") for t in targets):
+        raise ModelConfigError(f"{source}: config_groups targets {sorted(targets)} are not supported (use Linear)")
+    w = group.weights
+    if w is None or w.type != QuantizationType.FLOAT or w.num_bits != 8:
+        raise ModelConfigError(f"{source}: only 8-bit float weights are supported by the built-in engine")
+    strategies = {
+        QuantizationStrategy.BLOCK: Scheme.FP8_BLOCK,
+        QuantizationStrategy.CHANNEL: Scheme.FP8_CHANNEL,
+        QuantizationStrategy.TENSOR: Scheme.FP8_TENSOR,
+    }
+    if w.strategy not in strategies:
+        raise ModelConfigError(
+            f"{source}: weight strategy {w.strategy.value!r} is not supported (block, channel or tensor)"
+        )
+    scheme = strategies[w.strategy]
+    block = tuple(w.block_structure) if scheme is Scheme.FP8_BLOCK else None
+    act = group.input_activations
+    static = bool(act is not None and not act.dynamic and scheme is Scheme.FP8_TENSOR)
+    if act is not None and not act.dynamic and scheme is not Scheme.FP8_TENSOR:
+        raise ModelConfigError(f"{source}: static input activations are only supported with tensor weights")
+    return QuantConfig(scheme, "compressed-tensors", "weight_scale", block, static, tuple(parsed.ignore or ()))

@@ -1,0 +1,191 @@
+"""Model building blocks: kernel-backed linear and MoE layers, RMSNorm, rotary embedding.
+
+`QuantLinear` and `FusedMoE` hold the checkpoint's raw tensors (FP8 weights and scales, or
+plain weights) as buffers under the names of the kernel contract, then hand them to the
+kernel chosen by the registry. A reload re-sets the raw tensors and re-runs
+`process_weights_after_loading`; the kernel copies into the storage it bound the first time
+(`bind_processed`), and raw tensors no kernel processed (a bias) are copied in place, so
+every buffer a captured CUDA graph reads keeps its address.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quantgate.kernels import LinearKernel, LinearLayerConfig, MoEKernel, MoELayerConfig, Scheme
+from quantgate.kernels.base import processed_names
+from quantgate.kernels.registry import Selection
+
+from .checkpoint import CheckpointError
+
+logger = logging.getLogger("quantgate.engine")
+
+FP8 = torch.float8_e4m3fn
+Spec = tuple[tuple[int, ...], torch.dtype]
+
+
+def _scale_shape(scheme: Scheme, rows: int, cols: int, block: tuple[int, int] | None) -> tuple[int, ...]:
+    if scheme is Scheme.FP8_BLOCK:
+        return (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    if scheme is Scheme.FP8_CHANNEL:
+        return (rows, 1)
+    return ()
+
+
+class KernelLayer(nn.Module):
+    """A layer whose math is one kernel of the registry; see the module docstring for reloads."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        super().__init__()
+        self.module_name = name
+        self.device = device
+        self.selection: Selection | None = None
+        self.kernel: LinearKernel | MoEKernel | None = None
+        self._processed_once = False
+
+    def raw_specs(self) -> dict[str, Spec]:
+        """Checkpoint tensors this layer expects: attribute name -> (shape, dtype after loading)."""
+        raise NotImplementedError
+
+    def bind_kernel(self, selection: Selection) -> None:
+        self.selection = selection
+        kernel_class = selection.require(self.module_name)
+        self.kernel = kernel_class(self.layer_config)
+        logger.info("Selected %s for %s", kernel_class.kernel_name(), self.module_name)
+
+    def set_raw(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        shape, dtype = self.raw_specs()[name]
+        if tensor.numel() == math.prod(shape) and tuple(tensor.shape) != shape:
+            tensor = tensor.reshape(shape)  # e.g. per-tensor scales saved as [1], channel scales as [N]
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(
+                f"{source}: shape {tuple(tensor.shape)} does not match {shape} expected from config.json "
+                f"for {self.module_name}.{name}"
+            )
+        if dtype == FP8 and tensor.dtype != FP8:
+            raise CheckpointError(
+                f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
+                f"it is quantized), found {tensor.dtype}; add it to the ignore list or re-quantize the checkpoint"
+            )
+        tensor = tensor.to(device=self.device, dtype=dtype)
+        current = getattr(self, name, None)
+        if self._processed_once and name not in processed_names(self):
+            current.copy_(tensor)
+            return
+        if name in self._parameters:
+            del self._parameters[name]
+        self.register_buffer(name, tensor.contiguous(), persistent=False)
+
+    def process_weights(self) -> None:
+        self.kernel.process_weights_after_loading(self)
+        self._processed_once = True
+
+    def report(self) -> dict:
+        sel = self.selection
+        return {
+            "layer": sel.layer,
+            "scheme": sel.scheme.value,
+            "kernel": sel.kernel.kernel_name(),
+            "backend": sel.kernel.backend,
+            "rejected": [{"kernel": c.kernel, "reason": c.reason} for c in sel.rejected],
+        }
+
+
+class QuantLinear(KernelLayer):
+    def __init__(self, name: str, config: LinearLayerConfig, device: torch.device) -> None:
+        super().__init__(name, device)
+        self.layer_config = config
+        self.bias: torch.Tensor | None = None
+
+    def raw_specs(self) -> dict[str, Spec]:
+        cfg = self.layer_config
+        n, k = cfg.out_features, cfg.in_features
+        specs: dict[str, Spec] = {}
+        if cfg.scheme.is_fp8:
+            specs["weight"] = ((n, k), FP8)
+            specs[cfg.scale_name] = (_scale_shape(cfg.scheme, n, k, cfg.block_size), torch.float32)
+            if cfg.static_input_scale:
+                specs["input_scale"] = ((), torch.float32)
+        else:
+            specs["weight"] = ((n, k), cfg.act_dtype)
+        if cfg.has_bias:
+            specs["bias"] = ((n,), cfg.act_dtype)
+        return specs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel.apply(self, x, self.bias)
+
+
+class FusedMoE(KernelLayer):
+    """Stacked experts in the MoE kernel layout (`w13_weight` [E, 2I, H], `w2_weight` [E, H, I])."""
+
+    def __init__(self, name: str, config: MoELayerConfig, device: torch.device) -> None:
+        super().__init__(name, device)
+        self.layer_config = config
+
+    def raw_specs(self) -> dict[str, Spec]:
+        cfg = self.layer_config
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        if not cfg.scheme.is_fp8:
+            return {"w13_weight": ((e, 2 * i, h), cfg.act_dtype), "w2_weight": ((e, h, i), cfg.act_dtype)}
+        specs: dict[str, Spec] = {"w13_weight": ((e, 2 * i, h), FP8), "w2_weight": ((e, h, i), FP8)}
+        if cfg.scheme is Scheme.FP8_TENSOR:
+            w13_scale, w2_scale = (e, 2), (e,)
+        else:
+            w13_scale = (e, *_scale_shape(cfg.scheme, 2 * i, h, cfg.block_size))
+            w2_scale = (e, *_scale_shape(cfg.scheme, h, i, cfg.block_size))
+        specs[f"w13_{cfg.scale_name}"] = (w13_scale, torch.float32)
+        specs[f"w2_{cfg.scale_name}"] = (w2_scale, torch.float32)
+        if cfg.static_input_scale:
+            specs["w13_input_scale"] = ((e,), torch.float32)
+            specs["w2_input_scale"] = ((e,), torch.float32)
+        return specs
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        return self.kernel.apply(self, x, topk_weights, topk_ids)
+
+
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: normalised in float32, scaled in the input dtype (as transformers does)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE with cos/sin precomputed in float32 for every position up to `max_len`."""
+
+    def __init__(self, head_dim: int, theta: float, max_len: int, device: torch.device) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        freqs = torch.arange(max_len, device=device).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated q, k."""
+        cos = self.cos[positions].to(q.dtype)[:, None, :]
+        sin = self.sin[positions].to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up

@@ -1,0 +1,244 @@
+"""`load_model`: HF folder -> model on the kernel layer, with its kernel report and reload.
+
+Kernels are selected while the model is built, before any weight is read, so a strict
+`--linear-backend` / `--moe-backend` that cannot serve a layer fails at once with every
+candidate's reason. The requested backend applies to the layers stored in the
+checkpoint's scheme; layers the checkpoint leaves unquantized (lm_head, the MoE router,
+ignored modules of an FP8 checkpoint) select with `auto`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from quantgate.kernels import (
+    LINEAR_BACKENDS,
+    MOE_BACKENDS,
+    LinearLayerConfig,
+    MoELayerConfig,
+    Platform,
+    Scheme,
+    normalize_backend,
+    select_linear_kernel,
+    select_moe_kernel,
+)
+
+from .checkpoint import Checkpoint, CheckpointError
+from .config import ModelConfig
+from .layers import FusedMoE, KernelLayer, QuantLinear, RMSNorm
+from .model import Qwen3ForCausalLM
+
+logger = logging.getLogger("quantgate.engine")
+
+DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+_ALWAYS_UNQUANTIZED = ("lm_head", ".mlp.gate")  # suffixes: vLLM keeps these unquantized too
+
+
+def resolve_dtype(requested: str | torch.dtype, checkpoint_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(requested, torch.dtype):
+        return requested
+    name = requested.strip().lower()
+    if name == "auto":
+        if device.type == "cpu" and checkpoint_dtype == torch.float16:
+            logger.info("--dtype auto: float16 checkpoint runs in bfloat16 on CPU (float16 matmuls are slow there)")
+            return torch.bfloat16
+        return checkpoint_dtype
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown --dtype {requested!r}; use auto, {', '.join(DTYPE_NAMES)}")
+    return DTYPE_NAMES[name]
+
+
+@dataclass
+class LoadedModel:
+    model: Qwen3ForCausalLM
+    tokenizer: Tokenizer | None  # None when the folder ships no tokenizer.json
+    model_config: ModelConfig
+    path: Path
+    platform: Platform
+    device: torch.device
+    dtype: torch.dtype
+
+    def kernel_layers(self) -> dict[str, KernelLayer]:
+        return {m.module_name: m for m in self.model.modules() if isinstance(m, KernelLayer)}
+
+    def kernel_report(self) -> dict:
+        """The body of `GET /v1/kernels` (SPEC section 5)."""
+        return {
+            "platform": self.platform.to_dict(),
+            "modules": {name: layer.report() for name, layer in self.kernel_layers().items()},
+        }
+
+    @torch.inference_mode()
+    def reload_weights(self) -> None:
+        """Re-read the weights from disk into the storage every buffer already has."""
+        with Checkpoint(self.path) as ckpt:
+            _load_weights(self.model, ckpt, self.model_config)
+        for layer in self.kernel_layers().values():
+            layer.process_weights()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("Reloaded weights from %s", self.path)
+
+
+def load_model(
+    path: str | Path,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    linear_backend: str = "auto",
+    moe_backend: str = "auto",
+) -> LoadedModel:
+    path = Path(path)
+    platform = Platform.detect(device)
+    torch_device = torch.device(platform.device)
+    linear_backend = normalize_backend(linear_backend, LINEAR_BACKENDS, "--linear-backend")
+    moe_backend = normalize_backend(moe_backend, MOE_BACKENDS, "--moe-backend")
+    cfg = ModelConfig.from_pretrained(path)
+    act_dtype = resolve_dtype(dtype, cfg.dtype, torch_device)
+    cfg = dataclasses.replace(cfg, dtype=act_dtype)
+    factory = _LayerFactory(cfg, platform, torch_device, linear_backend, moe_backend)
+    with torch.inference_mode():
+        model = Qwen3ForCausalLM(cfg, torch_device, factory.linear, factory.moe)
+        with Checkpoint(path) as ckpt:
+            _load_weights(model, ckpt, cfg)
+        for module in model.modules():
+            if isinstance(module, KernelLayer):
+                module.process_weights()
+    model.eval()
+    quant = cfg.quant
+    logger.info(
+        "Loaded %s (%s, %s, %s) on %s", path, cfg.architecture,
+        "unquantized" if quant is None else f"{quant.fmt} {quant.scheme.value}", act_dtype, platform.device,
+    )
+    return LoadedModel(model, _load_tokenizer(path), cfg, path, platform, torch_device, act_dtype)
+
+
+class _LayerFactory:
+    def __init__(self, cfg: ModelConfig, platform: Platform, device: torch.device, linear_backend: str,
+                 moe_backend: str) -> None:
+        self.cfg, self.platform, self.device = cfg, platform, device
+        self.linear_backend, self.moe_backend = linear_backend, moe_backend
+        self.checkpoint_scheme = cfg.quant.scheme if cfg.quant else Scheme.UNQUANTIZED
+
+    def _scheme(self, name: str) -> Scheme:
+        if self.cfg.quant is None or name.endswith(_ALWAYS_UNQUANTIZED):
+            return Scheme.UNQUANTIZED
+        return self.cfg.quant.scheme_for(name)
+
+    def _requested(self, scheme: Scheme, backend: str) -> str:
+        return backend if scheme is self.checkpoint_scheme else "auto"
+
+    def _quant_fields(self, scheme: Scheme) -> dict:
+        q = self.cfg.quant
+        if not scheme.is_fp8:
+            return {}
+        return dict(block_size=q.block_size, scale_name=q.scale_name, static_input_scale=q.static_input_scale)
+
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> QuantLinear:
+        scheme = self._scheme(name)
+        config = LinearLayerConfig(in_features, out_features, scheme, self.cfg.dtype, has_bias=bias,
+                                   **self._quant_fields(scheme))
+        layer = QuantLinear(name, config, self.device)
+        layer.bind_kernel(select_linear_kernel(self.platform, config, self._requested(scheme, self.linear_backend)))
+        return layer
+
+    def moe(self, name: str) -> FusedMoE:
+        cfg = self.cfg
+        scheme = self._scheme(f"{name}.0.gate_proj")
+        config = MoELayerConfig(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
+                                scheme, cfg.dtype, renormalize=cfg.norm_topk_prob, **self._quant_fields(scheme))
+        layer = FusedMoE(name, config, self.device)
+        layer.bind_kernel(select_moe_kernel(self.platform, config, self._requested(scheme, self.moe_backend)))
+        return layer
+
+
+def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig) -> None:
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return ckpt.get(name)
+
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            for attr in module.raw_specs():
+                key = f"{name}.{attr}"
+                if name == "lm_head" and attr == "weight" and key not in ckpt and cfg.tie_word_embeddings:
+                    module.set_raw(attr, model.model.embed_tokens.weight, "model.embed_tokens.weight (tied)")
+                else:
+                    module.set_raw(attr, take(key), key)
+        elif isinstance(module, FusedMoE):
+            for attr, tensor in _stacked_experts(module, take).items():
+                module.set_raw(attr, tensor, f"{name}.*")
+        elif isinstance(module, (RMSNorm, nn.Embedding)):
+            key = f"{name}.weight"
+            _copy_checked(module.weight, take(key), key)
+    unused = sorted(set(ckpt.names()) - used)
+    if unused:
+        logger.warning("%d checkpoint tensors are not used by the model, e.g. %s", len(unused), ", ".join(unused[:5]))
+
+
+def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str) -> None:
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise CheckpointError(f"{key}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)} from config.json")
+    param.copy_(tensor)
+
+
+def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) -> the MoE kernel layout."""
+    cfg = layer.layer_config
+    prefix, experts = layer.module_name, range(cfg.num_experts)
+
+    def per_expert(proj: str, attr: str) -> list[torch.Tensor]:
+        return [take(f"{prefix}.{e}.{proj}.{attr}") for e in experts]
+
+    gate, up, down = (per_expert(p, "weight") for p in ("gate_proj", "up_proj", "down_proj"))
+    out = {
+        "w13_weight": torch.stack([torch.cat([g, u], dim=0) for g, u in zip(gate, up)]),
+        "w2_weight": torch.stack(down),
+    }
+    if not cfg.scheme.is_fp8:
+        return out
+    s = cfg.scale_name
+    g_s, u_s, d_s = (per_expert(p, s) for p in ("gate_proj", "up_proj", "down_proj"))
+    if cfg.scheme is Scheme.FP8_TENSOR:
+        out[f"w13_{s}"] = torch.stack([torch.stack([g.reshape(()), u.reshape(())]) for g, u in zip(g_s, u_s)])
+        out[f"w2_{s}"] = torch.stack([d.reshape(()) for d in d_s])
+    else:
+        if cfg.scheme is Scheme.FP8_BLOCK and cfg.intermediate_size % cfg.block_size[0]:
+            raise CheckpointError(
+                f"{prefix}: moe_intermediate_size {cfg.intermediate_size} is not a multiple of the weight block "
+                f"{cfg.block_size[0]}, so gate and up blocks cannot be stacked; quantize with per-channel or tensor scales"
+            )
+        out[f"w13_{s}"] = torch.stack([torch.cat([_as_rows(g), _as_rows(u)]) for g, u in zip(g_s, u_s)])
+        out[f"w2_{s}"] = torch.stack([_as_rows(d) for d in d_s])
+    if cfg.static_input_scale:
+        g_i, u_i, d_i = (per_expert(p, "input_scale") for p in ("gate_proj", "up_proj", "down_proj"))
+        # gate and up read the same input: one static scale, the larger, covers both
+        out["w13_input_scale"] = torch.stack([torch.maximum(g.float(), u.float()).reshape(()) for g, u in zip(g_i, u_i)])
+        out["w2_input_scale"] = torch.stack([d.float().reshape(()) for d in d_i])
+    return out
+
+
+def _as_rows(scale: torch.Tensor) -> torch.Tensor:
+    """Channel scales may be saved as [N] or [N, 1]; block scales are [N/bn, K/bk]."""
+    return scale.reshape(scale.shape[0], -1) if scale.dim() > 1 else scale.reshape(-1, 1)
+
+
+def _load_tokenizer(path: Path) -> Tokenizer | None:
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        logger.warning("%s has no tokenizer.json: requests must be token ids and outputs have no text", path)
+        return None
+    return Tokenizer.from_file(str(file))

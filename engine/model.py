@@ -1,0 +1,194 @@
+"""Qwen3 (dense) and Qwen3-MoE over a packed batch and a slot-based KV cache.
+
+Module names equal the Hugging Face checkpoint names (`model.layers.0.self_attn.q_proj`), so
+the kernel report, ignore lists and the loader all speak one language.
+
+One forward runs a mixed batch: the prompts being prefilled (packed, one causal attention
+per prompt) followed by one token for each running sequence (batched attention over its
+cache slot). Linears, norms and MLPs see all rows at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import FusedMoE, QuantLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+
+
+@dataclass
+class ForwardBatch:
+    """Rows [0, num_prefill_tokens) are prompts (one segment per prompt), the rest decode tokens.
+
+    `decode_kv_len` is how many cache positions decode attention reads. Decode rows are in
+    increasing slot order. `decode_slot_range` (first, end) lets decode attention read the
+    cache as a view of the slots in that range (a gather of 32 sequences' caches costs more
+    than their attention on CPU); queries are placed at `decode_slots - first`. Without it
+    the sequences' cache rows are gathered (shape-static, what CUDA graphs capture).
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int64, cache slot of each row
+    prefill_segments: list[tuple[int, int]]  # (first row, length) per prompt
+    num_prefill_tokens: int
+    decode_slots: torch.Tensor  # [B] int64
+    decode_lens: torch.Tensor  # [B] int64: context length including the new token
+    decode_kv_len: int
+    decode_slot_range: tuple[int, int] | None
+    logits_indices: torch.Tensor  # rows whose logits are wanted
+
+    @property
+    def num_decode(self) -> int:
+        return self.decode_slots.shape[0]
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """DESIGN.md's routing contract, until quantgate.kernels.moe.routing.select_experts lands (then import it)."""
+    weights, ids = torch.topk(torch.softmax(router_logits, dim=-1, dtype=torch.float32), top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+LinearFactory = Callable[[str, int, int, bool], QuantLinear]
+MoEFactory = Callable[[str], FusedMoE]
+
+
+class Attention(nn.Module):
+    def __init__(self, prefix: str, cfg: ModelConfig, rotary: RotaryEmbedding, linear: LinearFactory) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = linear(f"{prefix}.q_proj", cfg.hidden_size, q_size, bias)
+        self.k_proj = linear(f"{prefix}.k_proj", cfg.hidden_size, kv_size, bias)
+        self.v_proj = linear(f"{prefix}.v_proj", cfg.hidden_size, kv_size, bias)
+        self.o_proj = linear(f"{prefix}.o_proj", q_size, cfg.hidden_size, bias)
+        device = rotary.cos.device
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
+        self.rotary = [rotary]  # shared; a list keeps it out of this module's children
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary[0](q, k, batch.positions)
+        k_cache[batch.slots, :, batch.positions] = k
+        v_cache[batch.slots, :, batch.positions] = v
+
+        out = torch.empty_like(q)
+        for first, length in batch.prefill_segments:
+            rows = slice(first, first + length)
+            qs, ks, vs = (a[rows].transpose(0, 1).unsqueeze(0) for a in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+            out[rows] = o[0].transpose(0, 1)
+        if batch.num_decode:
+            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], batch, k_cache, v_cache)
+        return self.o_proj(out.view(t, self.num_heads * self.head_dim))
+
+    def _decode(self, q: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        b, kv_len, d = q.shape[0], batch.decode_kv_len, self.head_dim
+        group = self.num_heads // self.num_kv_heads
+        if batch.decode_slot_range is not None and batch.decode_slot_range[1] - batch.decode_slot_range[0] == b:
+            # Decode rows are in slot order, so a full range is exactly these sequences.
+            first, end = batch.decode_slot_range
+            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
+            rows, lens, qr = None, batch.decode_lens, q
+        elif batch.decode_slot_range is not None:
+            first, end = batch.decode_slot_range
+            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
+            rows = batch.decode_slots - first
+            lens = torch.ones(end - first, dtype=batch.decode_lens.dtype, device=q.device)  # idle slots: 1 key
+            lens[rows] = batch.decode_lens
+            qr = q.new_zeros(end - first, self.num_heads, d)
+            qr[rows] = q
+        else:
+            keys, values = k_cache[batch.decode_slots, :, :kv_len], v_cache[batch.decode_slots, :, :kv_len]
+            rows, lens, qr = None, batch.decode_lens, q
+        # One query per sequence: the query heads that share a KV head become that head's rows.
+        qg = qr.view(-1, self.num_kv_heads, group, d)
+        mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
+        o = o.reshape(-1, self.num_heads, d)
+        return o if rows is None else o[rows]
+
+
+class MLP(nn.Module):
+    def __init__(self, prefix: str, hidden: int, intermediate: int, linear: LinearFactory) -> None:
+        super().__init__()
+        self.gate_proj = linear(f"{prefix}.gate_proj", hidden, intermediate, False)
+        self.up_proj = linear(f"{prefix}.up_proj", hidden, intermediate, False)
+        self.down_proj = linear(f"{prefix}.down_proj", intermediate, hidden, False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, prefix: str, cfg: ModelConfig, linear: LinearFactory, moe: MoEFactory) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = linear(f"{prefix}.gate", cfg.hidden_size, cfg.num_experts, False)
+        self.experts = moe(f"{prefix}.experts")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        return self.experts(x, topk_weights, topk_ids)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, index: int, cfg: ModelConfig, rotary: RotaryEmbedding, linear: LinearFactory,
+                 moe: MoEFactory) -> None:
+        super().__init__()
+        prefix = f"model.layers.{index}"
+        device = rotary.cos.device
+        self.self_attn = Attention(f"{prefix}.self_attn", cfg, rotary, linear)
+        if cfg.is_moe_layer(index):
+            self.mlp = SparseMoeBlock(f"{prefix}.mlp", cfg, linear, moe)
+        else:
+            self.mlp = MLP(f"{prefix}.mlp", cfg.hidden_size, cfg.intermediate_size, linear)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        x = x + self.self_attn(self.input_layernorm(x), batch, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, device: torch.device, linear: LinearFactory, moe: MoEFactory) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=cfg.dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
+        self.rotary_emb = rotary
+        self.layers = nn.ModuleList(DecoderLayer(i, cfg, rotary, linear, moe) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """Dense Qwen3 and Qwen3-MoE (the MoE layers are chosen per layer by the config)."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device, linear: LinearFactory, moe: MoEFactory) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg, device, linear, moe)
+        self.lm_head = linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """-> float32 logits [len(batch.logits_indices), vocab]."""
+        x = self.model.embed_tokens(batch.input_ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, batch, kv.k[i], kv.v[i])
+        x = self.model.norm(x[batch.logits_indices])
+        return self.lm_head(x).float()

@@ -1,0 +1,64 @@
+"""Next-token choice and logprobs, batched over the rows of one step.
+
+Greedy rows take the argmax. Sampled rows apply temperature and top-p, then draw with the
+request's own generator, so a seeded request gives the same tokens whatever else is in the
+batch. Logprobs are of the model's distribution (before temperature and top-p), as OpenAI
+and vLLM report them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sequence import Sequence
+
+TokenLogprob = tuple[float, dict[int, float]]  # (chosen token's logprob, {token id: logprob} top-k)
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+    """logits [len(seqs), vocab] float32 -> (token per row, logprobs per row where requested)."""
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        temps = torch.tensor([seqs[i].params.temperature for i in rows], device=logits.device)
+        probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
+        top_p = torch.tensor([seqs[i].params.top_p for i in rows], device=logits.device)
+        if bool((top_p < 1).any()):
+            probs = _top_p_filter(probs, top_p)
+        for j, i in enumerate(rows):
+            tokens[i] = torch.multinomial(probs[j], 1, generator=seqs[i].generator)[0]
+    chosen = tokens.tolist()
+    return chosen, _logprobs(logits, chosen, [s.params.logprobs for s in seqs])
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
+    sorted_p = sorted_p.masked_fill(mass_before >= top_p[:, None], 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+
+
+def _logprobs(logits: torch.Tensor, chosen: list[int], wanted: list[int | None]) -> list[TokenLogprob | None]:
+    rows = [i for i, k in enumerate(wanted) if k is not None]
+    out: list[TokenLogprob | None] = [None] * len(wanted)
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=logits.device)
+    lp = torch.log_softmax(logits[index], dim=-1)
+    picked = lp.gather(1, torch.tensor([chosen[i] for i in rows], device=logits.device)[:, None])[:, 0].tolist()
+    k = max(wanted[i] for i in rows)
+    top_vals, top_ids = (t.tolist() for t in lp.topk(k, dim=-1)) if k else ([[]] * len(rows), [[]] * len(rows))
+    for j, i in enumerate(rows):
+        n = wanted[i]
+        out[i] = (picked[j], dict(zip(top_ids[j][:n], top_vals[j][:n])))
+    return out
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], k: int) -> list[TokenLogprob | None]:
+    """logits of every prompt position [L, vocab] -> per prompt token: None for the first, then
+    the logprob the model gave it after the tokens before it, with the top-k alternatives."""
+    following = prompt_ids[1:]
+    entries = _logprobs(logits[: len(following)], following, [k] * len(following))
+    return [None, *entries]
