@@ -1,0 +1,173 @@
+"""Gates: the published figures, each mode's boundary, and the arithmetic in the output."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness import gates
+from quantgate.harness.config import load_config
+from quantgate.harness.gates import Baseline, GateInputError, evaluate_gate
+
+
+def config(tmp_path: Path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\n" + text, encoding="utf-8")
+    return load_config(path)
+
+
+# -- published figures ----------------------------------------------------------------------------
+
+
+def test_hypothesis_reproduces_the_tensorrt_llm_figures() -> None:
+    # n = 1319 (GSM8K test), sigma = 0.5 (p = 0.5), alpha 0.05, beta 0.2.
+    passed, numbers, text = gates.hypothesis(0.5, 0.5, 1319)
+    assert numbers["sigma"] == pytest.approx(0.5)
+    assert round(numbers["margin"], 4) == 0.0320
+    assert round(numbers["theta"], 4) == 0.0484
+    assert "0.0320 below the reference" in text and "= 0.0484" in text and passed
+
+
+def test_hypothesis_boundary() -> None:
+    threshold = 0.5 - 0.0320259
+    assert gates.hypothesis(threshold + 1e-4, 0.5, 1319)[0]
+    assert not gates.hypothesis(threshold - 1e-4, 0.5, 1319)[0]
+
+
+def test_wilson_published_check() -> None:
+    assert gates.relative(0.72, 0.755, 0.08)[0]
+    passed_100, numbers_100, _ = gates.wilson(0.72, 100, 0.755, 0.08)
+    passed_1000, numbers_1000, _ = gates.wilson(0.72, 1000, 0.755, 0.08)
+    assert not passed_100 and passed_1000
+    assert numbers_100["threshold"] == pytest.approx(0.6946)
+    assert numbers_100["wilson_lower_bound"] < 0.6946 < numbers_1000["wilson_lower_bound"]
+
+
+def test_wilson_bound_matches_its_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(50):
+        n = rng.randint(1, 5000)
+        p = rng.randint(0, n) / n
+        z = rng.uniform(0.5, 3.0)
+        # The Wilson interval is where |p - q| = z sqrt(q(1-q)/n): its lower root.
+        a = 1 + z * z / n
+        b = -(2 * p + z * z / n)
+        c = p * p
+        lower = (-b - math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a)
+        assert gates.wilson_lower_bound(p, n, z) == pytest.approx(lower, abs=1e-9)
+
+
+# -- absolute, relative, recovery ----------------------------------------------------------------
+
+
+def test_absolute_is_vllm_gen2_with_float_rounding_forgiven() -> None:
+    passed, numbers, text = gates.absolute(0.72, 0.80, 0.08)
+    assert passed and numbers["threshold"] == pytest.approx(0.72)
+    assert "0.8000 - 0.0800 = 0.7200" in text
+    assert not gates.absolute(0.7199, 0.80, 0.08)[0]
+
+
+def test_relative_boundary() -> None:
+    assert gates.relative(0.755 * 0.92, 0.755, 0.08)[0]
+    assert not gates.relative(0.755 * 0.92 - 1e-6, 0.755, 0.08)[0]
+
+
+def test_recovery_ratio() -> None:
+    passed, numbers, text = gates.recovery(0.76, 0.80, 0.95)
+    assert passed and numbers["recovery_ratio"] == pytest.approx(0.95) and "0.7600 / 0.8000" in text
+    assert not gates.recovery(0.75, 0.80, 0.95)[0]
+    with pytest.raises(GateInputError, match="baseline scored 0"):
+        gates.recovery(0.5, 0.0)
+
+
+# -- paired -------------------------------------------------------------------------------------------
+
+
+def test_binomial_tail_matches_scipy(seed: int) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(seed)
+    for _ in range(30):
+        n = rng.randint(1, 200)
+        k = rng.randint(0, n)
+        assert gates.binomial_tail(k, n) == pytest.approx(stats.binom.sf(k - 1, n, 0.5), rel=1e-9, abs=1e-300)
+
+
+def test_paired_counts_flips_both_ways(seed: int) -> None:
+    rng = random.Random(seed)
+    base = {str(i): rng.random() < 0.7 for i in range(300)}
+    cand = {k: (v if rng.random() < 0.9 else not v) for k, v in base.items()}
+    _, numbers, text = gates.paired(cand, base)
+    losses = sum(base[k] and not cand[k] for k in base)
+    wins = sum(cand[k] and not base[k] for k in base)
+    assert (numbers["flips_right_to_wrong"], numbers["flips_wrong_to_right"]) == (losses, wins)
+    assert numbers["both_right"] + numbers["both_wrong"] + losses + wins == 300
+    assert f"{losses} right->wrong" in text and f"{wins} wrong->right" in text
+
+
+def test_paired_fails_only_when_significantly_worse() -> None:
+    base = {str(i): True for i in range(100)}
+    assert not gates.paired({**base, **{str(i): False for i in range(10)}}, base)[0]  # 10 losses, 0 wins
+    assert gates.paired({**base, **{str(i): False for i in range(4)}}, base)[0]  # p = 1/16 >= 0.05
+    better = {str(i): i >= 10 for i in range(100)}
+    assert gates.paired({str(i): True for i in range(100)}, better)[0]  # candidate better: passes
+    # Exact boundary: 5 losses, 0 wins -> p = 1/32 < 0.05 fails; alpha 0.01 passes.
+    five = {**base, **{str(i): False for i in range(5)}}
+    assert not gates.paired(five, base, 0.05)[0] and gates.paired(five, base, 0.01)[0]
+
+
+def test_paired_uses_common_questions_and_says_so() -> None:
+    passed, numbers, text = gates.paired({"a": True, "b": True, "c": False}, {"a": True, "b": True, "d": True})
+    assert numbers["n_common"] == 2 and numbers["only_candidate"] == 1 and numbers["only_baseline"] == 1
+    assert "not compared" in text
+    with pytest.raises(GateInputError, match="share no question"):
+        gates.paired({"a": True}, {"b": True})
+
+
+# -- evaluate_gate: config in, outcome out ------------------------------------------------------------
+
+
+def test_evaluate_gate_absolute_from_a_gen2_config(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "accuracy_threshold: 0.375\n")
+    outcome = evaluate_gate(cfg, {"value": 0.29, "n": 1319})
+    assert not outcome.passed and outcome.mode == "absolute"
+    assert outcome.numbers["threshold"] == pytest.approx(0.295)
+    assert evaluate_gate(cfg, {"value": 0.30, "n": 1319}).passed
+    assert outcome.to_dict()["mode"] == "absolute" and "explanation" in outcome.to_dict()
+
+
+def test_evaluate_gate_wilson_uses_measured_n(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n")
+    assert not evaluate_gate(cfg, {"value": 0.72, "n": 100}).passed
+    assert evaluate_gate(cfg, {"value": 0.72, "n": 1000}).passed
+
+
+def test_evaluate_gate_max_invalid_rate(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
+    ok = evaluate_gate(cfg, {"value": 0.9, "n": 100, "invalid_rate": 0.05})
+    bad = evaluate_gate(cfg, {"value": 0.9, "n": 100, "invalid_rate": 0.06})
+    assert ok.passed and not bad.passed and "invalid_rate 0.0600 > max_invalid_rate 0.0500" in bad.explanation
+    with pytest.raises(GateInputError, match="invalid_rate"):
+        evaluate_gate(cfg, {"value": 0.9, "n": 100})
+
+
+def test_evaluate_gate_paired_and_recovery_need_the_baseline(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    paired = config(tmp_path, "baseline: base\ngate: paired\n")
+    samples = [{"id": i, "correct": i % 2 == 0} for i in range(20)]
+    with pytest.raises(GateInputError, match="per-sample"):
+        evaluate_gate(paired, {"value": 0.5, "n": 20}, samples, None)
+    base = Baseline("base", {"value": 0.5, "n": 20}, samples)
+    assert evaluate_gate(paired, {"value": 0.5, "n": 20}, samples, base).numbers["discordant"] == 0
+    recovery = config(tmp_path, "baseline: base\ngate: {mode: recovery, recovery: 0.9}\n")
+    outcome = evaluate_gate(recovery, {"value": 0.45, "n": 20}, None, base)
+    assert outcome.passed and outcome.numbers["recovery_ratio"] == pytest.approx(0.9)
+
+
+def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "reference: {value: 0.7}\ngate: hypothesis\n")
+    for metrics in ({"n": 10}, {"value": "0.5", "n": 10}, {"value": float("nan"), "n": 10}, {"value": 0.5, "n": 0}):
+        with pytest.raises(GateInputError):
+            evaluate_gate(cfg, metrics)

@@ -1,0 +1,60 @@
+"""The legacy env table: each variable's public replacement."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantgate.harness.legacy import LEGACY_VARS, translate
+
+
+@pytest.mark.parametrize("env, flags", [
+    ({"VLLM_TEST_FORCE_FP8_MARLIN": "1"}, ["--linear-backend", "marlin", "--moe-backend", "marlin"]),
+    ({"VLLM_USE_DEEP_GEMM": "1", "VLLM_USE_DEEP_GEMM_MOE": "1"},
+     ["--linear-backend", "deep_gemm", "--moe-backend", "deep_gemm"]),
+    ({"VLLM_USE_FLASHINFER_MOE_FP8": "1"}, ["--moe-backend", "flashinfer_cutlass"]),
+    ({"VLLM_USE_FLASHINFER_MOE_FP8": "true", "VLLM_FLASHINFER_MOE_BACKEND": "latency"},
+     ["--moe-backend", "flashinfer_trtllm"]),
+    ({"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "masked_gemm"},
+     ["--moe-backend", "flashinfer_cutedsl"]),
+    ({"VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass"}, ["--linear-backend", "flashinfer_cutlass"]),
+    ({"VLLM_MXFP4_USE_MARLIN": "1"}, ["--moe-backend", "marlin"]),
+])
+def test_translation(env: dict[str, str], flags: list[str]) -> None:
+    result = translate(env)
+    assert result.flags == flags
+    assert sorted(result.replaced) == sorted(env) and result.unresolved == {}
+
+
+def test_switch_off_is_dropped_without_flags() -> None:
+    result = translate({"VLLM_TEST_FORCE_FP8_MARLIN": "0"})
+    assert result.flags == [] and result.replaced == ["VLLM_TEST_FORCE_FP8_MARLIN"]
+
+
+def test_ruling_a_backend_out_needs_an_explicit_choice() -> None:
+    result = translate({"VLLM_USE_DEEP_GEMM": "0", "VLLM_USE_DEEP_GEMM_MOE": "0", "VLLM_USE_FLASHINFER_MOE_FP8": "1"})
+    assert result.flags == ["--moe-backend", "flashinfer_cutlass"]
+    assert "VLLM_USE_DEEP_GEMM_MOE" in result.replaced  # satisfied by the explicit --moe-backend
+    assert "--linear-backend" in result.unresolved["VLLM_USE_DEEP_GEMM"]
+    assert translate({"VLLM_USE_DEEP_GEMM": "0"}, {"--linear-backend": "cutlass"}).unresolved == {}
+    linear_only = translate({"VLLM_USE_DEEP_GEMM": "1", "VLLM_USE_DEEP_GEMM_MOE": "0"})
+    assert linear_only.flags == ["--linear-backend", "deep_gemm"]
+    assert list(linear_only.unresolved) == ["VLLM_USE_DEEP_GEMM_MOE"]
+
+
+def test_flags_already_chosen_are_not_repeated_and_conflicts_reported() -> None:
+    same = translate({"VLLM_TEST_FORCE_FP8_MARLIN": "1"}, {"--moe-backend": "marlin"})
+    assert same.flags == ["--linear-backend", "marlin"] and same.replaced == ["VLLM_TEST_FORCE_FP8_MARLIN"]
+    clash = translate({"VLLM_TEST_FORCE_FP8_MARLIN": "1"}, {"--moe-backend": "triton"})
+    assert clash.flags == [] and "--moe-backend triton" in clash.unresolved["VLLM_TEST_FORCE_FP8_MARLIN"]
+
+
+def test_variables_without_public_flag_are_unresolved_with_advice() -> None:
+    result = translate({"VLLM_USE_DEEP_GEMM_E8M0": "1", "QUANTGATE_DISABLED_KERNELS": "TritonFusedMoEKernel",
+                        "UNRELATED": "x"})
+    assert set(result.unresolved) == {"VLLM_USE_DEEP_GEMM_E8M0", "QUANTGATE_DISABLED_KERNELS"}
+    assert all(advice for advice in result.unresolved.values())
+
+
+def test_every_variable_says_what_it_did() -> None:
+    for name, var in LEGACY_VARS.items():
+        assert var.name == name and var.meaning
