@@ -1,0 +1,441 @@
+"""lm-eval against a running OpenAI-compatible server, offline, with per-question results.
+
+The task is the INSTALLED lm-eval task YAML (e.g. `tasks/gsm8k/gsm8k.yaml`) with only its
+dataset replaced by the config's local files (absolute paths: lm-eval resolves relative
+`data_files` against the CWD), written into the run directory and loaded with
+`TaskManager(include_path=..., include_defaults=False)`, so prompts, filters and metrics are
+lm-eval's own.
+
+A request that fails is never scored: lm-eval retries it, then aborts the whole evaluation.
+Every answer received before that is recorded as it arrives, so an aborted run still keeps
+(and scores, with the task's own filters) the questions answered so far. lm-eval is imported
+lazily: it costs seconds and `quantgate lint` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+INVALID = "[invalid]"  # lm-eval's RegexFilter fallback when no answer can be extracted
+STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
+
+ProgressCallback = Callable[[int, int], None]  # (answered, requested)
+
+
+class EvalSetupError(ValueError):
+    """The evaluation cannot be built (task, dataset or metric); a config problem, not retryable."""
+
+
+class RequestTimedOut(BaseException):
+    """A request got no answer within request_timeout_seconds.
+
+    A BaseException on purpose: lm-eval wraps each request in tenacity's retry, which retries
+    every `Exception`. A server that hangs once will hang again, and retrying would multiply
+    the configured bound; this one goes straight through and aborts the evaluation.
+    """
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    base_url: str  # server root, e.g. http://127.0.0.1:8000
+    model: str  # the served model name sent in each request
+    task: str
+    test_file: Path | None  # None: the task's own dataset (needs the hub)
+    train_file: Path | None
+    num_fewshot: int
+    limit: int | None
+    max_tokens: int
+    max_concurrency: int
+    request_timeout_s: float
+    seed: int | None
+    temperature: float | None
+    metric: str
+    work_dir: Path
+    use_chat_completions: bool = False
+    gen_prefix: str | None = None
+
+
+@dataclass
+class EvalOutcome:
+    metrics: dict[str, Any]
+    samples: list[dict[str, Any]]
+    error: str | None  # why the evaluation did not complete; None when it did
+    requested: int
+    answered: int
+    eval_s: float
+    server_busy_s: float  # time with at least one request in flight
+    task_file: Path
+    task_sha256: str
+    dataset_sha256: dict[str, str] = field(default_factory=dict)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- task
+
+
+def installed_task_yaml(task: str) -> Path:
+    """The YAML file of `task` in the installed lm-eval (found without importing lm-eval)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise EvalSetupError("lm-eval is not installed; install quantgate with its dependencies (`make install`)")
+    tasks_dir = Path(next(iter(spec.submodule_search_locations))) / "tasks"
+    direct = tasks_dir / task / f"{task}.yaml"
+    if direct.is_file():
+        return direct
+    for candidate in sorted(tasks_dir.rglob(f"{task}.yaml")):
+        return candidate
+    raise EvalSetupError(f"task {task!r} is not an lm-eval task installed under {tasks_dir}; check `task:`")
+
+
+def write_task_yaml(settings: EvalSettings) -> Path:
+    """Write the installed task YAML into the run directory with the dataset replaced."""
+    source = installed_task_yaml(settings.task)
+    try:
+        task_cfg = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as exc:
+        raise EvalSetupError(f"task {settings.task!r} ({source}) uses lm-eval YAML extensions that cannot be "
+                             f"rebuilt offline ({exc.__class__.__name__}); use a self-contained task such as gsm8k")
+    if not isinstance(task_cfg, dict) or "include" in task_cfg:
+        raise EvalSetupError(f"task {settings.task!r} ({source}) includes other files; only self-contained task "
+                             "YAMLs (such as gsm8k) can be rebuilt with local data")
+    if settings.test_file is not None:
+        data_files = {task_cfg.get("test_split", "test"): str(settings.test_file.resolve())}
+        if settings.train_file is not None:
+            data_files[task_cfg.get("training_split") or "train"] = str(settings.train_file.resolve())
+        elif settings.num_fewshot > 0:
+            raise EvalSetupError(f"num_fewshot is {settings.num_fewshot} but dataset has no train file to draw "
+                                 "few-shot examples from; add `dataset: {train: ...}` or set num_fewshot: 0")
+        task_cfg["dataset_path"] = "json"
+        task_cfg.pop("dataset_name", None)  # a hub config name ("main") means nothing to the json loader
+        task_cfg["dataset_kwargs"] = {"data_files": data_files}
+    task_dir = settings.work_dir / "task"
+    task_dir.mkdir(parents=True, exist_ok=True)
+    path = task_dir / f"{settings.task}.yaml"
+    path.write_text(f"# {source} with its dataset replaced by quantgate\n"
+                    + yaml.safe_dump(task_cfg, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def check_metric(task_yaml: Path, metric: str) -> None:
+    """`metric` is `<metric>,<filter>` of the task; fail before any server starts if it is not."""
+    task_cfg = yaml.safe_load(task_yaml.read_text())
+    names = [m["metric"] for m in task_cfg.get("metric_list", [])]
+    filters = [f["name"] for f in task_cfg.get("filter_list", [])] or ["none"]
+    known = [f"{m},{f}" for m in names for f in filters]
+    if metric not in known:
+        raise EvalSetupError(f"metric {metric!r} is not reported by task {task_cfg.get('task')!r}; "
+                             f"choose one of: {', '.join(known)}")
+
+
+# ---------------------------------------------------------------------------- recording model
+
+
+class _BusyClock:
+    """Wall time during which at least one request is in flight (the server's answering time)."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self._inflight = 0
+        self._since = 0.0
+
+    def start(self) -> None:
+        if self._inflight == 0:
+            self._since = time.perf_counter()
+        self._inflight += 1
+
+    def stop(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self.busy_s += time.perf_counter() - self._since
+
+
+class _TimedSemaphore:
+    """lm-eval holds its semaphore exactly while a request is on the wire; time that span."""
+
+    def __init__(self, inner: Any, clock: _BusyClock) -> None:
+        self._inner, self._clock = inner, clock
+
+    async def acquire(self) -> bool:
+        acquired = await self._inner.acquire()
+        self._clock.start()
+        return acquired
+
+    def release(self) -> None:
+        self._clock.stop()
+        self._inner.release()
+
+
+def _prompt_key(message: Any) -> str:
+    return message.prompt if hasattr(message, "prompt") else str(message)  # JsonChatStr for chat requests
+
+
+def _recording_model_class(chat: bool) -> type:
+    from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
+
+    base = LocalChatCompletion if chat else LocalCompletionsAPI
+
+    class Recording(base):
+        """`base` that keeps every answer as it arrives and never retries a timed-out request."""
+
+        def __init__(self, *, on_progress: ProgressCallback | None, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.answers: dict[str, str] = {}
+            self.requested = 0
+            self.clock = _BusyClock()
+            self._on_progress = on_progress
+
+        def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+            self.requested += len(requests)
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
+        def _record(self, messages: Any, answers: list) -> None:
+            batch = messages if isinstance(messages, (list, tuple)) else [messages]
+            for message, answer in zip(batch, answers):
+                self.answers[_prompt_key(message)] = answer
+            if self._on_progress is not None:
+                self._on_progress(len(self.answers), self.requested)
+
+        async def amodel_call(self, session: Any, sem: Any, messages: Any, **kwargs: Any) -> Any:
+            try:
+                answers = await super().amodel_call(session, _TimedSemaphore(sem, self.clock), messages,
+                                                    **kwargs)
+            except TimeoutError:  # aiohttp's total timeout
+                raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
+            if kwargs.get("generate", True) and answers is not None:
+                self._record(messages, answers)
+            return answers
+
+        def model_call(self, messages: Any, **kwargs: Any) -> Any:
+            import requests
+
+            self.clock.start()
+            try:
+                outputs = super().model_call(messages, **kwargs)
+            except requests.exceptions.Timeout:
+                raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
+            finally:
+                self.clock.stop()
+            if kwargs.get("generate", True) and outputs is not None:
+                self._record(messages, self.parse_generations(outputs=outputs))
+            return outputs
+
+    Recording.__name__ = f"Recording{base.__name__}"
+    return Recording
+
+
+@contextlib.contextmanager
+def _lm_eval_logs_to(path: Path) -> Iterator[None]:
+    """lm-eval's own log goes to the run directory, not the console the runner draws on."""
+    logger = logging.getLogger("lm_eval")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = logger.handlers[:], logger.propagate, logger.level
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        handler.close()
+        logger.handlers, logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
+
+
+def _import_lm_eval() -> None:
+    # Offline by construction: the data are local files and the tokenizer stays on the server.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # tqdm reads TQDM_* once, when it is first imported: lm-eval's progress bars would draw
+    # over the runner's own display. Scoped so servers launched later do not inherit it.
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        import lm_eval.evaluator  # noqa: F401
+        import lm_eval.models.openai_completions  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ["TQDM_DISABLE"]
+        else:
+            os.environ["TQDM_DISABLE"] = previous
+
+
+def lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None) -> EvalOutcome:
+    """Evaluate the server at `settings.base_url`; never raises for request or server failures."""
+    task_file = write_task_yaml(settings)
+    check_metric(task_file, settings.metric)
+    dataset_sha = {p.name: sha256_file(p) for p in (settings.test_file, settings.train_file) if p is not None}
+    _import_lm_eval()
+    from lm_eval import evaluate
+    from lm_eval.defaults import DEFAULT_OTHER_SEED
+    from lm_eval.tasks import TaskManager
+
+    started = time.perf_counter()
+    model_cls = _recording_model_class(settings.use_chat_completions)
+    endpoint = "/v1/chat/completions" if settings.use_chat_completions else "/v1/completions"
+    lm = model_cls(
+        on_progress=on_progress,
+        base_url=settings.base_url.rstrip("/") + endpoint,
+        model=settings.model,
+        tokenizer_backend=None,  # the server tokenizes; nothing is downloaded
+        tokenized_requests=False,
+        num_concurrent=settings.max_concurrency,
+        max_gen_toks=settings.max_tokens,
+        timeout=max(1, round(settings.request_timeout_s)),
+        **({"seed": settings.seed} if settings.seed is not None else {}),
+    )
+    with _lm_eval_logs_to(settings.work_dir / "lm_eval.log"):
+        manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
+        loaded = manager.load([settings.task])
+        task = loaded["tasks"][settings.task]
+        # What `simple_evaluate` would set on the task. It is not called because it also collects
+        # environment info (importing torch and running pip: ~5 s per config on a CI core).
+        task.set_config(key="num_fewshot", value=settings.num_fewshot)
+        task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
+        if settings.temperature is not None:
+            task.set_config(key="generation_kwargs", value={"temperature": settings.temperature}, update=True)
+        if settings.gen_prefix is not None:
+            task.set_config(key="gen_prefix", value=settings.gen_prefix)
+        error: str | None = None
+        results: dict | None = None
+        try:
+            results = evaluate(lm=lm, task_dict=loaded, limit=settings.limit, log_samples=True,
+                               apply_chat_template=settings.use_chat_completions,
+                               fewshot_as_multiturn=settings.use_chat_completions)
+        except RequestTimedOut as exc:
+            error = f"request timed out: {exc}"
+        except Exception as exc:  # lm-eval aborts on the first request that fails after its retries
+            error = f"request failed after lm-eval's retries: {_describe(exc)}"
+    eval_s = time.perf_counter() - started
+    if results is not None:
+        logged = results["samples"][settings.task]
+        n = int(results["n-samples"][settings.task]["effective"])
+        scores = results["results"][settings.task]
+    else:
+        logged = _score_answered(task, lm.answers)
+        n, scores = len({s["doc_id"] for s in logged}), {}
+    samples = per_question(logged, settings.metric)
+    return EvalOutcome(
+        metrics=_metrics(scores, samples, settings.metric, n),
+        samples=samples,
+        error=error,
+        requested=lm.requested,
+        answered=len(lm.answers),
+        eval_s=eval_s,
+        server_busy_s=lm.clock.busy_s,
+        task_file=task_file,
+        task_sha256=sha256_file(task_file),
+        dataset_sha256=dataset_sha,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}" if exc.__class__.__name__ not in text else text
+
+
+def _score_answered(task: Any, answers: dict[str, str]) -> list[dict[str, Any]]:
+    """Score the answers received before an abort with the task's own filters and metrics,
+    in the shape of lm-eval's logged samples."""
+    from lm_eval.utils import hash_string
+
+    answered = [inst for inst in task.instances if _prompt_key(inst.args[0]) in answers]
+    if not answered:
+        return []
+    for inst in answered:
+        inst.resps = [answers[_prompt_key(inst.args[0])]]
+    for ensemble in task._filters:  # lm-eval's FilterEnsembles: the same extraction as a full run
+        ensemble.apply(answered)
+    logged = []
+    for inst in answered:
+        for filter_name, filtered in inst.filtered_resps.items():
+            logged.append({
+                "doc_id": inst.doc_id,
+                "target": task.doc_to_target(inst.doc),
+                "resps": [inst.resps],
+                "filtered_resps": [filtered],
+                "filter": filter_name,
+                "prompt_hash": hash_string(_prompt_key(inst.args[0])),
+                **task.process_results(inst.doc, [filtered]),
+            })
+    return logged
+
+
+def per_question(logged: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """lm-eval logs one entry per (question, filter); merge them into one record per question."""
+    metric_name, _, gated_filter = metric.partition(",")
+    by_id: dict[int, dict[str, Any]] = {}
+    for entry in logged:
+        record = by_id.setdefault(entry["doc_id"], {
+            "id": entry["doc_id"],
+            "prompt_hash": entry["prompt_hash"],
+            "target": str(entry["target"]),
+            "response": _first(entry["resps"]),
+            "filters": {},
+        })
+        extracted = _first(entry["filtered_resps"])
+        record["filters"][entry["filter"]] = {"extracted": extracted, "correct": bool(entry.get(metric_name))}
+    samples = []
+    for record in sorted(by_id.values(), key=lambda r: r["id"]):
+        gated = record["filters"].get(gated_filter, {"extracted": None, "correct": False})
+        record["extracted"] = gated["extracted"]
+        record["correct"] = gated["correct"]
+        record["invalid"] = gated["extracted"] in (None, INVALID)
+        samples.append(record)
+    return samples
+
+
+def _first(value: Any) -> Any:
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value
+
+
+def _metrics(scores: dict[str, Any], samples: list[dict[str, Any]], metric: str, n: int) -> dict[str, Any]:
+    """SPEC section 5 metrics. Without lm-eval's aggregate (an aborted run) the values are the
+    mean over the questions answered so far, for the record only: such a run has no verdict."""
+    metric_name, _, gated_filter = metric.partition(",")
+
+    def value(key: str, filter_name: str) -> float | None:
+        if key in scores:
+            return float(scores[key])
+        hits = [s["filters"][filter_name]["correct"] for s in samples if filter_name in s["filters"]]
+        return sum(hits) / len(hits) if hits else None
+
+    stderr = scores.get(f"{metric_name}_stderr,{gated_filter}")
+    return {
+        "metric": metric,
+        "value": value(metric, gated_filter),
+        "strict_match": value(STRICT, "strict-match"),
+        "flexible_extract": value(FLEXIBLE, "flexible-extract"),
+        "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+        "n": n,
+        "invalid_rate": (sum(s["invalid"] for s in samples) / len(samples)) if samples else None,
+        "complete": bool(scores),
+    }

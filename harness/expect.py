@@ -1,0 +1,139 @@
+"""Proof of the kernel that ran: the `expect:` block checked against the server's own report.
+
+The built-in engine answers `GET /v1/kernels` (per module: kernel, backend, rejected
+candidates). vLLM has no such endpoint; its log says what it chose: `Selected <Kernel> for
+<module>` per linear kernel choice and `Using <NAME> Fp8 MoE backend` for fused MoE. Either
+way the report is normalised to `{"source", "platform", "modules": {name: {layer, scheme,
+kernel, backend, rejected}}}` and recorded in result.json.
+
+A mismatch fails the run even when accuracy passes, and so does an expectation that cannot
+be checked (no report, or no module of that layer): a run that cannot prove its backend
+does not prove the config.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .backends import VLLM_LINEAR_BACKENDS, canonical, log_name_to_backend
+from .config import Expect
+
+_SELECTED = re.compile(r"Selected (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for (?P<module>\S+)")
+_MOE = re.compile(r"Using (?P<name>[A-Za-z0-9_]+) Fp8 MoE backend")
+MOE_LOG_MODULE = "fused_moe"  # vLLM logs one MoE choice for the model, not one per layer
+_SHOWN_MODULES = 6
+
+
+def report_from_server(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The `/v1/kernels` body, or None when the server has no such endpoint (e.g. vLLM)."""
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/v1/kernels", timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("modules"), dict):
+        return None
+    return {"source": "GET /v1/kernels", "platform": body.get("platform"), "modules": body["modules"]}
+
+
+def _squash(name: str) -> str:
+    return canonical(name).replace("_", "")
+
+
+def vllm_linear_backend(kernel_class: str) -> str | None:
+    """The vLLM `--linear-backend` a kernel class belongs to: the longest backend name in the
+    class name (FlashInferCutlassFp8... is flashinfer_cutlass, not cutlass)."""
+    squashed = _squash(kernel_class)
+    names = [b for b in VLLM_LINEAR_BACKENDS if b != "auto" and _squash(b) in squashed]
+    return max(names, key=len) if names else None
+
+
+def report_from_vllm_log(text: str) -> dict[str, Any] | None:
+    """Kernel choices from a vLLM server log; None when it names none."""
+    modules: dict[str, dict[str, Any]] = {}
+    for match in _SELECTED.finditer(text):
+        kernel = match["kernel"]
+        modules[match["module"]] = {"layer": "linear", "scheme": None, "kernel": kernel,
+                                    "backend": vllm_linear_backend(kernel), "rejected": []}
+    for match in _MOE.finditer(text):
+        modules[MOE_LOG_MODULE] = {"layer": "moe", "scheme": None, "kernel": match["name"],
+                                   "backend": log_name_to_backend(match["name"]), "rejected": []}
+    if not modules:
+        return None
+    return {"source": "server log", "platform": None, "modules": modules}
+
+
+def kernel_matches(expected: str, kernel: str | None, backend: str | None) -> bool:
+    """`expected` names the backend (`-`/`_` and case ignored) or the kernel class itself."""
+    wanted = canonical(expected)
+    return (backend is not None and canonical(backend) == wanted) or (kernel is not None and (
+        kernel == expected or canonical(kernel) == wanted))
+
+
+@dataclass
+class ExpectCheck:
+    passed: bool
+    expected: dict[str, str]
+    mismatches: list[dict[str, Any]] = field(default_factory=list)  # module, layer, expected, kernel, backend
+    problems: list[str] = field(default_factory=list)  # one line per failed expectation
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.problems)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "expected": self.expected, "mismatches": self.mismatches,
+                "message": self.message or None}
+
+
+def _modules_checked(modules: dict[str, dict[str, Any]], layer: str) -> dict[str, dict[str, Any]]:
+    """Every quantized module of `layer`; for a checkpoint with none (bf16), every module of it."""
+    of_layer = {name: m for name, m in modules.items() if m.get("layer") == layer}
+    quantized = {name: m for name, m in of_layer.items() if m.get("scheme") not in ("unquantized",)}
+    return quantized or of_layer
+
+
+def verify(expect: Expect, report: dict[str, Any] | None, where: str) -> ExpectCheck:
+    """Check `expect` against `report`; `where` says where a report was looked for, for messages."""
+    wanted = {layer: name for layer, name in (("linear", expect.linear_kernel), ("moe", expect.moe_kernel)) if name}
+    check = ExpectCheck(passed=True, expected=wanted)
+    for layer, name in wanted.items():
+        if report is None:
+            check.problems.append(f"expect.{layer}_kernel {name!r} cannot be verified: no kernel report ({where})")
+            continue
+        modules = _modules_checked(report["modules"], layer)
+        if not modules:
+            check.problems.append(f"expect.{layer}_kernel {name!r} cannot be verified: the kernel report "
+                                  f"({report['source']}) has no {layer} module")
+            continue
+        wrong = {module: m for module, m in modules.items()
+                 if not kernel_matches(name, m.get("kernel"), m.get("backend"))}
+        for module, m in wrong.items():
+            check.mismatches.append({"module": module, "layer": layer, "expected": name,
+                                     "kernel": m.get("kernel"), "backend": m.get("backend")})
+        if wrong:
+            check.problems.append(_mismatch_line(layer, name, modules, wrong))
+    check.passed = not check.problems
+    return check
+
+
+def _mismatch_line(layer: str, expected: str, modules: dict[str, Any], wrong: dict[str, Any]) -> str:
+    by_kernel: dict[tuple[str, str], list[str]] = {}
+    for module, m in wrong.items():
+        by_kernel.setdefault((str(m.get("kernel")), str(m.get("backend"))), []).append(module)
+    actual = []
+    for (kernel, backend), names in by_kernel.items():
+        shown = ", ".join(names[:_SHOWN_MODULES]) + (f" and {len(names) - _SHOWN_MODULES} more"
+                                                     if len(names) > _SHOWN_MODULES else "")
+        actual.append(f"{kernel} (backend {backend}) ran {shown}")
+    return (f"expect.{layer}_kernel: expected {expected!r} for every checked {layer} module, but "
+            f"{len(wrong)} of {len(modules)} ran another kernel: " + "; ".join(actual))

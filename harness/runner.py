@@ -1,0 +1,560 @@
+"""From configs to verdicts: one server per config, lm-eval against it, gate, artifacts.
+
+`run_configs` is `quantgate run`: it loads every config first (any problem: exit 3 before a
+server starts), orders baselines before the configs that compare against them, then runs
+each config in turn. Whatever happens in a config's run (the server exits during start-up
+or mid-evaluation, a request fails or hangs, SIGINT/SIGTERM arrives), its server is torn
+down, process group and all, and its result.json is written with the verdict and the cause.
+
+Verdicts: PASS (gate and `expect:` hold), FAIL (a gate or `expect:` failed; exit 1), ERROR
+(no verdict could be reached: exit 2, the retryable class). Exit 3 is for configs and usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from . import expect as expect_mod
+from .config import ConfigError, EvalConfig, check_unique_names, expand_paths, load_config
+from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
+from .gates import Baseline, GateInputError, GateOutcome, evaluate_gate
+from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord,
+                      harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
+                      write_result, write_samples, write_summary)
+from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
+                     attach, build_command, launch)
+
+DEFAULT_OUTPUT_DIR = Path("results")
+DEFAULT_MAX_CONCURRENCY = 8
+DEFAULT_REQUEST_TIMEOUT_S = 300.0  # lm-eval's own default
+_STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the runner. A KeyboardInterrupt so that asyncio, tenacity and
+    lm-eval let it through untouched, exactly as they do Ctrl-C."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class InterruptGuard:
+    """SIGINT/SIGTERM become one RunInterrupted, raised where the main thread is, except inside
+    `shield()` (teardown, writing results), where it is held until the shielded work is done.
+    Signals after the first are ignored: the teardown they would cut short is bounded anyway."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._raised = False
+        self._shielded = 0
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if self.signal_name is not None:
+            return
+        self.signal_name = signal.Signals(signum).name
+        if not self._shielded:
+            self._raise()
+
+    def _raise(self) -> None:
+        assert self.signal_name is not None
+        self._raised = True
+        raise RunInterrupted(self.signal_name)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptGuard]:
+        previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    @contextlib.contextmanager
+    def shield(self) -> Iterator[None]:
+        self._shielded += 1
+        try:
+            yield
+        finally:
+            self._shielded -= 1
+        if not self._shielded and self.signal_name is not None and not self._raised:
+            self._raise()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    output_dir: Path = DEFAULT_OUTPUT_DIR
+    engine: str | None = None
+    limit: int | None = None
+    server_url: str | None = None
+    junit: Path | None = None
+    markdown: Path | None = None
+
+
+@dataclass
+class _Planned:
+    """A config ready to run: its server command, its model, what its gate compares against."""
+
+    config: EvalConfig
+    model: str
+    command: ServerCommand | None  # None with --server-url
+    baseline_name: str | None = None
+    baseline_result: Path | None = None  # a result.json to compare against, when not run here
+    records: dict[str, RunRecord] = field(default_factory=dict)  # shared: records of this run by name
+
+
+# ---------------------------------------------------------------------------- display
+
+
+class Display:
+    """Progress for a person at a terminal, plain lines for a CI log; both on stderr."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True, highlight=False)
+        self._last_share = -1.0
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+    def config_start(self, index: int, total: int, config: EvalConfig) -> None:
+        self.console.rule(f"[{index}/{total}] {config.name} ({config.engine})", style="dim")
+
+    def waiting(self, elapsed_s: float) -> None:
+        if self.console.is_terminal:
+            self.console.print(f"  starting server ... {elapsed_s:5.1f} s", end="\r", markup=False)
+
+    def progress(self, answered: int, requested: int) -> None:
+        if requested <= 0:
+            return
+        share = answered / requested
+        if self.console.is_terminal:
+            self.console.print(f"  evaluating: {answered}/{requested} answered", end="\r", markup=False)
+        elif share >= self._last_share + 0.25 or answered == requested:
+            self._last_share = share
+            self.note(f"  evaluating: {answered}/{requested} answered")
+
+    def eval_start(self) -> None:
+        self._last_share = -1.0
+
+    def verdict(self, record: RunRecord) -> None:
+        style = {PASS: "green", FAIL: "red", ERROR: "yellow"}.get(record.verdict, "")
+        total = record.timings.get("total_s") or 0.0
+        self.console.print(f"  [bold {style}]{record.verdict}[/] {record.name} ({total:.1f} s): ", end="")
+        self.console.print(record.reason, markup=False)
+        if record.gate and record.gate.get("explanation"):
+            self.console.print("  " + record.gate["explanation"].replace("\n", "\n  "), markup=False, style="dim")
+        if record.verdict == ERROR and record.log_tail:
+            self.console.print("  server log tail:", style="dim")
+            self.console.print("    " + record.log_tail.replace("\n", "\n    "), markup=False, style="dim")
+
+    def summary(self, records: Sequence[RunRecord]) -> None:
+        frame = summary_frame(records).drop(columns=["metric", "reason"])  # in summary.md; too wide here
+        table = Table(title="quantgate summary", show_lines=False)
+        for column in frame.columns:
+            table.add_column(column, overflow="fold")
+        colors = {PASS: "green", FAIL: "red", ERROR: "yellow"}
+        for row in frame.itertuples(index=False):
+            cells = [_cell(v) for v in row]
+            cells[1] = f"[{colors.get(row.verdict, '')}]{row.verdict}[/]"
+            table.add_row(*cells)
+        self.console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- planning
+
+
+def resolve_model(config: EvalConfig) -> str:
+    """A relative local model folder is found next to the config, above it, or in the CWD;
+    anything else (a hub id) is passed through."""
+    name = config.model_name
+    if Path(name).is_absolute():
+        return name
+    for base in (config.source.parent, *config.source.parent.parents, Path.cwd()):
+        candidate = base / name
+        if (candidate / "config.json").is_file():
+            return str(candidate.resolve())
+    return name
+
+
+class PlanError(Exception):
+    """Problems found before anything runs (exit 3): every message is located and says the fix."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+def plan(paths: Sequence[str | Path], options: RunOptions) -> list[_Planned]:
+    """Load and check every config; add or reuse baselines; order baselines first."""
+    problems: list[str] = []
+    try:
+        files = expand_paths(paths)
+    except ConfigError as exc:
+        raise PlanError([str(exc)]) from None
+    if not files:
+        raise PlanError([f"no config files in {', '.join(map(str, paths))}"])
+    configs: list[EvalConfig] = []
+    for path in files:
+        try:
+            configs.append(load_config(path, options.engine))  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.append(str(exc))
+    problems += [str(e) for e in check_unique_names(configs)]
+    if problems:
+        raise PlanError(problems)
+    by_source = {c.source: c for c in configs}
+    planned: dict[str, _Planned] = {}
+    shared: dict[str, RunRecord] = {}
+    order: list[str] = []
+
+    def add(config: EvalConfig, chain: tuple[str, ...] = ()) -> None:
+        if config.name in planned:
+            return
+        if config.name in chain:
+            problems.append(f"{config.source}: baseline: cycle {' -> '.join((*chain, config.name))}")
+            return
+        item = _plan_one(config, options, problems, shared)
+        if item is None:
+            return
+        if config.baseline_path is not None and config.gate.mode in ("paired", "recovery"):
+            _plan_baseline(item, config, options, by_source, problems, lambda c: add(c, (*chain, config.name)))
+        planned[config.name] = item
+        order.append(config.name)
+
+    for config in configs:
+        add(config)
+    if problems:
+        raise PlanError(problems)
+    return [planned[name] for name in order]
+
+
+def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
+              shared: dict[str, RunRecord]) -> _Planned | None:
+    model = resolve_model(config)
+    command = None
+    if options.server_url is None:
+        try:
+            command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command)
+        except ServerCommandError as exc:
+            problems.append(f"{config.source}: {exc}")
+            return None
+    try:
+        check_metric(installed_task_yaml(config.task), config.metric)
+    except EvalSetupError as exc:
+        problems.append(f"{config.source}: {exc}")
+        return None
+    if config.dataset is None:
+        problems.append(f"{config.source}: dataset: required for an offline run: local GSM8K-format files, "
+                        "e.g. dataset: {train: train.jsonl, test: test.jsonl}")
+        return None
+    if config.num_fewshot > 0 and config.dataset.train is None:
+        problems.append(f"{config.source}: dataset.train: num_fewshot is {config.num_fewshot}: few-shot examples "
+                        "come from the train file; add it or set num_fewshot: 0")
+        return None
+    return _Planned(config=config, model=model, command=command, records=shared)
+
+
+def _plan_baseline(item: _Planned, config: EvalConfig, options: RunOptions, by_source: dict[Path, EvalConfig],
+                   problems: list[str], run_first: Any) -> None:
+    """A results file is used as is; a baseline config reuses its cached result in the output
+    directory when that result is of the same config file, else it runs first, in this run."""
+    path = config.baseline_path
+    assert path is not None
+    if path.suffix == ".json":
+        item.baseline_result = path
+        item.baseline_name = path.parent.name
+        return
+    base = by_source.get(path)
+    if base is None:
+        try:
+            base = load_config(path, options.engine)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.append(f"{config.source}: baseline {config.baseline!r}: {exc}")
+            return
+    item.baseline_name = base.name
+    cached = options.output_dir / base.name / "result.json"
+    if base.source not in by_source and _usable_cache(cached, base, config.gate.mode):
+        item.baseline_result = cached
+        return
+    if options.server_url is not None:
+        problems.append(f"{config.source}: baseline {base.name!r} has no usable result in {cached.parent} and "
+                        "--server-url evaluates one server only: run the baseline first with its own server")
+        return
+    run_first(base)
+
+
+def _usable_cache(path: Path, base: EvalConfig, mode: str) -> bool:
+    try:
+        data = load_result(path)
+    except (OSError, ValueError):
+        return False
+    fresh = (data.get("config") or {}).get("sha256") == base.sha256
+    measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
+    has_samples = mode != "paired" or load_samples(path) is not None
+    return fresh and measured and has_samples
+
+
+def _baseline_for(item: _Planned) -> Baseline | None:
+    if item.baseline_name is None:
+        return None
+    record = item.records.get(item.baseline_name)
+    if record is not None:
+        if record.verdict == ERROR or not record.metrics or record.metrics.get("value") is None:
+            raise GateInputError(f"baseline {item.baseline_name!r} has no measurement in this run "
+                                 f"({record.verdict}: {record.reason})")
+        run_dir = Path(record.config["run_dir"])
+        return Baseline(item.baseline_name, record.metrics, load_samples(run_dir))
+    assert item.baseline_result is not None
+    data = load_result(item.baseline_result)
+    return Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(item.baseline_result))
+
+
+# ---------------------------------------------------------------------------- one config
+
+
+def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, Any]:
+    return {"path": str(config.source), "sha256": config.sha256, "engine": config.engine,
+            "model_name": config.model_name, "model": model, "server_args": config.server_args,
+            "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir),
+            "data": config.model_dump(mode="json", exclude={"source", "sha256"})}
+
+
+def _settings(config: EvalConfig, server: Server, run_dir: Path, limit: int | None) -> EvalSettings:
+    assert config.dataset is not None
+    return EvalSettings(
+        base_url=server.base_url,
+        model=server.served_model,
+        task=config.task,
+        test_file=config.dataset.test,
+        train_file=config.dataset.train,
+        num_fewshot=config.num_fewshot,
+        limit=limit if limit is not None else config.num_questions,
+        max_tokens=config.max_tokens,
+        max_concurrency=config.max_concurrency or DEFAULT_MAX_CONCURRENCY,
+        request_timeout_s=config.request_timeout_seconds or DEFAULT_REQUEST_TIMEOUT_S,
+        seed=config.seed,
+        temperature=config.temperature,
+        metric=config.metric,
+        work_dir=run_dir,
+        use_chat_completions=config.use_chat_completions,
+        gen_prefix=config.gen_prefix,
+    )
+
+
+def _engine_version(server: Server, config: EvalConfig) -> str | None:
+    """vLLM answers GET /version; the built-in engine is this quantgate."""
+    import httpx
+
+    try:
+        response = httpx.get(server.base_url + "/version", timeout=5.0)
+        if response.status_code == 200:
+            return str(response.json().get("version"))
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return harness_versions()["quantgate"] if config.engine == "builtin" else None
+
+
+def _kernel_report(config: EvalConfig, server: Server) -> tuple[dict | None, str]:
+    """The kernel report and where it was looked for (for messages when there is none)."""
+    if isinstance(server, AttachedServer) or config.engine == "builtin":
+        return expect_mod.report_from_server(server.base_url), f"GET {server.base_url}/v1/kernels"
+    return expect_mod.report_from_vllm_log(server.log_text()), "`Selected <Kernel> for <module>` / " \
+        "`Using <X> Fp8 MoE backend` lines in server.log"
+
+
+def run_one(item: _Planned, options: RunOptions, display: Display, guard: InterruptGuard) -> RunRecord:
+    """Run one config and write its artifacts. The record is always written; RunInterrupted is
+    re-raised after the server is torn down and the record saying so is on disk."""
+    config = item.config
+    run_dir = options.output_dir / config.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in _STALE_ARTIFACTS:
+        (run_dir / stale).unlink(missing_ok=True)
+    record = RunRecord(name=config.name, verdict=ERROR, reason="", config=_config_summary(config, item.model, run_dir),
+                       versions=harness_versions(), started_at=now_iso())
+    started = time.monotonic()
+    server: Server | None = None
+    outcome: EvalOutcome | None = None
+    try:
+        if item.command is None:
+            assert options.server_url is not None
+            server = attach(options.server_url, config.model_name)
+            display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
+        else:
+            display.note(f"  server: {item.command.shell()}")
+            server = launch(item.command, run_dir / SERVER_LOG, config.startup_max_wait_seconds,
+                            on_wait=display.waiting)
+            display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s")
+        record.timings["server_start_s"] = round(server.startup_s, 3)
+        record.versions["engine"] = _engine_version(server, config)
+        report, where = _kernel_report(config, server)
+        display.eval_start()
+        outcome = run_eval(_settings(config, server, run_dir, options.limit), on_progress=display.progress)
+        if report is None and config.engine == "vllm" and isinstance(server, LaunchedServer):
+            report, where = _kernel_report(config, server)  # choices logged after the first request
+        _judge(record, item, config, server, outcome, report, where)
+    except ServerStartError as exc:
+        record.reason = f"server did not start: {exc}"
+        record.log_tail = exc.log_tail
+        record.timings["server_start_s"] = round(exc.startup_s, 3)
+    except (EvalSetupError, GateInputError) as exc:
+        record.reason = str(exc)
+    except RunInterrupted as exc:
+        record.interrupted = exc.signal_name
+        record.reason = f"interrupted by {exc.signal_name}: the server was torn down; no verdict"
+        raise
+    finally:
+        with guard.shield():
+            _finish(record, item, server, outcome, run_dir, started)
+    return record
+
+
+def _finish(record: RunRecord, item: _Planned, server: Server | None, outcome: EvalOutcome | None,
+            run_dir: Path, started: float) -> None:
+    """Teardown and artifacts, whatever happened before."""
+    if server is not None:
+        server.stop()
+        record.server = server.to_dict()
+        if record.verdict == ERROR and not record.log_tail:
+            record.log_tail = server.log_tail() or None
+    elif item.command is not None:
+        record.server = {"command": item.command.argv, "command_line": item.command.shell(),
+                         "log": str(run_dir / SERVER_LOG)}
+    if outcome is not None:
+        _record_outcome(record, outcome, record.interrupted is not None)
+    record.timings["total_s"] = round(time.monotonic() - started, 3)
+    record.finished_at = now_iso()
+    write_samples(run_dir, outcome.samples if outcome is not None else [])
+    write_result(run_dir, record)
+    item.records[record.name] = record
+
+
+def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) -> None:
+    record.metrics = outcome.metrics
+    record.evaluation = {"requested": outcome.requested, "answered": outcome.answered, "error": outcome.error,
+                         "complete": outcome.error is None and not interrupted}
+    record.task = {"file": str(outcome.task_file), "sha256": outcome.task_sha256}
+    record.dataset = {"sha256": outcome.dataset_sha256}
+    record.timings["eval_s"] = round(outcome.eval_s, 3)
+    record.timings["server_busy_s"] = round(outcome.server_busy_s, 3)
+
+
+def _judge(record: RunRecord, item: _Planned, config: EvalConfig, server: Server, outcome: EvalOutcome,
+           report: dict | None, where: str) -> None:
+    """Verdict and reason, most fundamental problem first."""
+    record.kernels = report
+    if outcome.error is not None:
+        answered = f"{outcome.answered} of {outcome.requested} questions answered (kept in samples.jsonl)"
+        status = server.poll()
+        if status is not None:
+            record.reason = f"server exited with status {status} during evaluation; {answered}; {outcome.error}"
+        else:
+            record.reason = f"evaluation incomplete: {outcome.error}; {answered}; a failed request is never " \
+                            "scored as a wrong answer"
+        return
+    if not outcome.metrics.get("n") or outcome.metrics.get("value") is None:
+        record.reason = "no question was evaluated (empty test set or limit 0)"
+        return
+    check = expect_mod.verify(config.expect, report, where) if (config.expect.linear_kernel or
+                                                                config.expect.moe_kernel) else None
+    gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item))
+    record.gate = gate.to_dict()
+    record.expect = check.to_dict() if check is not None else None
+    failed = []
+    if not gate.passed:
+        failed.append(f"gate {gate.mode} failed: {_gate_line(gate)}")
+    if check is not None and not check.passed:
+        failed.append(f"kernel check failed: {check.message}")
+    if failed:
+        record.verdict, record.reason = FAIL, " | ".join(failed)
+        if check is not None and not check.passed and gate.passed:
+            record.reason += " (accuracy passed, but the backend under test did not run)"
+    else:
+        record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
+            f"; kernels as expected ({', '.join(f'{k}={v}' for k, v in check.expected.items())})" if check else "")
+
+
+def _gate_line(gate: GateOutcome) -> str:
+    numbers = gate.numbers
+    measured = numbers.get("measured")
+    threshold = numbers.get("threshold")
+    if measured is not None and threshold is not None:
+        return f"{numbers.get('metric')} {measured:.4f} vs threshold {threshold:.4f}"
+    return gate.explanation.splitlines()[0] if gate.explanation else ""
+
+
+# ---------------------------------------------------------------------------- many configs
+
+
+def exit_code(records: Sequence[RunRecord]) -> int:
+    """SPEC section 4: any error wins (retryable), then any failed gate, else 0."""
+    if any(r.verdict == ERROR for r in records):
+        return EXIT_ERROR
+    if any(r.verdict == FAIL for r in records):
+        return EXIT_FAIL
+    return EXIT_PASS
+
+
+def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Display | None = None) -> int:
+    display = display or Display()
+    guard = InterruptGuard()
+    records: list[RunRecord] = []
+    with guard.installed():
+        try:
+            items = plan(paths, options)
+        except PlanError as exc:
+            for message in exc.messages:
+                display.note(f"error: {message}")
+            return EXIT_USAGE
+        except RunInterrupted as exc:
+            display.note(f"interrupted by {exc.signal_name} before any server started")
+            return EXIT_ERROR
+        options.output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for index, item in enumerate(items, start=1):
+                display.config_start(index, len(items), item.config)
+                try:
+                    run_one(item, options, display, guard)
+                finally:
+                    if item.config.name in item.records:
+                        records.append(item.records[item.config.name])
+                        display.verdict(records[-1])
+        except RunInterrupted as exc:
+            with guard.shield():
+                records += [_not_started(item, options, exc.signal_name) for item in items[len(records):]]
+        with guard.shield():
+            junit = write_junit(records, options.junit or options.output_dir / "junit.xml")
+            summary = write_summary(records, options.markdown or options.output_dir / "summary.md")
+    display.summary(records)
+    display.note(f"artifacts: {options.output_dir}/<config>/, {junit}, {summary}")
+    if guard.signal_name is not None:
+        display.note(f"interrupted by {guard.signal_name}: every server was torn down")
+    return exit_code(records)
+
+
+def _not_started(item: _Planned, options: RunOptions, signal_name: str) -> RunRecord:
+    run_dir = options.output_dir / item.config.name
+    record = RunRecord(name=item.config.name, verdict=ERROR, reason=f"not started: the run was interrupted by "
+                       f"{signal_name}", config=_config_summary(item.config, item.model, run_dir),
+                       versions=harness_versions(), interrupted=signal_name, started_at=now_iso(),
+                       finished_at=now_iso(), timings={"total_s": 0.0})
+    write_result(run_dir, record)
+    return record
+

@@ -1,0 +1,386 @@
+"""The server under test: `quantgate serve` or `vllm serve`, in its own process group.
+
+A launched server gets a session of its own (so a Ctrl-C in the terminal reaches the runner,
+which decides, and never half of the server's workers), a free port (the one in
+`server_args` when it is free, else another; a bind race at start-up relaunches on another),
+and its whole output in `server.log`. Start-up polls `/health` and fails fast: when the
+process exits, the error comes within a poll interval, with the log's tail, not after
+`startup_max_wait_seconds`. Teardown signals the whole group, escalates to SIGKILL, and
+returns only when no process is left in it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+POLL_INTERVAL_S = 0.2
+TEARDOWN_GRACE_S = 10.0
+PORT_ATTEMPTS = 3
+_ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become healthy: it exited, or start-up outlasted its bound."""
+
+    def __init__(self, message: str, *, exit_status: int | None, log_tail: str, startup_s: float) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+        self.log_tail = log_tail
+        self.startup_s = startup_s
+
+
+class ServerCommandError(ValueError):
+    """The server command cannot be built (e.g. the vLLM executable is missing): a usage error."""
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    argv: list[str]  # everything but --port, which the launcher adds
+    env: dict[str, str]  # the config's `env:`, applied over the runner's environment
+    served_model: str  # the name requests must carry
+    preferred_port: int | None = None
+    host: str = "127.0.0.1"
+
+    def with_port(self, port: int) -> list[str]:
+        return [*self.argv, "--port", str(port)]
+
+    def shell(self, port: int | str = "PORT") -> str:
+        """The exact command line, environment first, for a human to paste."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join([*self.argv, "--port", str(port)])
+
+
+def _option(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value of `--name V` / `--name=V` in `args` (last wins, as argparse), and `args` without it."""
+    value, rest, skip = None, [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == name and i + 1 < len(args):
+            value, skip = args[i + 1], True
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def quantgate_executable() -> list[str]:
+    """`quantgate` of this installation: the script beside this interpreter, else `python -m`."""
+    script = Path(sys.executable).with_name("quantgate")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "quantgate.harness.cli"]
+
+
+def build_command(engine: str, model: str, server_args: list[str], env: dict[str, str],
+                  vllm_command: str | list[str] | None = None) -> ServerCommand:
+    """`quantgate serve MODEL ARGS` or `vllm serve MODEL ARGS` (or `vllm_command` in its place)."""
+    port, args = _option(list(server_args), "--port")
+    host, _ = _option(args, "--host")
+    served, _ = _option(args, "--served-model-name")
+    if host is None:
+        args += ["--host", "127.0.0.1"]
+    if engine == "builtin":
+        program = [*quantgate_executable(), "serve"]
+    elif engine == "vllm":
+        program = shlex.split(vllm_command) if isinstance(vllm_command, str) else list(vllm_command or ["vllm", "serve"])
+        if not program or shutil.which(program[0]) is None:
+            raise ServerCommandError(
+                f"engine vllm: {program[0] if program else '(empty vllm_command)'!r} is not an executable on PATH. "
+                "vLLM is never installed in quantgate's environment: install it in its own venv and put its "
+                "`vllm` on PATH, or set `vllm_command: /path/to/venv/bin/vllm serve` in the config")
+    else:
+        raise ServerCommandError(f"unknown engine {engine!r}; use builtin or vllm")
+    try:
+        preferred = int(port) if port is not None else None
+    except ValueError:
+        raise ServerCommandError(f"server_args: --port {port!r} is not a number") from None
+    connect_host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else host
+    return ServerCommand(argv=[*program, model, *args], env=dict(env), served_model=served or model,
+                         preferred_port=preferred, host=connect_host)
+
+
+def env_diff(overrides: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str | None]:
+    """What the config's env changes relative to the runner's (secret-looking values redacted)."""
+    base = dict(os.environ) if base is None else base
+    diff: dict[str, str | None] = {}
+    for key, value in overrides.items():
+        if base.get(key) != value:
+            diff[key] = "<redacted>" if any(w in key.upper() for w in _SECRET_WORDS) else value
+    return diff
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: the kernel's answer, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM the server if the runner dies without tearing it down."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Server(Protocol):
+    base_url: str
+    served_model: str
+    startup_s: float
+
+    def poll(self) -> int | None: ...
+    def log_tail(self, lines: int = 40) -> str: ...
+    def log_text(self) -> str: ...
+    def stop(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class LaunchedServer:
+    """A server process this runner started, and owns until `stop()`."""
+
+    process: Any  # subprocess.Popen
+    command: ServerCommand
+    port: int
+    log_path: Path
+    startup_s: float = 0.0
+    ports_tried: list[int] = field(default_factory=list)
+    exit_status: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.command.host}:{self.port}"
+
+    @property
+    def served_model(self) -> str:
+        return self.command.served_model
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid  # the leader of its own session
+
+    def poll(self) -> int | None:
+        """The exit status once the process has exited, else None."""
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
+        """SIGTERM the whole group, SIGKILL what is left after `grace_s`; return the leader's status."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not group_members(self.pgid) and self.process.poll() is not None:
+                break
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.process.poll()
+                if not group_members(self.pgid):
+                    break
+                time.sleep(0.05)
+        self.exit_status = self.process.wait(timeout=5.0)
+        return self.exit_status
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command.with_port(self.port),
+            "command_line": self.command.shell(self.port),
+            "env_diff": env_diff(self.command.env),
+            "url": self.base_url,
+            "port": self.port,
+            "ports_tried": self.ports_tried,
+            "pid": self.process.pid,
+            "startup_s": round(self.startup_s, 3),
+            "exit_status": self.exit_status if self.exit_status is not None else self.process.poll(),
+            "log": str(self.log_path),
+        }
+
+
+@dataclass
+class AttachedServer:
+    """A server someone else runs (`--server-url`): evaluated, never started or stopped."""
+
+    base_url: str
+    served_model: str
+    startup_s: float = 0.0
+
+    def poll(self) -> int | None:
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return ""
+
+    def log_text(self) -> str:
+        return ""
+
+    def stop(self) -> int | None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.base_url, "attached": True, "command": None, "startup_s": 0.0, "exit_status": None,
+                "log": None}
+
+
+def _healthy(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url + "/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float,
+           on_wait: Callable[[float], None] | None = None) -> LaunchedServer:
+    """Start the server and return once `/health` answers 200; ServerStartError otherwise.
+
+    `on_wait(elapsed_s)` is called on every poll, for a progress display.
+    """
+    import subprocess
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **command.env}
+    started = time.monotonic()
+    tried: list[int] = []
+    preferred = command.preferred_port
+    with open(log_path, "ab") as log, httpx.Client(timeout=2.0) as client:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port(command.host)
+            if preferred is not None and preferred not in tried:
+                if port_is_free(preferred, command.host):
+                    port = preferred
+                else:
+                    tried.append(preferred)
+                    log.write(f"# quantgate: port {preferred} is in use; using {port}\n".encode())
+            tried.append(port)
+            log.write(f"# quantgate: launch attempt {attempt}: {command.shell(port)}\n".encode())
+            log.flush()
+            offset = log.tell()
+            process = subprocess.Popen(
+                command.with_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+            server = LaunchedServer(process, command, port, log_path, ports_tried=tried)
+            try:
+                if _wait_healthy(server, client, started, startup_timeout_s, offset, attempt, on_wait):
+                    return server
+            except BaseException:  # an interrupt, or the start-up failed: nothing is left running
+                server.stop()
+                raise
+    raise AssertionError("unreachable: the last port attempt raises")  # pragma: no cover
+
+
+def _wait_healthy(server: LaunchedServer, client: httpx.Client, started: float, startup_timeout_s: float,
+                  offset: int, attempt: int, on_wait: Callable[[float], None] | None) -> bool:
+    """True once healthy; False when the server lost a race for its port (try another)."""
+    deadline = started + startup_timeout_s
+    while True:
+        if on_wait is not None:
+            on_wait(time.monotonic() - started)
+        if _healthy(client, server.base_url):
+            server.startup_s = time.monotonic() - started
+            return True
+        status = server.poll()
+        if status is not None:
+            server.stop()  # children it left behind
+            attempt_log = server.log_path.read_bytes()[offset:].decode("utf-8", "replace").lower()
+            if any(marker in attempt_log for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
+                return False
+            raise ServerStartError(
+                f"server exited with status {status} during start-up, after {time.monotonic() - started:.1f} s "
+                "(see the log's tail below)",
+                exit_status=status, log_tail=server.log_tail(), startup_s=time.monotonic() - started)
+        if time.monotonic() >= deadline:
+            server.stop()
+            raise ServerStartError(
+                f"server did not answer /health within {startup_timeout_s:g} s (startup_max_wait_seconds); it was "
+                "stopped. Raise startup_max_wait_seconds if loading is legitimately slow",
+                exit_status=server.exit_status, log_tail=server.log_tail(), startup_s=time.monotonic() - started)
+        time.sleep(POLL_INTERVAL_S)
+
+
+def attach(url: str, served_model: str | None, timeout_s: float = 10.0) -> AttachedServer:
+    """An already running server; its served model is asked from /v1/models when not given."""
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            response = client.get(url + "/v1/models")
+            response.raise_for_status()
+            models = [m["id"] for m in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ServerStartError(f"--server-url {url}: /v1/models did not answer ({exc})", exit_status=None,
+                               log_tail="", startup_s=0.0) from None
+    if served_model in models or not models:
+        return AttachedServer(url, served_model or "")
+    if len(models) == 1:
+        return AttachedServer(url, models[0])
+    raise ServerStartError(f"--server-url {url} serves {', '.join(models)}, none of them {served_model!r}; "
+                           "set --served-model-name in server_args to the one to evaluate",
+                           exit_status=None, log_tail="", startup_s=0.0)

@@ -1,0 +1,201 @@
+"""A small OpenAI-compatible completions server for the harness tests, run as a real process.
+
+It answers GSM8K-format prompts from a dataset file (the gold answer for a chosen share of
+questions, a wrong or unparsable one for the rest) and can be told to fail the ways a real
+server fails: exit during start-up, die or hang after N answers, answer with HTTP errors,
+ignore SIGTERM, leave a child process in its group, or fail to bind its port. It takes the
+flags the runner passes to `quantgate serve` / `vllm serve` (MODEL, --host, --port,
+--served-model-name, --linear-backend, --moe-backend) and ignores the rest.
+
+    python tests/harness/fake_server.py MODEL --port 8000 --dataset test.jsonl [--accuracy 0.8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+KERNEL_CLASSES = {
+    "emulation": "EmulationLinearKernel",
+    "marlin": "MarlinFp8LinearKernel",
+    "triton": "TritonBlockFp8LinearKernel",
+    "torch": "TorchScaledMMLinearKernel",
+}
+MOE_CLASSES = {"emulation": "EmulationMoEKernel", "marlin": "MarlinMoEKernel", "triton": "TritonFusedMoEKernel"}
+LINEAR_MODULES = [f"model.layers.{i}.{m}" for i in range(2) for m in
+                  ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--linear-backend", default="emulation")
+    p.add_argument("--moe-backend", default=None, help="report MoE modules too (vLLM-style log line)")
+    p.add_argument("--dataset", required=True, help="GSM8K-format jsonl whose questions it answers")
+    p.add_argument("--accuracy", type=float, default=1.0, help="share answered correctly")
+    p.add_argument("--invalid", type=float, default=0.0, help="share of the wrong ones answered with no '#### N'")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
+    p.add_argument("--startup-delay", type=float, default=0.0)
+    p.add_argument("--exit-during-startup", type=float, default=None, help="exit 1 after this many seconds")
+    p.add_argument("--die-after", type=int, default=None, help="exit abruptly after N answers")
+    p.add_argument("--hang-after", type=int, default=None, help="never answer after N answers")
+    p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
+    p.add_argument("--error-status", type=int, default=500)
+    p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def _answer_of(answer_field: str) -> str:
+    return answer_field.rsplit("####", 1)[1].strip()
+
+
+def _last_question(prompt: str) -> str:
+    tail = prompt.rsplit("Question:", 1)[-1]
+    return tail.rsplit("Answer:", 1)[0].strip()
+
+
+def _share(question: str) -> float:
+    """A deterministic number in [0, 1) per question, so runs are reproducible."""
+    return int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 2**32
+
+
+class FakeEngine:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.served = args.served_model_name or args.model
+        with open(args.dataset) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        self.gold = {row["question"].strip(): _answer_of(row["answer"]) for row in rows}
+        self.answered = 0
+        self.lock = threading.Lock()
+
+    def text_for(self, prompt: str) -> str:
+        question = _last_question(prompt)
+        gold = self.gold.get(question)
+        if gold is None:
+            return " I do not know this one."
+        share = _share(question)
+        if share < self.args.accuracy:
+            return f" Working it out step by step.\n#### {gold}"
+        if share < self.args.accuracy + (1 - self.args.accuracy) * self.args.invalid:
+            return " The answer is unclear."
+        return f" Working it out step by step.\n#### {int(re.sub(r'[^0-9-]', '', gold) or 0) + 1}"
+
+    def kernels(self) -> dict:
+        backend = self.args.linear_backend.replace("_", "-").lower()
+        kernel = KERNEL_CLASSES.get(backend, f"{backend.title()}LinearKernel")
+        modules = {name: {"layer": "linear", "scheme": "fp8-block", "kernel": kernel, "backend": backend,
+                          "rejected": []} for name in LINEAR_MODULES}
+        modules["lm_head"] = {"layer": "linear", "scheme": "unquantized", "kernel": "UnquantizedLinearKernel",
+                              "backend": "torch", "rejected": []}
+        if self.args.moe_backend:
+            moe = self.args.moe_backend.lower()
+            for i in range(2):
+                modules[f"model.layers.{i}.mlp.experts"] = {"layer": "moe", "scheme": "fp8-block",
+                                                            "kernel": MOE_CLASSES.get(moe, moe), "backend": moe,
+                                                            "rejected": []}
+        return {"platform": {"device": "cpu", "capability": None}, "modules": modules}
+
+
+def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args) -> None:  # access log to stdout (the server log)
+            print(f"{self.address_string()} - {fmt % args}", flush=True)
+
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": engine.served, "object": "model"}]})
+            elif self.path == "/v1/kernels" and not engine.args.no_kernels_endpoint:
+                self._send(200, engine.kernels())
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path != "/v1/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            if body.get("model") != engine.served:
+                self._send(404, {"error": {"message": f"model {body.get('model')!r} not served", "type": "not_found"}})
+                return
+            args = engine.args
+            with engine.lock:
+                seen = engine.answered
+                if args.die_after is not None and seen >= args.die_after:
+                    print("fake server: dying mid-evaluation as told", flush=True)
+                    os._exit(3)
+                if args.hang_after is not None and seen >= args.hang_after:
+                    hang = True
+                else:
+                    hang = False
+                    engine.answered += 1
+            if hang:
+                time.sleep(3600)
+            if args.error_after is not None and seen >= args.error_after:
+                self._send(args.error_status, {"error": {"message": "injected failure", "type": "server_error"}})
+                return
+            time.sleep(args.latency)
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            choices = [{"index": i, "text": engine.text_for(p), "finish_reason": "stop", "logprobs": None}
+                       for i, p in enumerate(prompts)]
+            self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": engine.served,
+                             "choices": choices, "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+
+    return Handler
+
+
+def main(argv: list[str]) -> int:
+    args = _parse_args(argv)
+    print(f"fake server: starting for {args.model} on {args.host}:{args.port}", flush=True)
+    if args.ignore_sigterm:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.spawn_child:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    if args.exit_during_startup is not None:
+        time.sleep(args.exit_during_startup)
+        print("RuntimeError: fake server failed to load the model (as told)", flush=True)
+        return 1
+    time.sleep(args.startup_delay)
+    engine = FakeEngine(args)
+    for name, entry in engine.kernels()["modules"].items():
+        if entry["layer"] == "linear" and entry["scheme"] != "unquantized":  # as vLLM logs them
+            print(f"INFO [fake] Selected {entry['kernel']} for {name}", flush=True)
+    if args.moe_backend:
+        print(f"INFO [fake] Using {args.moe_backend.title()} Fp8 MoE backend", flush=True)
+    server = ThreadingHTTPServer((args.host, args.port), _handler(engine))  # EADDRINUSE ends the process
+    server.daemon_threads = True
+    print(f"fake server: ready on {args.host}:{args.port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
