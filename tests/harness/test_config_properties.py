@@ -1,0 +1,63 @@
+"""Malformed and random configs: always a located message and exit 3, never a traceback."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quantgate.harness.cli import main
+from quantgate.harness.config import EvalConfig, inspect_config
+
+KEYS = sorted(set(EvalConfig.model_fields) - {"source", "sha256", "extra", "baseline_path"}
+              | {"tasks", "limit", "env_vars", "max_model_len", "moe_backend", "trust_remote_code"})
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)), inner,
+                                                 max_size=4)), max_leaves=12)
+CONFIGS = st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=12)), VALUES, max_size=8)
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check(text: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "random.yaml"
+        path.write_text(text, encoding="utf-8")
+        report = inspect_config(path)
+        assert (report.config is None) == bool(report.errors)
+        for problem in report.errors + report.warnings:
+            assert problem.path == path and problem.line >= 0
+            assert str(problem).startswith(f"{path}")
+        if report.errors:
+            assert main(["lint", str(path)]) == 3
+
+
+@SETTINGS
+@given(CONFIGS)
+def test_random_structures_are_errors_or_configs(data: dict) -> None:
+    check(yaml.safe_dump(data, allow_unicode=True))
+
+
+@SETTINGS
+@given(st.text(max_size=200))
+def test_random_text_never_crashes(text: str) -> None:
+    check(text)
+
+
+@SETTINGS
+@given(st.sampled_from(KEYS), VALUES)
+def test_one_bad_field_in_a_good_config_is_located(key: str, value: object) -> None:
+    base = {"model_name": "m", "accuracy_threshold": 0.5, "num_questions": 10}
+    text = yaml.safe_dump(base, sort_keys=False) + yaml.safe_dump({key: value}, allow_unicode=True)
+    if key in base:
+        return  # a duplicate key: covered by the duplicate-key test
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c.yaml"
+        path.write_text(text, encoding="utf-8")
+        report = inspect_config(path)
+        for problem in report.errors:
+            assert problem.line >= 1, str(problem)

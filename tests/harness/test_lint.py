@@ -1,0 +1,62 @@
+"""`quantgate lint`: output lines, exit codes, list files and directories."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+GOOD = "model_name: m\naccuracy_threshold: 0.5\n"
+
+
+def test_clean_real_configs_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", str(FIXTURES / "gsm8k" / "models-small.txt")]) == 0
+    out, err = capsys.readouterr()
+    assert "8 config(s): 0 error(s)" in err
+    assert ": warning: rocm_request_timeout_seconds:" in out  # unknown keys warn, never fail
+
+
+def test_errors_exit_3_with_file_line_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD + "env:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n")
+    assert main(["lint", str(bad)]) == 3
+    out, _ = capsys.readouterr()
+    assert out.startswith(f"{bad}:4: env.VLLM_TEST_FORCE_FP8_MARLIN: ")
+    assert "--linear-backend marlin --moe-backend marlin" in out
+
+
+def test_engine_option_checks_against_that_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(FIXTURES / "gsm8k" / "moe-refactor" / "Qwen3-30B-A3B-Fp8-CT-Channel-vllm-cutlass.yaml")
+    assert main(["lint", "--engine", "vllm", path]) == 0
+
+
+def test_directory_checks_yaml_and_list_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.yaml").write_text(GOOD)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.yaml").write_text(GOOD)  # same stem: a duplicate test id
+    (tmp_path / "all.txt").write_text("a.yaml\nsub/gone.yaml\n")
+    assert main(["lint", str(tmp_path)]) == 3
+    out, _ = capsys.readouterr()
+    assert f"{tmp_path / 'all.txt'}:2: listed file 'sub/gone.yaml' does not exist" in out
+    assert "must be unique" in out
+
+
+def test_missing_path_and_bad_usage_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", str(tmp_path / "nothing.yaml")]) == 3
+    assert main(["lint"]) == 3
+    assert main(["lint", "--engine", "tgi", str(tmp_path)]) == 3
+
+
+def test_installed_command(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(GOOD + "gate: {mode: paired}\n")
+    exe = shutil.which("quantgate") or f"{sys.executable} -m quantgate.harness.cli"
+    proc = subprocess.run([*exe.split(), "lint", str(tmp_path / "c.yaml")], capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
+    assert f"{tmp_path / 'c.yaml'}:3: gate.mode: mode paired needs baseline" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,96 @@
+"""`quantgate migrate`: legacy env to server_args, comments and order kept, idempotent."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness.cli import main
+from quantgate.harness.commands.migrate import migrate_text
+from quantgate.harness.config import inspect_config, load_config
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm" / "gsm8k" / "moe-refactor"
+
+COMMENTED = """\
+# Qwen3 MoE, channel FP8, marlin
+model_name: "RedHatAI/Qwen3-30B-A3B-FP8-dynamic"  # the checkpoint
+accuracy_threshold: 0.85
+server_args: "--enforce-eager --max-model-len 8192"
+env:
+  VLLM_TEST_FORCE_FP8_MARLIN: "1"
+  HF_HUB_OFFLINE: "1"  # stays
+tags: [nightly]  # last
+"""
+
+
+def test_string_server_args_get_the_flags_and_comments_stay(tmp_path: Path) -> None:
+    result = migrate_text(COMMENTED, tmp_path / "c.yaml")
+    assert result.unresolved == []
+    assert result.text == COMMENTED.replace(
+        '--max-model-len 8192"', '--max-model-len 8192 --linear-backend marlin --moe-backend marlin"'
+    ).replace('  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n', "")
+
+
+def test_list_server_args_and_empty_env_removed(tmp_path: Path) -> None:
+    text = "model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --enforce-eager\nenv:\n  VLLM_USE_DEEP_GEMM: '1'\n"
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text == ("model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --enforce-eager\n"
+                           "  - --linear-backend\n  - deep_gemm\n  - --moe-backend\n  - deep_gemm\n")
+
+
+def test_no_server_args_inserts_them_where_env_was(tmp_path: Path) -> None:
+    text = "model_name: m\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: 1\naccuracy_threshold: 0.5\n"
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text == ("model_name: m\nserver_args: --linear-backend marlin --moe-backend marlin\n"
+                           "accuracy_threshold: 0.5\n")
+
+
+def test_real_legacy_configs_migrate_to_valid_configs(tmp_path: Path) -> None:
+    for name in ("Qwen3-30B-A3B-Fp8-CT-Channel-marlin.yaml", "Qwen3-30B-A3B-Fp8-CT-Block-deepgemm.yaml"):
+        path = tmp_path / name
+        shutil.copy(FIXTURES / name, path)
+        assert inspect_config(path, "vllm").errors
+        assert main(["migrate", "--write", str(path)]) == 0
+        config = load_config(path, "vllm")
+        assert config.env == {}
+        assert set(config.backend_flags().values()) <= {"marlin", "deep_gemm"}
+    marlin = load_config(tmp_path / "Qwen3-30B-A3B-Fp8-CT-Channel-marlin.yaml", "vllm")
+    assert marlin.server_args[-4:] == ["--linear-backend", "marlin", "--moe-backend", "marlin"]
+
+
+def test_diff_by_default_then_write_then_idempotent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(COMMENTED)
+    assert main(["migrate", str(path)]) == 0
+    diff = capsys.readouterr().out
+    assert path.read_text() == COMMENTED  # a dry run by default
+    assert '-  VLLM_TEST_FORCE_FP8_MARLIN: "1"' in diff and "+server_args:" in diff
+    assert main(["migrate", "--write", str(path)]) == 0
+    once = path.read_text()
+    capsys.readouterr()
+    assert main(["migrate", "--write", str(path)]) == 0 and main(["migrate", str(path)]) == 0
+    assert path.read_text() == once and capsys.readouterr().out == ""
+
+
+def test_what_cannot_be_migrated_is_reported_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fi.yaml"
+    shutil.copy(FIXTURES / "Qwen3-30B-A3B-Fp8-AutoFp8-fi-cutlass.yaml", path)
+    assert main(["migrate", "--write", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert f"{path}:7: env.VLLM_USE_DEEP_GEMM: cannot migrate automatically" in err
+    migrated = path.read_text()
+    assert "--moe-backend flashinfer_cutlass" in migrated and 'VLLM_USE_DEEP_GEMM: "0"' in migrated
+    assert "VLLM_USE_FLASHINFER_MOE_FP8" not in migrated
+
+
+def test_indentation_style_is_kept(tmp_path: Path) -> None:
+    text = ("model_name: m\ntasks:\n    - name: gsm8k\n      metrics:\n          - name: exact_match,strict-match\n"
+            "            value: 0.5\nenv_vars:\n    VLLM_TEST_FORCE_FP8_MARLIN: '1'\n")
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text.startswith(text.split("env_vars")[0])
+
+
+def test_missing_path_exit_3(tmp_path: Path) -> None:
+    assert main(["migrate", str(tmp_path / "absent.yaml")]) == 3
