@@ -11,17 +11,30 @@ silently served differently.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI allows 5 on completions, 20 on chat
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
+
+
+def _unicode(text: str) -> str:
+    # JSON can carry lone UTF-16 surrogates ("\ud800") that no tokenizer or UTF-8 encoder takes.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("unicode", "contains an unpaired UTF-16 surrogate (\\ud800-\\udfff); "
+                                  "send valid Unicode text") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 TokenIds = list[int]
-Prompt = Union[str, list[str], TokenIds, list[TokenIds]]
+Prompt = Union[Text, list[Text], TokenIds, list[TokenIds]]
 
 # Shown instead of pydantic's per-union-member errors for fields that accept several shapes.
 UNION_HINTS = {
@@ -46,11 +59,11 @@ def _unsupported(message: str) -> PydanticCustomError:
 class _SamplingRequest(_Strict):
     """Fields /v1/completions and /v1/chat/completions share."""
 
-    model: str | None = None
+    model: Text | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     n: int = Field(1, ge=INT64_MIN, le=INT64_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -132,13 +145,13 @@ class CompletionRequest(_SamplingRequest):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:

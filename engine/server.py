@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import time
 import uuid
@@ -21,13 +22,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import AsyncEngine, LoadedModel, RequestOutput, SamplingParams
+from . import AsyncEngine, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
+from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -131,14 +132,15 @@ class OpenAIServer:
         self.settings = settings
         self.metrics = metrics
         self.vocab_size = int(loaded.model_config.vocab_size)
+        self.chat_template = ChatTemplate.from_model_dir(loaded.path)
 
-    # -- text <-> tokens (the model's transformers tokenizer; a folder may ship none)
+    # -- text <-> tokens (the folder's tokenizer.json through `tokenizers`; a folder may ship none)
 
     def encode(self, text: str, add_special_tokens: bool, param: str) -> TokenIds:
         if self.tokenizer is None:
             raise APIError(400, f"this model folder has no tokenizer, so {param} cannot be text; "
                            "send the prompt as token ids to /v1/completions", param=param)
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -184,26 +186,22 @@ class OpenAIServer:
         return _Job(request_id, index, text, ids, params(max_tokens))
 
     async def generate(self, job: _Job) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one job; aborts the engine request if the consumer leaves early."""
-        finished = False
+        """The engine's outputs for one job, metered. Leaving early (a client gone, a cancelled
+        request) closes the engine's stream, which aborts the engine request."""
         accepted = time.perf_counter()
         first_token_at: float | None = None
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
-        try:
-            async for out in self.engine.generate(job.request_id, job.prompt_ids, job.params):
+        async with aclosing(self.engine.generate(job.request_id, job.prompt_ids, job.params)) as outputs:
+            async for out in outputs:
                 if out.new_token_ids:
                     self.metrics.generation_tokens.inc(len(out.new_token_ids))
                     if first_token_at is None:
                         first_token_at = time.perf_counter()
                         self.metrics.time_to_first_token.observe(first_token_at - accepted)
-                finished = out.finished
-                if finished and first_token_at is not None and out.num_generated_tokens > 1:
+                if out.finished and first_token_at is not None and out.num_generated_tokens > 1:
                     self.metrics.time_per_output_token.observe(
                         (time.perf_counter() - first_token_at) / (out.num_generated_tokens - 1))
                 yield out
-        finally:
-            if not finished:
-                self.engine.abort(job.request_id)
 
     async def collect(self, job: _Job) -> _Finished:
         done = _Finished(job)
@@ -288,9 +286,7 @@ class OpenAIServer:
             text_offset += len(token)
         return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
-    async def completions(self, req: CompletionRequest) -> CompletionResponse:
-        model = self.model_name(req.model)
-        jobs = self.completion_jobs(req)
+    async def completions(self, req: CompletionRequest, model: str, jobs: list[_Job]) -> CompletionResponse:
         results = await asyncio.gather(*(self.collect(job) for job in jobs))
         choices = []
         for d in results:
@@ -302,9 +298,7 @@ class OpenAIServer:
                                             logprobs=logprobs, finish_reason=d.finish_reason))
         return CompletionResponse(id=_response_id(jobs), model=model, choices=choices, usage=_usage(results))
 
-    async def stream_completions(self, req: CompletionRequest) -> AsyncIterator[str]:
-        model = self.model_name(req.model)
-        jobs = self.completion_jobs(req)
+    async def stream_completions(self, req: CompletionRequest, model: str, jobs: list[_Job]) -> AsyncIterator[str]:
         response_id, created = _response_id(jobs), int(time.time())
         text_offsets: dict[int, int] = {}  # per choice: characters sent so far; absent until its first chunk
         prompt_tokens = completion_tokens = 0
@@ -340,26 +334,13 @@ class OpenAIServer:
     # -- /v1/chat/completions
 
     def render_chat(self, req: ChatCompletionRequest) -> str:
-        """The tokenizer's chat template (tokenizer_config.json / chat_template.jinja), rendered by
-        transformers in jinja2's sandbox; a template that refuses the messages is the client's 400."""
-        if self.tokenizer is None:
-            raise APIError(400, "this model folder has no tokenizer, hence no chat template; "
-                           "use /v1/completions with token ids", param="messages")
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
                     for m in req.messages]
-        kwargs = dict(req.chat_template_kwargs or {})
-        for reserved in ("tokenize", "chat_template"):  # the server tokenizes; only the model's own template runs
-            kwargs.pop(reserved, None)
         try:
-            return self.tokenizer.apply_chat_template(messages, **kwargs, tokenize=False,
-                                                      add_generation_prompt=req.add_generation_prompt)
-        except jinja2.TemplateError as exc:
-            raise APIError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            # No template at all, or chat_template_kwargs the template cannot take.
-            raise APIError(400, f"cannot apply the model's chat template: {type(exc).__name__}: {exc}; "
-                           "use /v1/completions with a prompt if this model has no chat template",
-                           param="messages") from None
+            return self.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt,
+                                             **(req.chat_template_kwargs or {}))
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages") from None
 
     def chat_job(self, req: ChatCompletionRequest) -> _Job:
         text = self.render_chat(req)
@@ -386,18 +367,14 @@ class OpenAIServer:
                 top_logprobs=[TopLogprob(**_chat_token(self.token_text(t), v)) for t, v in best]))
         return ChatLogprobs(content=content)
 
-    async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse:
-        model = self.model_name(req.model)
-        job = self.chat_job(req)
+    async def chat(self, req: ChatCompletionRequest, model: str, job: _Job) -> ChatCompletionResponse:
         done = await self.collect(job)
         choice = ChatChoice(index=0, message=AssistantMessage(content=done.text),
                             logprobs=self.chat_logprobs(req, done.token_ids, done.token_logprobs, done.top_logprobs),
                             finish_reason=done.finish_reason)
         return ChatCompletionResponse(id=job.request_id, model=model, choices=[choice], usage=_usage([done]))
 
-    async def stream_chat(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
-        model = self.model_name(req.model)
-        job = self.chat_job(req)
+    async def stream_chat(self, req: ChatCompletionRequest, model: str, job: _Job) -> AsyncIterator[str]:
         created = int(time.time())
 
         def chunk(delta: DeltaMessage, **kwargs: Any) -> str:
@@ -480,6 +457,8 @@ async def _sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
                 yield event
     except APIError as exc:
         yield _sse({"error": ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code).model_dump()})
+    except InvalidRequestError as exc:
+        yield _sse({"error": ErrorInfo(message=str(exc), type="invalid_request_error").model_dump()})
     except Exception as exc:
         log.exception("streamed request failed")
         yield _sse({"error": ErrorInfo(message=f"internal error: {type(exc).__name__}: {exc}",
@@ -508,29 +487,37 @@ async def _unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
     return task.result()
 
 
+_TYPE_TAG = re.compile(r"[\[\](),]|^(str|int|float|bool)$")  # union members pydantic adds to a location
+
+
+def _field_path(loc: Sequence[Any]) -> list[str]:
+    return [str(p) for p in loc if p != "body" and not _TYPE_TAG.search(str(p))]
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
-    """pydantic's errors -> one OpenAI error naming the first offending field."""
+    """pydantic's errors -> one OpenAI error naming the offending field."""
     errors = list(exc.errors())
-    first = errors[0] if errors else {"loc": ("body",), "type": "", "msg": "invalid request"}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    kind = first.get("type", "")
-    if kind == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}); "
-                        "send a JSON object")
-    if not loc:
-        if kind == "missing":
+    if not errors:
+        return APIError(400, "invalid request")
+    first = errors[0]
+    path = _field_path(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "parse error")
+        return APIError(400, f"the request body is not valid JSON ({reason}); send a JSON object")
+    if not path:
+        if first.get("type") == "missing":
             return APIError(400, "the request body is empty; send a JSON object with Content-Type: application/json")
         return APIError(400, "the request body must be a JSON object (Content-Type: application/json)")
-    # Union members add their type name to the location; report the field once with a hint.
-    field_path = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool")]
-    param = ".".join(field_path)
-    same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
-    leaf = field_path[-1] if field_path else loc[0]
-    if leaf in UNION_HINTS and len(same_field) > 1 and kind != "unsupported":
-        return APIError(400, f"{param}: {UNION_HINTS[leaf]}", param=param)
-    message = first.get("msg", "invalid value")
-    if kind == "missing":
-        message = "this field is required"
+    # A field accepting several shapes fails once per shape: a value of a right shape that is
+    # wrong in itself says the most; if every shape mismatched, name the shapes.
+    same_field = [e for e in errors if _field_path(e.get("loc", ()))[: len(path)] == path]
+    specific = next((e for e in same_field if not e.get("type", "").endswith("_type")), None)
+    if specific is None and len(same_field) > 1 and path[-1] in UNION_HINTS:
+        param = ".".join(path)
+        return APIError(400, f"{param}: {UNION_HINTS[path[-1]]}", param=param)
+    chosen = specific or first
+    param = ".".join(_field_path(chosen.get("loc", ())))
+    message = "this field is required" if chosen.get("type") == "missing" else chosen.get("msg", "invalid value")
     return APIError(400, f"{param}: {message}", param=param)
 
 
@@ -548,6 +535,10 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(InvalidRequestError)
+    async def _refused(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -589,18 +580,19 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
     async def completions(req: CompletionRequest, raw: Request) -> Response:
+        # Checked before a stream starts, so a bad request is a 4xx, not an error event after a 200.
+        model, jobs = server.model_name(req.model), server.completion_jobs(req)
         if req.stream:
-            return StreamingResponse(server.stream_completions(req), media_type="text/event-stream")
-        result = await _unless_disconnected(raw, server.completions(req))
-        return _json(result)
+            return StreamingResponse(server.stream_completions(req, model, jobs), media_type="text/event-stream")
+        return _json(await _unless_disconnected(raw, server.completions(req, model, jobs)))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={400: {"model": ErrorResponse}})
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
+        model, job = server.model_name(req.model), server.chat_job(req)
         if req.stream:
-            return StreamingResponse(server.stream_chat(req), media_type="text/event-stream")
-        result = await _unless_disconnected(raw, server.chat(req))
-        return _json(result)
+            return StreamingResponse(server.stream_chat(req, model, job), media_type="text/event-stream")
+        return _json(await _unless_disconnected(raw, server.chat(req, model, job)))
 
     @app.get("/v1/kernels")
     async def kernels() -> dict[str, Any]:

@@ -1,0 +1,481 @@
+"""The OpenAI HTTP surface (engine/server.py) in-process, on a real tiny Qwen3 through the
+engine: shapes an OpenAI client relies on, logprobs against a float64 reference, streaming,
+/v1/kernels, /metrics, --api-key, and every class of bad input answered with a 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from quantgate.engine import AsyncEngine, LLMEngine, load_model
+from quantgate.engine.server import ServerSettings, build_app
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = REPO / "models" / "data" / "tokenizer-v1"
+MAX_MODEL_LEN = 96
+NAME = "tiny"
+
+
+def build_tiny_qwen3(path: Path, seed: int = 0) -> Path:
+    """A randomly initialised float32 Qwen3 with the shipped tokenizer, saved by transformers."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=960, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
+        eos_token_id=0, bos_token_id=None, dtype="float32",
+    )
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_DIR / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path):
+    loaded = load_model(tiny_model, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=8, max_model_len=MAX_MODEL_LEN, enforce_eager=True,
+                                         seed=0))
+    yield loaded, async_engine
+    async_engine.shutdown()
+
+
+def make_client(engine, api_key: str | None = None) -> TestClient:
+    loaded, async_engine = engine
+    settings = ServerSettings(served_model_names=(NAME, "alias"), max_model_len=MAX_MODEL_LEN, api_key=api_key)
+    return TestClient(build_app(async_engine, loaded, settings))
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with make_client(engine) as c:
+        yield c
+
+
+def complete(client: TestClient, **body) -> dict:
+    response = client.post("/v1/completions", json={"model": NAME, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def sse_events(response: httpx.Response) -> list[dict | str]:
+    """The data payloads of a server-sent event stream, [DONE] kept as a string."""
+    events = []
+    for block in response.text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# ---- basic endpoints --------------------------------------------------------------------------------
+
+
+def test_health_and_models(client: TestClient, tiny_model: Path) -> None:
+    assert client.get("/health").status_code == 200
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [NAME, "alias"]
+    assert body["data"][0]["root"] == str(tiny_model)
+    assert body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_completion_shape_and_usage(client: TestClient) -> None:
+    body = complete(client, prompt="Question: 2 + 3 =", max_tokens=5, temperature=0)
+    assert body["object"] == "text_completion" and body["model"] == NAME and body["id"].startswith("cmpl-")
+    (choice,) = body["choices"]
+    assert choice["index"] == 0 and isinstance(choice["text"], str) and choice["logprobs"] is None
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["completion_tokens"] <= 5 and usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    if choice["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 5
+
+
+def test_alias_name_and_missing_model_are_accepted(client: TestClient) -> None:
+    for model in ("alias", None):
+        response = client.post("/v1/completions", json={"model": model, "prompt": "a", "max_tokens": 1})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == NAME
+
+
+def test_greedy_is_deterministic_and_batch_independent(client: TestClient) -> None:
+    prompts = ["Ava has 3 apples.", "Ben buys 12 pens and", "1 2 3 4"]
+    alone = [complete(client, prompt=p, max_tokens=8, temperature=0, logprobs=0)["choices"][0] for p in prompts]
+    together = complete(client, prompt=prompts, max_tokens=8, temperature=0, logprobs=0)["choices"]
+    assert [c["index"] for c in together] == [0, 1, 2]
+    assert [c["text"] for c in together] == [c["text"] for c in alone]
+    assert [c["logprobs"]["tokens"] for c in together] == [c["logprobs"]["tokens"] for c in alone]
+
+
+def test_token_id_prompts_equal_text_prompts(client: TestClient, engine) -> None:
+    tokenizer = engine[0].tokenizer
+    text = "Grace walks 4 miles"
+    ids = tokenizer.encode(text).ids
+    by_text = complete(client, prompt=text, max_tokens=6, temperature=0)["choices"][0]["text"]
+    by_ids = complete(client, prompt=ids, max_tokens=6, temperature=0)["choices"][0]["text"]
+    by_batch = complete(client, prompt=[ids, ids], max_tokens=6, temperature=0)["choices"]
+    assert by_text == by_ids == by_batch[0]["text"] == by_batch[1]["text"]
+
+
+def test_seeded_sampling_repeats(client: TestClient) -> None:
+    runs = [complete(client, prompt="Tara", max_tokens=8, temperature=1.0, top_p=0.9, seed=1234)
+            for _ in range(2)]
+    assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"]
+
+
+def test_stop_string_cuts_the_text(client: TestClient) -> None:
+    free = complete(client, prompt="Maya counts", max_tokens=12, temperature=0)["choices"][0]["text"]
+    candidates = [free[i:i + 2] for i in range(1, len(free) - 2) if free[i:i + 2].strip()]
+    if not candidates:
+        pytest.skip(f"the random model's greedy text {free!r} has no usable stop string")
+    stop = candidates[0]
+    cut = complete(client, prompt="Maya counts", max_tokens=12, temperature=0, stop=[stop])["choices"][0]
+    assert cut["text"] == free[: free.index(stop)]
+    assert cut["finish_reason"] == "stop"
+
+
+# ---- logprobs and echo ------------------------------------------------------------------------------
+
+
+def reference_logprobs(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """log p(token_i | tokens_<i) for i >= 1, from transformers in float64."""
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def test_echo_logprobs_match_float64_reference(client: TestClient, tiny_model: Path, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(5, 40, (1,), generator=generator))
+    ids = torch.randint(1, 960, (n,), generator=generator).tolist()
+    body = complete(client, prompt=ids, max_tokens=1, temperature=0, logprobs=2, echo=True)
+    lp = body["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    got = torch.tensor(lp["token_logprobs"][1:n], dtype=torch.float64)
+    want = reference_logprobs(tiny_model, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-4)
+    # The generated token is greedy: its logprob is the best of its alternatives (lm-eval's is_greedy).
+    last = lp["top_logprobs"][-1]
+    assert 1 <= len(last) <= 3 and math.isclose(lp["token_logprobs"][-1], max(last.values()), abs_tol=1e-6)
+
+
+def test_logprobs_shapes_and_offsets(client: TestClient) -> None:
+    prompt = "Hugo reads 25 pages"
+    body = complete(client, prompt=prompt, max_tokens=4, temperature=0, logprobs=3, echo=True)
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"].startswith(prompt)
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    for value, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert value <= 0 and all(v <= 0 for v in top.values()) and 1 <= len(top) <= 4
+    plain = complete(client, prompt=prompt, max_tokens=4, temperature=0, logprobs=0)["choices"][0]
+    assert plain["text"] == choice["text"][len(prompt):]
+    assert len(plain["logprobs"]["tokens"]) == body["usage"]["completion_tokens"]
+
+
+# ---- chat -------------------------------------------------------------------------------------------
+
+
+def test_chat_template_renders_as_transformers_does(client: TestClient, tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+                {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3 + 3?"}]
+    want = AutoTokenizer.from_pretrained(tiny_model).apply_chat_template(messages, tokenize=False,
+                                                                          add_generation_prompt=True)
+    got = client.app.state.server.chat_template.render(messages, add_generation_prompt=True)
+    assert got == want
+
+
+def test_chat_equals_completion_of_the_rendered_template(client: TestClient, engine) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 7 + 5?"}]
+    chat = client.post("/v1/chat/completions", json={"model": NAME, "messages": messages, "max_tokens": 6,
+                                                     "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    assert chat.status_code == 200, chat.text
+    body = chat.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    rendered = client.app.state.server.chat_template.render(messages, add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>assistant\n")
+    prompt_ids = engine[0].tokenizer.encode(rendered, add_special_tokens=False).ids
+    plain = complete(client, prompt=prompt_ids, max_tokens=6, temperature=0)
+    assert choice["message"]["content"] == plain["choices"][0]["text"]
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
+    content = choice["logprobs"]["content"]
+    assert len(content) == body["usage"]["completion_tokens"]
+    for entry in content:
+        assert len(entry["top_logprobs"]) == 2 and entry["bytes"] == list(entry["token"].encode())
+        assert math.isclose(entry["logprob"], max(t["logprob"] for t in entry["top_logprobs"]), abs_tol=1e-6)
+
+
+def test_chat_content_parts_and_max_completion_tokens(client: TestClient) -> None:
+    as_text = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hello there"}], "max_completion_tokens": 3, "temperature": 0})
+    as_parts = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}],
+        "max_tokens": 3, "temperature": 0})
+    assert as_text.status_code == as_parts.status_code == 200
+    assert as_text.json()["choices"][0]["message"] == as_parts.json()["choices"][0]["message"]
+    assert as_text.json()["usage"]["completion_tokens"] <= 3
+
+
+# ---- streaming --------------------------------------------------------------------------------------
+
+
+def test_completion_stream_equals_the_whole_answer(client: TestClient) -> None:
+    request = {"model": NAME, "prompt": ["Olga", "Pedro has"], "max_tokens": 7, "temperature": 0, "logprobs": 1,
+               "echo": True}
+    whole = client.post("/v1/completions", json=request).json()
+    streamed = client.post("/v1/completions", json={**request, "stream": True,
+                                                    "stream_options": {"include_usage": True}})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(streamed)
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    for choice in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == choice["index"]]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        assert sum((c["logprobs"]["tokens"] for c in mine), []) == choice["logprobs"]["tokens"]
+        assert sum((c["logprobs"]["text_offset"] for c in mine), []) == choice["logprobs"]["text_offset"]
+        assert [c["finish_reason"] for c in mine][-1] == choice["finish_reason"]
+        assert all(c["finish_reason"] is None for c in mine[:-1])
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+
+
+def test_chat_stream_equals_the_whole_answer(client: TestClient) -> None:
+    request = {"messages": [{"role": "user", "content": "Count: 1 2 3"}], "max_tokens": 6, "temperature": 0}
+    whole = client.post("/v1/chat/completions", json=request).json()["choices"][0]
+    events = sse_events(client.post("/v1/chat/completions", json={**request, "stream": True}))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+
+
+# ---- kernels, reload, metrics, auth -------------------------------------------------------------------
+
+
+def test_kernels_report_shape(client: TestClient) -> None:
+    body = client.get("/v1/kernels").json()
+    assert body["platform"]["device"] == "cpu"
+    modules = body["modules"]
+    assert "lm_head" in modules and any(name.endswith("self_attn.qkv_proj") or "q_proj" in name for name in modules)
+    for entry in modules.values():
+        assert entry["layer"] in ("linear", "moe")
+        assert {"scheme", "kernel", "backend", "rejected"} <= set(entry)
+        assert all({"kernel", "reason"} <= set(r) for r in entry["rejected"])
+
+
+def test_reload_weights_keeps_answers(client: TestClient) -> None:
+    before = complete(client, prompt="Quinn", max_tokens=5, temperature=0)["choices"][0]["text"]
+    response = client.post("/v1/reload_weights")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+    assert complete(client, prompt="Quinn", max_tokens=5, temperature=0)["choices"][0]["text"] == before
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)"
+    found = re.search(r"^" + pattern + r"$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_metrics_move(client: TestClient) -> None:
+    before = client.get("/metrics").text
+    ok = complete(client, prompt="Rosa", max_tokens=4, temperature=0)
+    bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
+    assert bad.status_code == 400
+    after = client.get("/metrics")
+    assert after.headers["content-type"].startswith("text/plain")
+    a, b = after.text, before
+    ok_label = 'endpoint="/v1/completions",status="200"'
+    bad_label = 'endpoint="/v1/completions",status="400"'
+    assert metric(a, "quantgate_requests_total", ok_label) == metric(b, "quantgate_requests_total", ok_label) + 1
+    assert metric(a, "quantgate_requests_total", bad_label) == metric(b, "quantgate_requests_total", bad_label) + 1
+    usage = ok["usage"]
+    assert metric(a, "quantgate_prompt_tokens_total") - metric(b, "quantgate_prompt_tokens_total") == usage["prompt_tokens"]
+    assert (metric(a, "quantgate_generation_tokens_total") - metric(b, "quantgate_generation_tokens_total")
+            == usage["completion_tokens"])
+    latency = 'endpoint="/v1/completions"'
+    assert (metric(a, "quantgate_request_latency_seconds_count", latency)
+            == metric(b, "quantgate_request_latency_seconds_count", latency) + 2)
+    assert metric(a, "quantgate_time_to_first_token_seconds_count") > metric(b, "quantgate_time_to_first_token_seconds_count")
+    assert metric(a, "quantgate_num_requests_running") == 0 and metric(a, "quantgate_num_requests_waiting") == 0
+
+
+def test_api_key(engine) -> None:
+    with make_client(engine, api_key="sesame") as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            response = c.get("/v1/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+            assert c.post("/v1/completions", json={"prompt": "a"}, headers=headers).status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+# ---- many clients -----------------------------------------------------------------------------------
+
+
+def test_concurrent_clients_get_their_own_greedy_answers(client: TestClient) -> None:
+    prompts = [f"Problem {i}: {i} + {2 * i} =" for i in range(12)]
+    alone = [complete(client, prompt=p, max_tokens=6, temperature=0)["choices"][0]["text"] for p in prompts]
+
+    async def all_at_once() -> list[str]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            responses = await asyncio.gather(*(
+                http.post("/v1/completions", json={"prompt": p, "max_tokens": 6, "temperature": 0}) for p in prompts))
+        return [r.json()["choices"][0]["text"] for r in responses]
+
+    assert client.portal.call(all_at_once) == alone
+
+
+def test_an_internal_error_fails_only_its_request(client: TestClient, engine, monkeypatch) -> None:
+    async_engine = engine[1]
+    real_generate = async_engine.generate
+
+    def broken(request_id, prompt_token_ids, params):
+        if prompt_token_ids[:1] == [7]:
+            raise RuntimeError("boom")
+        return real_generate(request_id, prompt_token_ids, params)
+
+    monkeypatch.setattr(async_engine, "generate", broken)
+    with TestClient(client.app, raise_server_exceptions=False) as c:  # answer 500 as uvicorn would
+        check_internal_error_is_contained(c)
+
+
+def check_internal_error_is_contained(client: TestClient) -> None:
+    failed = client.post("/v1/completions", json={"prompt": [7, 8, 9], "max_tokens": 2})
+    assert failed.status_code == 500 and "boom" in failed.json()["error"]["message"]
+    streamed = sse_events(client.post("/v1/completions", json={"prompt": [7, 8], "max_tokens": 2, "stream": True}))
+    assert "boom" in streamed[-2]["error"]["message"] and streamed[-1] == "[DONE]"
+    assert complete(client, prompt=[8, 9], max_tokens=2)["choices"][0]["finish_reason"] in ("stop", "length")
+    assert client.get("/health").status_code == 200
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+LONG = " ".join(["7"] * (MAX_MODEL_LEN + 5))
+BAD_COMPLETIONS = [
+    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ({"prompt": LONG}, 400, "prompt"),
+    ({"prompt": "x", "max_tokens": MAX_MODEL_LEN}, 400, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "16"}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "x", "seed": 2**64}, 400, "seed"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, 400, "logprobs"),
+    ({"prompt": "x", "stop": [""]}, 400, "stop"),
+    ({"prompt": "x", "stop": 5}, 400, "stop"),
+    ({"prompt": "x", "echo": "yes"}, 400, "echo"),
+    ({"prompt": "x", "stream": 1}, 400, "stream"),
+    ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),
+    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ({"prompt": "x", "suffix": "y"}, 400, "suffix"),
+    ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"prompt": [[]]}, 400, "prompt"),
+    ({"prompt": [-1, 5]}, 400, "prompt"),
+    ({"prompt": [960]}, 400, "prompt"),
+    ({"prompt": [1, "a"]}, 400, "prompt"),
+    ({"prompt": {"text": "x"}}, 400, "prompt"),
+    ({"prompt": "\ud800"}, 400, "prompt"),
+    ({"prompt": ["ok", "\udfff"]}, 400, "prompt.1"),
+    ({"prompt": "x", "model": "\ud800"}, 400, "model"),
+    ({"max_tokens": 3}, 400, "prompt"),
+]
+BAD_CHATS = [
+    ({"messages": []}, 400, "messages"),
+    ({"messages": "hi"}, 400, "messages"),
+    ({"messages": [{"content": "hi"}]}, 400, "messages.0.role"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages.0.content.0.type"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "\udcff"}]}, 400, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "other"}, 404, "model"),
+    ({"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+]
+
+
+def post_json(client: TestClient, path: str, body: object) -> httpx.Response:
+    """json.dumps escapes what httpx would refuse to encode (lone surrogates)."""
+    return client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize("body,status,param", BAD_COMPLETIONS, ids=[json.dumps(b)[:40] for b, _, _ in BAD_COMPLETIONS])
+def test_bad_completion_requests(client: TestClient, body: dict, status: int, param: str) -> None:
+    assert_openai_error(post_json(client, "/v1/completions", body), status, param)
+    if "stream" not in body:  # a streamed request is refused before its stream starts
+        assert_openai_error(post_json(client, "/v1/completions", {**body, "stream": True}), status, param)
+
+
+@pytest.mark.parametrize("body,status,param", BAD_CHATS, ids=[json.dumps(b)[:40] for b, _, _ in BAD_CHATS])
+def test_bad_chat_requests(client: TestClient, body: dict, status: int, param: str) -> None:
+    assert_openai_error(post_json(client, "/v1/chat/completions", body), status, param)
+
+
+@pytest.mark.parametrize("raw", [b"{bad json", b"", b"[1, 2]", b'"text"', b"null", b"42",
+                                 b'{"prompt": "x", "max_tokens": NaN}', b'{"prompt": "x", "temperature": Infinity}',
+                                 b'{"prompt": "x", "max_tokens": 1e400}', b'{"prompt": "x", "top_p": -Infinity}',
+                                 "{\"prompt\": \"\udcff\"}".encode("utf-8", "surrogatepass"), b"\xff\xfe\x00"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_malformed_bodies(client: TestClient, path: str, raw: bytes) -> None:
+    response = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_routes_and_methods(client: TestClient) -> None:
+    missing = client.get("/v1/engines")
+    assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
+    assert client.get("/v1/completions").status_code == 405
+    assert client.get("/health").status_code == 200
