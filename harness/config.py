@@ -30,6 +30,7 @@ from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
 GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
+STATISTICAL_GATES: tuple[str, ...] = ("hypothesis", "wilson", "paired")
 DEFAULT_METRIC = "exact_match,strict-match"
 CONFIG_SUFFIXES = (".yaml", ".yml")
 LIST_SUFFIX = ".txt"
@@ -535,6 +536,9 @@ class _Loader:
             self.error(where, f"mode {mode} needs reference: {{value: ...}} (or a gen-1 tasks[0].metrics value)")
         if mode in ("paired", "recovery") and config.baseline is None:
             self.error(where, f"mode {mode} needs baseline: the config name or results file to compare against")
+        if "release" in config.tags and mode not in STATISTICAL_GATES:
+            self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
+                       f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")
         return config.gate.model_copy(update={"mode": mode})
 
     def _check_dataset(self, config: EvalConfig) -> DatasetSpec | None:

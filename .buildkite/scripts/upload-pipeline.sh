@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Generate the eval steps for this build's tier and hand them to the Buildkite agent.
+# `if_changed` (pr tier) is applied by the agent (>= 3.99 with --apply-if-changed,
+# default from 3.103) against the build's git diff.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+tier="${QUANTGATE_TIER:-}"
+if [[ -z "$tier" ]]; then
+  if [[ "${BUILDKITE_PULL_REQUEST:-false}" != "false" ]]; then
+    tier=pr
+  elif [[ -n "${BUILDKITE_TAG:-}" ]]; then
+    tier=release
+  else
+    tier=nightly
+  fi
+fi
+echo "--- quantgate pipeline --tier $tier" >&2
+
+source .buildkite/scripts/env.sh
+ensure_quantgate
+generated="$(mktemp --suffix=.yml)"
+trap 'rm -f "$generated"' EXIT
+quantgate pipeline --tier "$tier" "${QUANTGATE_PIPELINE_PATHS:-eval_configs}" > "$generated"
+buildkite-agent pipeline upload --apply-if-changed "$generated"

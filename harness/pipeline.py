@@ -1,0 +1,277 @@
+"""Buildkite pipelines from eval configs (SPEC section 4, `quantgate pipeline`).
+
+One command step per config, grouped per list file. Tiers:
+- `nightly`: every config.
+- `release`: configs tagged `release` (config loading makes sure they carry a statistical gate).
+- `pr`: configs tagged `pr` always, and every other config only when a file it depends on
+  changed, through Buildkite's agent-applied `if_changed` globs. A config depends on its YAML,
+  its model folder and data, the engine, the shared kernel layer and the files of the kernel
+  backends it names (in `server_args` or `expect:`). So a change to a kernel runs the configs
+  that exercise that kernel before merge: an optional nightly job is never the only place a
+  crash can show. `select_for_changes` applies the same globs locally.
+
+Paths in the pipeline are relative to the repository root (the working directory of a
+Buildkite job), so `pipeline` runs from there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from .config import (
+    CONFIG_SUFFIXES,
+    LIST_SUFFIX,
+    ConfigError,
+    EvalConfig,
+    check_unique_names,
+    list_file_entries,
+    load_config,
+)
+
+Tier = Literal["pr", "nightly", "release"]
+TIERS: tuple[Tier, ...] = ("pr", "nightly", "release")
+RUN_EVAL = ".buildkite/scripts/run-eval.sh"
+RESULTS_DIR = "results"
+RETRYABLE_EXIT = 2  # SPEC: an error without a verdict (server died, eval incomplete)
+RETRY_LIMIT = 2
+EVAL_ALLOWANCE_S = 3600  # on top of the config's start-up wait, for the evaluation itself
+
+# Every builtin config runs through these; a change here re-runs them all.
+BUILTIN_SHARED_GLOBS = ("engine/**", "kernels/*.py", "harness/**", "pyproject.toml")
+# A vLLM config runs vLLM's kernels, not ours: only the harness that drives it matters.
+VLLM_SHARED_GLOBS = ("harness/**",)
+
+
+@dataclass
+class Group:
+    label: str
+    configs: list[EvalConfig] = field(default_factory=list)
+
+
+def collect(paths: Sequence[Path | str], engine: str | None = None) -> tuple[list[Group], list[EvalConfig]]:
+    """Groups per list file, then configs named directly. A directory contributes its list
+    files as groups and any YAML no list file names as a group of its own."""
+    groups: list[Group] = []
+    loose: list[EvalConfig] = []
+    placed: set[Path] = set()
+
+    def load(path: Path) -> EvalConfig | None:
+        resolved = path.resolve()
+        if resolved in placed:
+            return None
+        placed.add(resolved)
+        return load_config(path, engine)  # type: ignore[arg-type]
+
+    def add_list(list_file: Path) -> None:
+        entries, errors = list_file_entries(list_file)
+        if errors:
+            raise errors[0]
+        group = Group(_relative(list_file))
+        group.configs = [c for c in (load(p) for p in entries) if c is not None]
+        if group.configs:
+            groups.append(group)
+
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for list_file in sorted(path.rglob(f"*{LIST_SUFFIX}")):
+                add_list(list_file)
+            rest = Group(_relative(path))
+            for file in sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file()):
+                config = load(file)
+                if config is not None:
+                    rest.configs.append(config)
+            if rest.configs:
+                groups.append(rest)
+        elif path.suffix == LIST_SUFFIX:
+            add_list(path)
+        elif path.is_file():
+            config = load(path)
+            if config is not None:
+                loose.append(config)
+        else:
+            raise ConfigError(path, 0, "", "no such file or directory")
+    every = [c for g in groups for c in g.configs] + loose
+    errors = check_unique_names(every)
+    if errors:
+        raise errors[0]
+    return groups, loose
+
+
+def in_tier(config: EvalConfig, tier: Tier) -> bool:
+    if tier == "release":
+        return "release" in config.tags
+    return True  # pr: the rest are filtered by if_changed
+
+
+def dependency_globs(config: EvalConfig) -> list[str]:
+    """Repository-relative globs of the files whose change can change this config's verdict."""
+    globs = [_relative(config.source)]
+    if config.dataset is not None:
+        globs += [_relative(p) for p in (config.dataset.train, config.dataset.test) if p is not None]
+    if config.baseline_path is not None:
+        globs.append(_relative(config.baseline_path))
+    if config.engine == "vllm":
+        return _unique(globs + list(VLLM_SHARED_GLOBS))
+    globs += _model_globs(config.model_name)
+    globs += list(BUILTIN_SHARED_GLOBS)
+    for backend in sorted(exercised_backends(config)):
+        globs += backend_globs(backend)
+    return _unique(globs)
+
+
+def exercised_backends(config: EvalConfig) -> set[str]:
+    """Builtin kernel backends the config names: explicit server_args and `expect:` values."""
+    from .backends import canonical, known_backends
+
+    names = {canonical(v) for v in config.backend_flags().values()}
+    kernel_backends = _kernel_backend_by_class()
+    for expected in (config.expect.linear_kernel, config.expect.moe_kernel):
+        if expected:
+            names.add(kernel_backends.get(expected, canonical(expected)))
+    known = {canonical(b) for layer in ("linear", "moe") for b in known_backends("builtin", layer)}  # type: ignore[arg-type]
+    return {n for n in names if n in known and n != "auto"}
+
+
+def backend_globs(backend: str) -> list[str]:
+    """The files of a builtin backend: its kernel classes' modules and its raw triton kernels."""
+    files = sorted(f for kernel, (b, f) in _kernel_files().items() if b == backend)
+    return _unique(files + [f"kernels/triton/*{backend}*"])
+
+
+@cache
+def _kernel_files() -> dict[str, tuple[str, str]]:
+    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
+
+    root = Path(sys.modules["quantgate.kernels"].__file__ or "").resolve().parent
+    out: dict[str, tuple[str, str]] = {}
+    for kernel in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS):
+        module = Path(sys.modules[kernel.__module__].__file__ or "").resolve()
+        out[kernel.kernel_name()] = (kernel.backend, f"kernels/{module.relative_to(root).as_posix()}")
+    return out
+
+
+def _kernel_backend_by_class() -> dict[str, str]:
+    return {name: backend for name, (backend, _) in _kernel_files().items()}
+
+
+def _model_globs(model_name: str) -> list[str]:
+    """The local model folder under models/, and for an FP8 variant (built by `make models`,
+    not tracked) its bf16 source and the recipe that builds it. Hub ids give nothing."""
+    parts = Path(model_name).parts
+    if "models" not in parts[:-1]:
+        path = Path(model_name)
+        return [f"{_relative(path)}/**"] if path.is_dir() else []
+    name = parts[parts.index("models") + 1]
+    base = re.sub(r"-fp8-.*$", "", name)
+    globs = [f"models/{base}/**"]
+    if base != name:
+        globs += ["models/MANIFEST.json", "models/recipes/**"]
+    return globs
+
+
+def step_for(config: EvalConfig, tier: Tier) -> dict[str, Any]:
+    path = _relative(config.source)
+    step: dict[str, Any] = {
+        "label": config.name,
+        "key": _key(config.name),
+        "command": f"{RUN_EVAL} {path}",
+        "agents": agents_for(config),
+        "timeout_in_minutes": timeout_minutes(config),
+        "retry": {"automatic": [{"exit_status": RETRYABLE_EXIT, "limit": RETRY_LIMIT}]},
+        "artifact_paths": [f"{RESULTS_DIR}/{config.name}/**/*"],
+        "env": {"QUANTGATE_TIER": tier},
+    }
+    if tier == "pr" and "pr" not in config.tags:
+        step["if_changed"] = dependency_globs(config)
+    return step
+
+
+def agents_for(config: EvalConfig) -> dict[str, str]:
+    """Agent tags from `requires:` (Buildkite tag values are strings)."""
+    requires = config.requires
+    if requires.gpus == 0:
+        return {"queue": "cpu"}
+    agents = {"queue": "gpu", "gpus": str(requires.gpus)}
+    if requires.device:
+        agents["device"] = requires.device
+    # min_compute_capability is not a tag: agent tags match by glob, not by order. The device
+    # implies it; the runner checks it on the agent.
+    return agents
+
+
+def timeout_minutes(config: EvalConfig) -> int:
+    return math.ceil((config.startup_max_wait_seconds + EVAL_ALLOWANCE_S) / 60)
+
+
+def build_pipeline(groups: Sequence[Group], loose: Sequence[EvalConfig], tier: Tier) -> dict[str, Any]:
+    """The pipeline document for `tier` (a dict ready for YAML)."""
+    steps: list[dict[str, Any]] = []
+    for group in groups:
+        members = [step_for(c, tier) for c in group.configs if in_tier(c, tier)]
+        if members:
+            steps.append({"group": group.label, "key": _key(f"group-{group.label}"), "steps": members})
+    steps += [step_for(c, tier) for c in loose if in_tier(c, tier)]
+    return {"env": {"QUANTGATE_TIER": tier}, "steps": steps}
+
+
+def select_for_changes(pipeline: dict[str, Any], changed: Iterable[str]) -> list[str]:
+    """Labels of the command steps Buildkite would keep for these changed files."""
+    changed = list(changed)
+    kept = []
+    for step in _command_steps(pipeline["steps"]):
+        globs = step.get("if_changed")
+        if globs is None or any(glob_match(g, f) for g in globs for f in changed):
+            kept.append(step["label"])
+    return kept
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Buildkite's `if_changed` glob: `**` spans directories, `*` and `?` stay inside one."""
+    return re.fullmatch(_glob_regex(pattern), path) is not None
+
+
+@cache
+def _glob_regex(pattern: str) -> str:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return out
+
+
+def _command_steps(steps: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    for step in steps:
+        if "group" in step:
+            yield from step["steps"]
+        else:
+            yield step
+
+
+def _relative(path: Path) -> str:
+    return Path(os.path.relpath(Path(path).resolve(), Path.cwd().resolve())).as_posix()
+
+
+def _key(name: str) -> str:
+    """Buildkite keys: letters, digits, '-', '_', ':' only."""
+    return re.sub(r"[^A-Za-z0-9_:-]", "-", name)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
