@@ -1,0 +1,116 @@
+"""FP8 checkpoints in both formats load through the kernel layer and compute what their
+dequantized weights compute (with the scheme's activation quantization), and the kernel
+report says which layers are quantized."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quantgate.engine import load_model
+from quantgate.engine.kv_cache import KVCache
+from quantgate.kernels import Scheme, quant
+
+from .conftest import needs_moe_kernel
+from .test_parity import _hf, _prefill_batch, _rel_err
+from .tiny_models import is_quantizable, quantize_folder
+
+B, C, T = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR
+CASES = [("fp8", B, False), ("fp8", T, False), ("fp8", T, True),
+         ("compressed-tensors", B, False), ("compressed-tensors", C, False), ("compressed-tensors", T, False),
+         ("compressed-tensors", T, True)]
+
+
+def _qdq(x: torch.Tensor, scheme: Scheme, input_scale: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if scheme is B:
+        out = quant.dequantize_act(*quant.quantize_act_per_token_group(x2, 128), group=128)
+    elif scheme is C:
+        out = quant.dequantize_act(*quant.quantize_act_per_token(x2))
+    else:
+        out = quant.dequantize_act(*quant.quantize_act_per_tensor(x2, input_scale))
+    return out.reshape(x.shape)
+
+
+def _dequantized(q_dir, name: str, scheme: Scheme, scale_name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(q_dir / "model.safetensors"), "pt") as f:
+        w, s = f.get_tensor(name), f.get_tensor(name.replace(".weight", f".{scale_name}")).float()
+    return quant.dequantize_weight(w, s, (128, 128) if scheme is B else None)
+
+
+def _reference(src, q_dir, scheme: Scheme, scale_name: str, static: bool):
+    """transformers' model with dequantized weights; each quantized linear quantize-dequantizes its input."""
+    hf = _hf(src)
+    input_scale = torch.tensor(0.02) if static else None
+    for name, module in hf.named_modules():
+        if isinstance(module, torch.nn.Linear) and is_quantizable(f"{name}.weight"):
+            module.weight.data = _dequantized(q_dir, f"{name}.weight", scheme, scale_name)
+            module.forward = (lambda m: lambda x: F.linear(_qdq(x, scheme, input_scale), m.weight))(module)
+        elif type(module).__name__ == "Qwen3MoeExperts":
+            _patch_experts(module, name, q_dir, scheme, scale_name)
+    return hf
+
+
+def _patch_experts(experts, name: str, q_dir, scheme: Scheme, scale_name: str) -> None:
+    """Per token and chosen expert, in float32: the MoE math with per-row activation quantization."""
+    n = experts.num_experts
+    w13 = [torch.cat([_dequantized(q_dir, f"{name}.{e}.{p}.weight", scheme, scale_name)
+                      for p in ("gate_proj", "up_proj")]) for e in range(n)]
+    w2 = [_dequantized(q_dir, f"{name}.{e}.down_proj.weight", scheme, scale_name) for e in range(n)]
+
+    def forward(hidden, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden)
+        for t in range(hidden.shape[0]):
+            for e, w in zip(top_k_index[t].tolist(), top_k_weights[t]):
+                gate, up = (_qdq(hidden[t : t + 1], scheme, None) @ w13[e].t()).chunk(2, dim=-1)
+                out[t] += (_qdq(F.silu(gate) * up, scheme, None) @ w2[e].t())[0] * w
+        return out
+
+    experts.forward = forward
+
+
+def _check_logits(src, q_dir, scheme, scale_name, static, seed):
+    loaded = load_model(q_dir, device="cpu", linear_backend="emulation", moe_backend="emulation")
+    ref = _reference(src, q_dir, scheme, scale_name, static)
+    cfg = loaded.model_config
+    kv = KVCache(cfg, num_slots=1, max_len=256, dtype=torch.float32, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    for length in (5, 131):  # one prompt per forward: per-tensor activation scales span the batch
+        prompt = torch.randint(0, cfg.vocab_size, (length,), generator=gen).tolist()
+        with torch.inference_mode():
+            ours = loaded.model(_prefill_batch([prompt], [0]), kv)
+            expected = ref(torch.tensor([prompt])).logits[0]
+        assert _rel_err(ours, expected) < 1e-4
+    return loaded
+
+
+@pytest.mark.parametrize("fmt,scheme,static", CASES, ids=lambda v: getattr(v, "value", str(v)))
+def test_dense_fp8_checkpoint_matches_dequantized_reference(dense_dir, tmp_path, fmt, scheme, static, seed):
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", scheme, fmt, static_input=static)
+    scale_name = "weight_scale_inv" if fmt == "fp8" and scheme is B else "weight_scale"
+    loaded = _check_logits(dense_dir, q_dir, scheme, scale_name, static, seed)
+    modules = loaded.kernel_report()["modules"]
+    assert modules["model.layers.1.mlp.down_proj"]["scheme"] == scheme.value
+    assert modules["model.layers.1.mlp.down_proj"]["kernel"] == "EmulationLinearKernel"
+    # lm_head is unquantized and selected with auto, whatever --linear-backend says
+    assert modules["lm_head"] == {**modules["lm_head"], "scheme": "unquantized", "kernel": "UnquantizedLinearKernel"}
+
+
+@needs_moe_kernel
+@pytest.mark.parametrize("fmt,scheme", [("compressed-tensors", C), ("fp8", B)], ids=["ct-channel", "native-block"])
+def test_moe_fp8_checkpoint_matches_dequantized_reference(moe_dir, tmp_path, fmt, scheme, seed):
+    if scheme is B:  # stacked gate/up blocks need moe_intermediate_size % 128 == 0
+        from .tiny_models import write_model
+
+        moe_dir = write_model(tmp_path / "moe128", moe=True, seed=4, moe_intermediate_size=128, hidden_size=128,
+                              head_dim=32)
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", scheme, fmt)
+    scale_name = "weight_scale_inv" if fmt == "fp8" and scheme is B else "weight_scale"
+    loaded = _check_logits(moe_dir, q_dir, scheme, scale_name, False, seed)
+    modules = loaded.kernel_report()["modules"]
+    assert modules["model.layers.0.mlp.experts"]["layer"] == "moe"
+    assert modules["model.layers.0.mlp.experts"]["scheme"] == scheme.value
+    assert modules["model.layers.0.mlp.gate"]["scheme"] == "unquantized"
