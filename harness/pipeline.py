@@ -5,8 +5,8 @@ One command step per config, grouped per list file. Tiers:
 - `release`: configs tagged `release` (config loading makes sure they carry a statistical gate).
 - `pr`: configs tagged `pr` always, and every other config only when a file it depends on
   changed, through Buildkite's agent-applied `if_changed` globs. A config depends on its YAML,
-  its model folder and data, the engine, the shared kernel layer and the files of the kernel
-  backends it names (in `server_args` or `expect:`). So a change to a kernel runs the configs
+  its model folder and data, the engine, the kernel layer's shared files and the source files
+  of the kernel backends it names (in `server_args` or `expect:`) with all they import. So a change to a kernel runs the configs
   that exercise that kernel before merge: an optional nightly job is never the only place a
   crash can show. `select_for_changes` applies the same globs locally.
 
@@ -16,10 +16,11 @@ Buildkite job), so `pipeline` runs from there.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import math
 import os
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -44,8 +45,9 @@ RETRYABLE_EXIT = 2  # SPEC: an error without a verdict (server died, eval incomp
 RETRY_LIMIT = 2
 EVAL_ALLOWANCE_S = 3600  # on top of the config's start-up wait, for the evaluation itself
 
-# Every builtin config runs through these; a change here re-runs them all.
-BUILTIN_SHARED_GLOBS = ("engine/**", "kernels/*.py", "harness/**", "pyproject.toml")
+# Every builtin config runs through these (engine, harness, and the kernel layer's selection,
+# contract and quantization reference); a change here re-runs them all.
+BUILTIN_SHARED_GLOBS = ("engine/**", "harness/**", "kernels/*.py", "pyproject.toml")
 # A vLLM config runs vLLM's kernels, not ours: only the harness that drives it matters.
 VLLM_SHARED_GLOBS = ("harness/**",)
 
@@ -123,8 +125,7 @@ def dependency_globs(config: EvalConfig) -> list[str]:
         return _unique(globs + list(VLLM_SHARED_GLOBS))
     globs += _model_globs(config.model_name)
     globs += list(BUILTIN_SHARED_GLOBS)
-    for backend in sorted(exercised_backends(config)):
-        globs += backend_globs(backend)
+    globs += kernel_files(config)
     return _unique(globs)
 
 
@@ -133,34 +134,77 @@ def exercised_backends(config: EvalConfig) -> set[str]:
     from .backends import canonical, known_backends
 
     names = {canonical(v) for v in config.backend_flags().values()}
-    kernel_backends = _kernel_backend_by_class()
     for expected in (config.expect.linear_kernel, config.expect.moe_kernel):
         if expected:
-            names.add(kernel_backends.get(expected, canonical(expected)))
+            names.add(_backend_of_class().get(expected, canonical(expected)))
     known = {canonical(b) for layer in ("linear", "moe") for b in known_backends("builtin", layer)}  # type: ignore[arg-type]
     return {n for n in names if n in known and n != "auto"}
 
 
-def backend_globs(backend: str) -> list[str]:
-    """The files of a builtin backend: its kernel classes' modules and its raw triton kernels."""
-    files = sorted(f for kernel, (b, f) in _kernel_files().items() if b == backend)
-    return _unique(files + [f"kernels/triton/*{backend}*"])
+def kernel_files(config: EvalConfig) -> list[str]:
+    """Kernel source files the config exercises: the modules of the kernels of its named
+    backends and everything of quantgate.kernels they import (lazy imports inside functions
+    too). A config on CPU also exercises what `auto` picks there. Kernels it cannot reach stay
+    out, so a change to one backend re-runs only the configs that use it."""
+    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS, LINEAR_PRIORITY, MOE_PRIORITY
+
+    backends = exercised_backends(config)
+    kernels = [k for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS) if k.backend in backends]
+    if config.requires.gpus == 0:
+        for table in (LINEAR_PRIORITY, MOE_PRIORITY):
+            kernels += [k for device, _, by_scheme in table if device == "cpu" for ks in by_scheme.values() for k in ks]
+    files: set[str] = set()
+    for kernel in kernels:
+        files |= _module_closure(kernel.__module__)
+    return sorted(files)
+
+
+def _backend_of_class() -> dict[str, str]:
+    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
+
+    return {k.kernel_name(): k.backend for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS)}
 
 
 @cache
-def _kernel_files() -> dict[str, tuple[str, str]]:
-    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
+def _module_closure(module: str) -> frozenset[str]:
+    """Repository paths of `module` and of the quantgate.kernels modules it imports, transitively."""
+    seen: dict[str, str] = {}
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None or not name.startswith(_KERNELS + "."):
+            continue
+        seen[name] = spec.origin
+        pending += _kernel_imports(name, Path(spec.origin))
+    root = Path(importlib.util.find_spec(_KERNELS).origin or "").parent  # type: ignore[union-attr]
+    return frozenset(f"kernels/{Path(origin).relative_to(root).as_posix()}" for origin in seen.values())
 
-    root = Path(sys.modules["quantgate.kernels"].__file__ or "").resolve().parent
-    out: dict[str, tuple[str, str]] = {}
-    for kernel in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS):
-        module = Path(sys.modules[kernel.__module__].__file__ or "").resolve()
-        out[kernel.kernel_name()] = (kernel.backend, f"kernels/{module.relative_to(root).as_posix()}")
-    return out
+
+_KERNELS = "quantgate.kernels"
 
 
-def _kernel_backend_by_class() -> dict[str, str]:
-    return {name: backend for name, (backend, _) in _kernel_files().items()}
+def _kernel_imports(module: str, source: Path) -> list[str]:
+    package = module if source.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module or ""
+            found.append(base)
+            found += [f"{base}.{alias.name}" for alias in node.names]  # `from .. import quant`
+    return [name for name in found if name.startswith(_KERNELS + ".") and _is_module(name)]
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _model_globs(model_name: str) -> list[str]:

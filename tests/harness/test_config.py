@@ -230,6 +230,14 @@ def test_gate_inputs_are_checked_at_load(tmp_path: Path, text: str, words: str) 
     assert words in " ".join(errors_of(write(tmp_path, text)))
 
 
+def test_release_configs_need_a_statistical_gate(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [nightly, release]\n")
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (3, "tags") and "statistical gate" in error.message
+    ok = write(tmp_path, "model_name: m\nreference: {value: 0.5}\ngate: hypothesis\ntags: [release]\n", "ok.yaml")
+    assert errors_of(ok) == []
+
+
 def test_gate_defaults_and_rtol(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "model_name: m\nreference: {value: 0.7, n: 1319, date: 2026-11-29}\n"
                                          "rtol: 0.05\ngate: {mode: wilson, alpha: 0.01}\n"))

@@ -162,9 +162,17 @@ def test_dependencies_of_a_builtin_config(tiny_matrix: Path) -> None:
     globs = dependency_globs(load_config(tiny_matrix / "marlin-args.yaml"))
     assert globs[0].endswith("marlin-args.yaml")
     for expected in ("models/tiny-qwen3/**", "models/recipes/**", "engine/**", "kernels/*.py",
-                     "kernels/linear/marlin.py", "kernels/moe/marlin.py", "kernels/triton/*marlin*"):
+                     "kernels/linear/marlin.py", "kernels/moe/marlin.py",
+                     "kernels/linear/emulation.py"):  # what `auto` picks on CPU for the other layers
         assert expected in globs
-    assert not any("triton.py" in g for g in globs)
+    assert "kernels/moe/triton.py" not in globs and "kernels/linear/triton_block.py" not in globs
+
+
+def test_kernel_dependencies_follow_imports(tiny_matrix: Path) -> None:
+    # The MoE emulation kernel reuses the linear emulation's activation quantization and the
+    # shared expert helpers: a change to either re-runs the configs that use it.
+    globs = dependency_globs(load_config(tiny_matrix / "auto.yaml"))
+    assert {"kernels/moe/emulation.py", "kernels/moe/experts.py", "kernels/linear/emulation.py"} <= set(globs)
 
 
 @pytest.mark.parametrize("pattern, path, hit", [
