@@ -228,6 +228,11 @@ _ENGINE_OPTION_KEYS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "trust_remote_code": ("--trust-remote-code", False, ("vllm",)),
     "kv_cache_dtype": ("--kv-cache-dtype", True, ("vllm",)),
     "tokenizer_mode": ("--tokenizer-mode", True, ("vllm",)),
+    "max_num_seqs": ("--max-num-seqs", True, ("builtin", "vllm")),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", True, ("vllm",)),
+    "tensor_parallel_size": ("--tensor-parallel-size", True, ("builtin", "vllm")),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", True, ("vllm",)),
+    "dtype": ("--dtype", True, ("builtin", "vllm")),
 }
 # Keys real vLLM configs carry that mean nothing to quantgate (ROCm and spec-decode knobs,
 # lm-eval options of vLLM's in-process runner).

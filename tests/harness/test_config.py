@@ -84,6 +84,14 @@ def test_gen1_with_another_task_and_metric_loads_and_gates_what_it_lists() -> No
     assert set(config.extra) == {"batch_size", "gen_kwargs", "apply_chat_template"}
 
 
+def test_gen1_engine_options_become_flags(tmp_path: Path) -> None:
+    text = ('model_name: "/root/engines/c4"\ntasks:\n- name: "metabench"\n  metrics:\n  - name: "acc,none"\n'
+            "    value: 0.65\nlimit: 512\nmax_num_batched_tokens: 128\n")
+    config = load_config(write(tmp_path, text), "vllm")
+    assert config.server_args == ["--max-num-batched-tokens", "128"]
+    assert (config.task, config.metric, config.num_questions) == ("metabench", "acc,none", 512)
+
+
 def test_gen1_engine_options_builtin_does_not_take_stay_in_extra() -> None:
     report = inspect_config(GEN1 / "Qwen3-30B-A3B-FP8.yaml")
     assert report.config is not None and report.config.extra == {"trust_remote_code": True}
