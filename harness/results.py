@@ -154,7 +154,7 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
             "config": data["name"],
             "verdict": data["verdict"],
             "metric": metrics.get("metric") or gate.get("metric"),
-            "measured": metrics.get("value"),
+            "measured": metrics.get("value") if metrics.get("complete", True) else None,  # partial: no score
             "threshold": gate.get("threshold"),
             "gate": gate.get("mode"),
             "n": metrics.get("n"),

@@ -31,7 +31,7 @@ from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
 from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
-                     attach, build_command, launch)
+                     attach, build_command)
 
 DEFAULT_OUTPUT_DIR = Path("results")
 DEFAULT_MAX_CONCURRENCY = 8
@@ -399,8 +399,8 @@ def run_one(item: _Planned, options: RunOptions, display: Display, guard: Interr
             display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
         else:
             display.note(f"  server: {item.command.shell()}")
-            server = launch(item.command, run_dir / SERVER_LOG, config.startup_max_wait_seconds,
-                            on_wait=display.waiting)
+            server = LaunchedServer(item.command, run_dir / SERVER_LOG)
+            server.start(config.startup_max_wait_seconds, on_wait=display.waiting)
             display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s")
         record.timings["server_start_s"] = round(server.startup_s, 3)
         record.versions["engine"] = _engine_version(server, config)
@@ -434,9 +434,6 @@ def _finish(record: RunRecord, item: _Planned, server: Server | None, outcome: E
         record.server = server.to_dict()
         if record.verdict == ERROR and not record.log_tail:
             record.log_tail = server.log_tail() or None
-    elif item.command is not None:
-        record.server = {"command": item.command.argv, "command_line": item.command.shell(),
-                         "log": str(run_dir / SERVER_LOG)}
     if outcome is not None:
         _record_outcome(record, outcome, record.interrupted is not None)
     record.timings["total_s"] = round(time.monotonic() - started, 3)

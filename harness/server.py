@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -195,17 +195,21 @@ class Server(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@dataclass
 class LaunchedServer:
-    """A server process this runner started, and owns until `stop()`."""
+    """A server process this runner starts and owns until `stop()`.
 
-    process: Any  # subprocess.Popen
-    command: ServerCommand
-    port: int
-    log_path: Path
-    startup_s: float = 0.0
-    ports_tried: list[int] = field(default_factory=list)
-    exit_status: int | None = None
+    Created before the process exists, so whoever holds it can always tear down whatever
+    `start()` got to, even when an interrupt lands in the middle of start-up.
+    """
+
+    def __init__(self, command: ServerCommand, log_path: Path) -> None:
+        self.command = command
+        self.log_path = log_path
+        self.process: Any = None  # subprocess.Popen of the current attempt
+        self.port: int | None = None
+        self.ports_tried: list[int] = []
+        self.startup_s = 0.0
+        self.exit_status: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -216,12 +220,12 @@ class LaunchedServer:
         return self.command.served_model
 
     @property
-    def pgid(self) -> int:
-        return self.process.pid  # the leader of its own session
+    def pgid(self) -> int | None:
+        return None if self.process is None else self.process.pid  # the leader of its own session
 
     def poll(self) -> int | None:
-        """The exit status once the process has exited, else None."""
-        return self.process.poll()
+        """The exit status once the process has exited, else None (also before it started)."""
+        return None if self.process is None else self.process.poll()
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines)
@@ -229,19 +233,90 @@ class LaunchedServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def start(self, startup_timeout_s: float, on_wait: Callable[[float], None] | None = None) -> None:
+        """Launch and return once `/health` answers 200; ServerStartError otherwise, with the
+        process group already torn down. A lost race for the port relaunches on another port.
+
+        `on_wait(elapsed_s)` is called on every poll, for a progress display.
+        """
+        import subprocess
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env}
+        started = time.monotonic()
+        preferred, host = self.command.preferred_port, self.command.host
+        with open(self.log_path, "ab") as log, httpx.Client(timeout=2.0) as client:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                port = free_port(host)
+                if preferred is not None and preferred not in self.ports_tried:
+                    if port_is_free(preferred, host):
+                        port = preferred
+                    else:
+                        self.ports_tried.append(preferred)
+                        log.write(f"# quantgate: port {preferred} is in use; using {port}\n".encode())
+                self.port = port
+                self.ports_tried.append(port)
+                log.write(f"# quantgate: launch attempt {attempt}: {self.command.shell(port)}\n".encode())
+                log.flush()
+                offset = log.tell()
+                self.process = subprocess.Popen(
+                    self.command.with_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                )
+                log.write(f"# quantgate: pid {self.process.pid} (process group {self.process.pid})\n".encode())
+                log.flush()
+                try:
+                    if self._wait_healthy(client, started, startup_timeout_s, offset, attempt, on_wait):
+                        return
+                except BaseException:  # start-up failed, or an interrupt: nothing is left running
+                    self.stop()
+                    raise
+        raise AssertionError("unreachable: the last port attempt raises")  # pragma: no cover
+
+    def _wait_healthy(self, client: httpx.Client, started: float, startup_timeout_s: float, offset: int,
+                      attempt: int, on_wait: Callable[[float], None] | None) -> bool:
+        """True once healthy; False when the server lost a race for its port (try another)."""
+        deadline = started + startup_timeout_s
+        while True:
+            if on_wait is not None:
+                on_wait(time.monotonic() - started)
+            if _healthy(client, self.base_url):
+                self.startup_s = time.monotonic() - started
+                return True
+            status = self.poll()
+            elapsed = time.monotonic() - started
+            if status is not None:
+                self.stop()  # children it left behind
+                attempt_log = self.log_path.read_bytes()[offset:].decode("utf-8", "replace").lower()
+                if any(marker in attempt_log for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
+                    return False
+                raise ServerStartError(f"server exited with status {status} during start-up, after {elapsed:.1f} s "
+                                       "(see the log's tail below)",
+                                       exit_status=status, log_tail=self.log_tail(), startup_s=elapsed)
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"server did not answer /health within {startup_timeout_s:g} s (startup_max_wait_seconds); it "
+                    "was stopped. Raise startup_max_wait_seconds if loading is legitimately slow",
+                    exit_status=None, log_tail=self.log_tail(), startup_s=elapsed)
+            time.sleep(POLL_INTERVAL_S)
+
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`; return the leader's status."""
+        if self.process is None:
+            return None
+        pgid = self.process.pid
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            if not group_members(self.pgid) and self.process.poll() is not None:
+            if not group_members(pgid) and self.process.poll() is not None:
                 break
             try:
-                os.killpg(self.pgid, sig)
+                os.killpg(pgid, sig)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
                 self.process.poll()
-                if not group_members(self.pgid):
+                if not group_members(pgid):
                     break
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
@@ -249,15 +324,15 @@ class LaunchedServer:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "command": self.command.with_port(self.port),
-            "command_line": self.command.shell(self.port),
+            "command": self.command.with_port(self.port) if self.port is not None else self.command.argv,
+            "command_line": self.command.shell(self.port if self.port is not None else "PORT"),
             "env_diff": env_diff(self.command.env),
-            "url": self.base_url,
+            "url": self.base_url if self.port is not None else None,
             "port": self.port,
             "ports_tried": self.ports_tried,
-            "pid": self.process.pid,
+            "pid": self.pgid,
             "startup_s": round(self.startup_s, 3),
-            "exit_status": self.exit_status if self.exit_status is not None else self.process.poll(),
+            "exit_status": self.exit_status if self.exit_status is not None else self.poll(),
             "log": str(self.log_path),
         }
 
@@ -296,72 +371,10 @@ def _healthy(client: httpx.Client, url: str) -> bool:
 
 def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float,
            on_wait: Callable[[float], None] | None = None) -> LaunchedServer:
-    """Start the server and return once `/health` answers 200; ServerStartError otherwise.
-
-    `on_wait(elapsed_s)` is called on every poll, for a progress display.
-    """
-    import subprocess
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **command.env}
-    started = time.monotonic()
-    tried: list[int] = []
-    preferred = command.preferred_port
-    with open(log_path, "ab") as log, httpx.Client(timeout=2.0) as client:
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = free_port(command.host)
-            if preferred is not None and preferred not in tried:
-                if port_is_free(preferred, command.host):
-                    port = preferred
-                else:
-                    tried.append(preferred)
-                    log.write(f"# quantgate: port {preferred} is in use; using {port}\n".encode())
-            tried.append(port)
-            log.write(f"# quantgate: launch attempt {attempt}: {command.shell(port)}\n".encode())
-            log.flush()
-            offset = log.tell()
-            process = subprocess.Popen(
-                command.with_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
-            server = LaunchedServer(process, command, port, log_path, ports_tried=tried)
-            try:
-                if _wait_healthy(server, client, started, startup_timeout_s, offset, attempt, on_wait):
-                    return server
-            except BaseException:  # an interrupt, or the start-up failed: nothing is left running
-                server.stop()
-                raise
-    raise AssertionError("unreachable: the last port attempt raises")  # pragma: no cover
-
-
-def _wait_healthy(server: LaunchedServer, client: httpx.Client, started: float, startup_timeout_s: float,
-                  offset: int, attempt: int, on_wait: Callable[[float], None] | None) -> bool:
-    """True once healthy; False when the server lost a race for its port (try another)."""
-    deadline = started + startup_timeout_s
-    while True:
-        if on_wait is not None:
-            on_wait(time.monotonic() - started)
-        if _healthy(client, server.base_url):
-            server.startup_s = time.monotonic() - started
-            return True
-        status = server.poll()
-        if status is not None:
-            server.stop()  # children it left behind
-            attempt_log = server.log_path.read_bytes()[offset:].decode("utf-8", "replace").lower()
-            if any(marker in attempt_log for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
-                return False
-            raise ServerStartError(
-                f"server exited with status {status} during start-up, after {time.monotonic() - started:.1f} s "
-                "(see the log's tail below)",
-                exit_status=status, log_tail=server.log_tail(), startup_s=time.monotonic() - started)
-        if time.monotonic() >= deadline:
-            server.stop()
-            raise ServerStartError(
-                f"server did not answer /health within {startup_timeout_s:g} s (startup_max_wait_seconds); it was "
-                "stopped. Raise startup_max_wait_seconds if loading is legitimately slow",
-                exit_status=server.exit_status, log_tail=server.log_tail(), startup_s=time.monotonic() - started)
-        time.sleep(POLL_INTERVAL_S)
+    """A started, healthy server (see `LaunchedServer.start`)."""
+    server = LaunchedServer(command, log_path)
+    server.start(startup_timeout_s, on_wait)
+    return server
 
 
 def attach(url: str, served_model: str | None, timeout_s: float = 10.0) -> AttachedServer:

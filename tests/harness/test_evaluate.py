@@ -1,0 +1,136 @@
+"""lm-eval through its Python API against a real (fake) server process: the offline task,
+the scores, per-question records, and failed requests that are never scored."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, installed_task_yaml,
+                                        per_question, run_eval, write_task_yaml)
+from quantgate.harness.server import LaunchedServer, build_command, launch
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def _settings(data: Path, work: Path, base_url: str = "http://127.0.0.1:9", **overrides) -> EvalSettings:
+    values = dict(base_url=base_url, model="fake-model", task="gsm8k", test_file=data / "test.jsonl",
+                  train_file=data / "train.jsonl", num_fewshot=2, limit=10, max_tokens=64, max_concurrency=4,
+                  request_timeout_s=20, seed=None, temperature=None, metric="exact_match,strict-match",
+                  work_dir=work)
+    values.update(overrides)
+    return EvalSettings(**values)
+
+
+@pytest.fixture
+def serve(tmp_path: Path, gsm8k_dir: Path) -> Iterator:
+    """Start the fake server with the given flags; every server started is stopped after the test."""
+    started: list[LaunchedServer] = []
+
+    def start(**flags) -> LaunchedServer:
+        cmd = build_command("vllm", "fake-model", fake_args(gsm8k_dir, **flags), {},
+                            [sys.executable, str(FAKE_SERVER)])
+        server = launch(cmd, tmp_path / f"server{len(started)}.log", startup_timeout_s=30)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_task_yaml_is_the_installed_one_with_only_the_dataset_replaced(tmp_path: Path,
+                                                                      gsm8k_dir: Path) -> None:
+    written = write_task_yaml(_settings(gsm8k_dir, tmp_path))
+    original = yaml.safe_load(installed_task_yaml("gsm8k").read_text())
+    ours = yaml.safe_load(written.read_text())
+    data_files = ours.pop("dataset_kwargs")["data_files"]
+    assert ours.pop("dataset_path") == "json"
+    for key in ("dataset_path", "dataset_name", "dataset_kwargs"):
+        original.pop(key, None)
+    assert ours == original
+    assert data_files == {"test": str((gsm8k_dir / "test.jsonl").resolve()),
+                          "train": str((gsm8k_dir / "train.jsonl").resolve())}
+    assert all(Path(p).is_absolute() for p in data_files.values())
+
+
+def test_unknown_metric_and_missing_train_file_are_setup_errors(tmp_path: Path, gsm8k_dir: Path) -> None:
+    with pytest.raises(EvalSetupError, match="exact_match,flexible-extract"):
+        check_metric(installed_task_yaml("gsm8k"), "exact_match,strict")
+    with pytest.raises(EvalSetupError, match="train file"):
+        write_task_yaml(_settings(gsm8k_dir, tmp_path, train_file=None))
+    with pytest.raises(EvalSetupError, match="not an lm-eval task"):
+        installed_task_yaml("no_such_task_anywhere")
+
+
+def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
+    server = serve(accuracy=0.6, invalid=0.5)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=16))
+    assert outcome.error is None and outcome.requested == outcome.answered == 16
+    expected = expected_accuracy(gsm8k_dir, 0.6, 16)
+    assert outcome.metrics["value"] == pytest.approx(expected)
+    assert outcome.metrics["strict_match"] == pytest.approx(expected)
+    assert outcome.metrics["n"] == 16 and outcome.metrics["complete"]
+    assert outcome.metrics["stderr"] > 0
+    assert [s["id"] for s in outcome.samples] == list(range(16))
+    for sample in outcome.samples:
+        gold = sample["target"].rsplit("#### ", 1)[1]
+        assert sample["correct"] == (sample["extracted"] == gold)
+        assert sample["invalid"] == (sample["extracted"] == "[invalid]")
+        assert set(sample["filters"]) == {"strict-match", "flexible-extract"}
+    invalid = sum(s["invalid"] for s in outcome.samples) / 16
+    assert outcome.metrics["invalid_rate"] == pytest.approx(invalid)
+    assert 0 < outcome.server_busy_s <= outcome.eval_s
+    assert set(outcome.dataset_sha256) == {"test.jsonl", "train.jsonl"}
+
+
+def test_concurrency_one_uses_the_synchronous_path(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
+    server = serve(accuracy=0.5)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, max_concurrency=1))
+    assert outcome.error is None and outcome.answered == 6
+    assert outcome.metrics["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.5, 6))
+
+
+def test_http_errors_are_never_scored_and_answers_so_far_are_kept(tmp_path: Path, gsm8k_dir: Path,
+                                                                  serve) -> None:
+    server = serve(error_after=5)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=12, max_concurrency=1))
+    assert outcome.error is not None and "500" in outcome.error
+    assert outcome.answered == 5 and len(outcome.samples) == 5
+    assert all(s["correct"] for s in outcome.samples)  # the five answered ones, scored by the task's filters
+    assert outcome.metrics["complete"] is False and outcome.metrics["n"] == 5
+
+
+def test_a_hanging_server_fails_within_the_request_timeout(tmp_path: Path, gsm8k_dir: Path,
+                                                           serve) -> None:
+    server = serve(hang_after=3)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=10, max_concurrency=2,
+                                 request_timeout_s=2))
+    assert outcome.error is not None and "timed out" in outcome.error
+    assert outcome.eval_s < 2 + 3, "a timed-out request must not be retried"
+    assert outcome.answered == 3
+
+
+def test_per_question_merges_filters_and_gates_on_the_chosen_one() -> None:
+    logged = [
+        {"doc_id": 1, "prompt_hash": "h1", "target": "x #### 7", "resps": [["#### 7"]], "filtered_resps": ["7"],
+         "filter": "strict-match", "exact_match": 1.0},
+        {"doc_id": 1, "prompt_hash": "h1", "target": "x #### 7", "resps": [["#### 7"]], "filtered_resps": ["7"],
+         "filter": "flexible-extract", "exact_match": 1.0},
+        {"doc_id": 0, "prompt_hash": "h0", "target": "x #### 3", "resps": [["it is 3"]],
+         "filtered_resps": ["[invalid]"], "filter": "strict-match", "exact_match": 0.0},
+        {"doc_id": 0, "prompt_hash": "h0", "target": "x #### 3", "resps": [["it is 3"]], "filtered_resps": ["3"],
+         "filter": "flexible-extract", "exact_match": 1.0},
+    ]
+    strict = per_question(logged, "exact_match,strict-match")
+    assert [(s["id"], s["correct"], s["invalid"], s["extracted"]) for s in strict] == [
+        (0, False, True, "[invalid]"), (1, True, False, "7")]
+    flexible = per_question(logged, "exact_match,flexible-extract")
+    assert [(s["id"], s["correct"], s["invalid"]) for s in flexible] == [(0, True, False), (1, True, False)]
+    assert strict[0]["response"] == "it is 3"

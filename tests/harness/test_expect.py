@@ -1,0 +1,109 @@
+"""`expect:` against kernel reports: /v1/kernels for the built-in engine, the log for vLLM."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from quantgate.harness.config import Expect
+from quantgate.harness.expect import (MOE_LOG_MODULE, kernel_matches, report_from_server, report_from_vllm_log,
+                                      verify, vllm_linear_backend)
+from quantgate.harness.server import build_command, launch
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+VLLM_LOG = """\
+INFO 11-29 10:00:01 [gpu_model_runner.py:2000] Starting to load model Qwen/Qwen3-30B-A3B-FP8...
+(VllmWorker TP0 pid=4242) INFO 11-29 10:00:02 [fp8.py:321] Selected CutlassFp8BlockScaledMMKernel for model.layers.0.self_attn.qkv_proj
+(VllmWorker TP0 pid=4242) INFO 11-29 10:00:02 [fp8.py:321] Selected FlashInferCutlassFP8ScaledMMLinearKernel for model.layers.0.self_attn.o_proj
+INFO 11-29 10:00:03 [fp8.py:400] Using DEEPGEMM Fp8 MoE backend out of potential backends: ['DEEPGEMM', 'TRITON']
+"""
+
+
+def _module(kernel: str, backend: str, scheme: str = "fp8-block", layer: str = "linear") -> dict:
+    return {"layer": layer, "scheme": scheme, "kernel": kernel, "backend": backend, "rejected": []}
+
+
+def _report(**modules: dict) -> dict:
+    return {"source": "GET /v1/kernels", "platform": {"device": "cpu"}, "modules": modules}
+
+
+def test_vllm_log_lines_become_a_kernel_report() -> None:
+    report = report_from_vllm_log(VLLM_LOG)
+    assert report is not None and report["source"] == "server log"
+    modules = report["modules"]
+    assert modules["model.layers.0.self_attn.qkv_proj"]["kernel"] == "CutlassFp8BlockScaledMMKernel"
+    assert modules["model.layers.0.self_attn.qkv_proj"]["backend"] == "cutlass"
+    assert modules["model.layers.0.self_attn.o_proj"]["backend"] == "flashinfer_cutlass"  # the longest name wins
+    assert modules[MOE_LOG_MODULE] == {"layer": "moe", "scheme": None, "kernel": "DEEPGEMM", "backend": "deep_gemm",
+                                       "rejected": []}
+    assert report_from_vllm_log("INFO nothing about kernels here") is None
+
+
+def test_vllm_kernel_class_to_backend() -> None:
+    assert vllm_linear_backend("MarlinFP8ScaledMMLinearKernel") == "marlin"
+    assert vllm_linear_backend("PerTensorTorchFP8ScaledMMLinearKernel") == "torch"
+    assert vllm_linear_backend("SomethingNew") is None
+
+
+def test_names_match_by_backend_or_class_ignoring_case_and_dashes() -> None:
+    assert kernel_matches("deep-gemm", "DeepGemmFp8", "deep_gemm")
+    assert kernel_matches("Marlin", "MarlinFp8LinearKernel", "marlin")
+    assert kernel_matches("MarlinFp8LinearKernel", "MarlinFp8LinearKernel", None)
+    assert not kernel_matches("marlin", "EmulationLinearKernel", "emulation")
+    assert not kernel_matches("cutlass", "FlashInferCutlassFP8ScaledMMLinearKernel", "flashinfer_cutlass")
+
+
+def test_mismatch_names_expected_and_actual_kernel_per_module() -> None:
+    report = _report(**{
+        "model.layers.0.mlp.down_proj": _module("EmulationLinearKernel", "emulation"),
+        "model.layers.1.mlp.down_proj": _module("MarlinFp8LinearKernel", "marlin"),
+        "lm_head": _module("UnquantizedLinearKernel", "torch", scheme="unquantized"),
+    })
+    check = verify(Expect(linear_kernel="marlin"), report, "GET /v1/kernels")
+    assert not check.passed
+    assert check.mismatches == [{"module": "model.layers.0.mlp.down_proj", "layer": "linear", "expected": "marlin",
+                                 "kernel": "EmulationLinearKernel", "backend": "emulation"}]
+    assert "expected 'marlin'" in check.message
+    assert "EmulationLinearKernel (backend emulation) ran model.layers.0.mlp.down_proj" in check.message
+    assert "1 of 2" in check.message  # lm_head is unquantized: not a module the backend applies to
+    assert check.to_dict()["passed"] is False
+
+
+def test_every_checked_module_on_the_expected_backend_passes() -> None:
+    report = _report(a=_module("MarlinFp8LinearKernel", "marlin"),
+                     experts=_module("MarlinMoEKernel", "marlin", layer="moe"))
+    assert verify(Expect(linear_kernel="marlin", moe_kernel="MarlinMoEKernel"), report, "x").passed
+
+
+def test_a_bf16_checkpoint_checks_all_its_linears() -> None:
+    report = _report(a=_module("EmulationLinearKernel", "emulation", scheme="unquantized"),
+                     b=_module("UnquantizedLinearKernel", "torch", scheme="unquantized"))
+    check = verify(Expect(linear_kernel="emulation"), report, "x")
+    assert not check.passed and [m["module"] for m in check.mismatches] == ["b"]
+
+
+def test_an_expectation_that_cannot_be_checked_fails() -> None:
+    check = verify(Expect(linear_kernel="marlin"), None, "GET http://h/v1/kernels")
+    assert not check.passed and "cannot be verified" in check.message and "GET http://h/v1/kernels" in check.message
+    dense_only = _report(a=_module("MarlinFp8LinearKernel", "marlin"))
+    check = verify(Expect(moe_kernel="marlin"), dense_only, "x")
+    assert not check.passed and "has no moe module" in check.message
+
+
+def test_report_from_a_server_and_from_one_without_the_endpoint(tmp_path: Path, gsm8k_dir: Path) -> None:
+    servers = []
+    try:
+        for extra in ([], ["--no-kernels-endpoint"]):
+            cmd = build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--linear-backend", "triton", *extra],
+                                {}, [sys.executable, str(FAKE_SERVER)])
+            servers.append(launch(cmd, tmp_path / f"s{len(servers)}.log", startup_timeout_s=30))
+        report = report_from_server(servers[0].base_url)
+        assert report is not None and report["source"] == "GET /v1/kernels"
+        assert report["modules"]["model.layers.0.mlp.down_proj"]["backend"] == "triton"
+        assert report_from_server(servers[1].base_url) is None
+    finally:
+        for server in servers:
+            server.stop()

@@ -1,0 +1,131 @@
+"""Every failure a run can meet, each against a real server process (and, for start-up and
+signals, a real `quantgate run` process): the verdict, the exit code, how fast it comes, what
+result.json keeps, and that no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness.server import group_members
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import load_json, pid_alive, run_cli, run_in_process, write_config
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def _samples(run_dir: Path) -> list[str]:
+    return (run_dir / "samples.jsonl").read_text().splitlines()
+
+
+def test_server_exiting_during_startup_is_an_error_within_seconds(tmp_path: Path,
+                                                                  gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "crash", gsm8k_dir, {"exit_during_startup": 1.0}, startup_max_wait_seconds=600)
+    run = run_cli("run", config, "--output-dir", tmp_path / "out")
+    result = load_json(tmp_path / "out" / "crash" / "result.json")
+    assert run.returncode == 2, run.output
+    assert result["verdict"] == "ERROR" and "exited with status 1 during start-up" in result["reason"]
+    assert result["timings"]["server_start_s"] < 1.0 + 3.0  # noticed within 3 s of the exit, not at 600 s
+    assert run.wall_s < 30
+    assert "failed to load the model" in result["log_tail"] and "failed to load the model" in run.output
+
+
+def test_server_dying_mid_evaluation_keeps_the_samples_so_far(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "dies", gsm8k_dir, {"die_after": 4}, max_concurrency=1)
+    code, output = run_in_process([config], tmp_path / "out")
+    run_dir = tmp_path / "out" / "dies"
+    result = load_json(run_dir / "result.json")
+    assert code == 2, output
+    assert result["verdict"] == "ERROR" and "exited with status 3 during evaluation" in result["reason"]
+    assert result["evaluation"] == {"requested": 12, "answered": 4, "error": result["evaluation"]["error"],
+                                    "complete": False}
+    assert len(_samples(run_dir)) == 4
+    assert "dying mid-evaluation" in result["log_tail"]
+
+
+def test_hanging_server_errors_within_the_request_timeout(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "hangs", gsm8k_dir, {"hang_after": 3}, request_timeout_seconds=2)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "hangs" / "result.json")
+    assert code == 2, output
+    assert result["verdict"] == "ERROR" and "timed out" in result["reason"]
+    assert result["timings"]["eval_s"] < 2 + 3
+    assert not pid_alive(result["server"]["pid"])
+
+
+def test_request_errors_are_an_error_never_wrong_answers(tmp_path: Path, gsm8k_dir: Path) -> None:
+    # A gate that would fail on 5/12 right: the run must still be ERROR, not FAIL.
+    config = write_config(tmp_path, "errs", gsm8k_dir, {"error_after": 5}, max_concurrency=1,
+                          accuracy_threshold=0.9, tolerance=0.0)
+    code, output = run_in_process([config], tmp_path / "out")
+    run_dir = tmp_path / "out" / "errs"
+    result = load_json(run_dir / "result.json")
+    assert code == 2, output
+    assert result["verdict"] == "ERROR" and result["gate"] is None
+    assert "never scored as a wrong answer" in result["reason"] and "500" in result["reason"]
+    assert len(_samples(run_dir)) == 5
+
+
+def test_port_in_use_moves_to_another_port(tmp_path: Path, gsm8k_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        config = write_config(tmp_path, "port", gsm8k_dir, {"port": taken})
+        code, output = run_in_process([config], tmp_path / "out")
+    server = load_json(tmp_path / "out" / "port" / "result.json")["server"]
+    assert code == 0, output
+    assert server["port"] != taken and server["ports_tried"][0] == taken
+
+
+def _start_run(tmp_path: Path, *configs: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "quantgate.harness.cli", "run", *map(str, configs),
+                             "--output-dir", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"quantgate run exited early:\n{proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+@pytest.mark.parametrize(("sig", "phase"), [(signal.SIGINT, "evaluation"), (signal.SIGTERM, "start-up")])
+def test_signals_tear_down_servers_and_write_an_interrupted_result(tmp_path: Path, gsm8k_dir: Path,
+                                                                   sig: signal.Signals, phase: str) -> None:
+    flags = {"spawn_child": True, "latency": 0.3} if phase == "evaluation" else {"spawn_child": True,
+                                                                                 "startup_delay": 60}
+    first = write_config(tmp_path, "first", gsm8k_dir, flags, max_concurrency=1, num_questions=40)
+    second = write_config(tmp_path, "second", gsm8k_dir)
+    proc = _start_run(tmp_path, first, second)
+    log = tmp_path / "out" / "first" / "server.log"
+    _wait_for(log, "POST /v1/completions" if phase == "evaluation" else "fake server: starting", proc)
+    pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
+    assert len(group_members(pid)) >= 2  # the server and its child
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert time.monotonic() - sent < 15
+    assert group_members(pid) == [] and not pid_alive(pid)
+    result = load_json(tmp_path / "out" / "first" / "result.json")
+    assert result["verdict"] == "ERROR" and result["interrupted"] == sig.name
+    assert f"interrupted by {sig.name}" in result["reason"] and result["server"]["exit_status"] is not None
+    later = load_json(tmp_path / "out" / "second" / "result.json")
+    assert later["verdict"] == "ERROR" and later["reason"].startswith("not started")
+    assert (tmp_path / "out" / "junit.xml").is_file()
+    assert "Traceback" not in output
+    assert os.path.exists(tmp_path / "out" / "summary.md")

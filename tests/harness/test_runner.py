@@ -1,0 +1,163 @@
+"""`run_configs` end to end in this process, with real (fake) server processes: verdicts,
+exit codes, artifacts, kernel proof, baselines, `--server-url` and `--limit`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from quantgate.harness.runner import exit_code
+from quantgate.harness.server import build_command, launch
+from tests.harness.fake_server import _share
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import (FAKE_SERVER, expected_accuracy, fake_args, load_json, pid_alive,
+                                           run_in_process, write_config)
+from tests.harness.test_results import RESULT_SCHEMA
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def test_a_passing_config_writes_every_artifact(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "good", gsm8k_dir, {"accuracy": 0.9, "linear_backend": "marlin"},
+                          accuracy_threshold=0.6, tolerance=0.0, expect={"linear_kernel": "marlin"})
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 0, output
+    run_dir = tmp_path / "out" / "good"
+    result = load_json(run_dir / "result.json")
+    jsonschema.validate(result, RESULT_SCHEMA)
+    assert result["verdict"] == "PASS"
+    assert result["metrics"]["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.9, 12))
+    assert result["gate"]["mode"] == "absolute" and result["gate"]["threshold"] == pytest.approx(0.6)
+    assert result["expect"]["passed"] and result["kernels"]["source"] == "server log"
+    assert result["config"]["sha256"] and result["task"]["sha256"] and result["dataset"]["sha256"]
+    assert set(result["versions"]) >= {"quantgate", "lm_eval", "torch", "engine"}
+    assert set(result["timings"]) >= {"server_start_s", "eval_s", "total_s"}
+    server = result["server"]
+    assert server["exit_status"] is not None and not pid_alive(server["pid"])
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12 and {"id", "prompt_hash", "response", "extracted", "correct"} <= set(samples[0])
+    assert "ready on" in (run_dir / "server.log").read_text()
+    assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()
+    assert "PASS" in output and "quantgate summary" in output
+
+
+def test_a_failed_gate_exits_1_with_its_arithmetic(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "weak", gsm8k_dir, {"accuracy": 0.3}, accuracy_threshold=0.9, tolerance=0.05)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "weak" / "result.json")
+    assert code == 1 and result["verdict"] == "FAIL"
+    assert "gate absolute failed" in result["reason"]
+    assert "0.9000 - 0.0500 = 0.8500" in result["gate"]["explanation"]
+    assert "0.9000 - 0.0500 = 0.8500" in output
+
+
+def test_expect_mismatch_fails_even_when_accuracy_passes(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "claims-marlin", gsm8k_dir, {"accuracy": 1.0, "linear_backend": "triton"},
+                          expect={"linear_kernel": "marlin"})
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "claims-marlin" / "result.json")
+    assert code == 1 and result["verdict"] == "FAIL"
+    assert result["gate"]["passed"] is True
+    assert "expected 'marlin'" in result["reason"] and "TritonBlockFp8LinearKernel" in result["reason"]
+    assert "model.layers.0.self_attn.qkv_proj" in result["reason"]
+    assert len(result["expect"]["mismatches"]) == 8
+    assert "accuracy passed, but the backend under test did not run" in output
+
+
+def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: Path,
+                                                                      gsm8k_dir: Path) -> None:
+    cmd = build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--linear-backend", "emulation"], {},
+                        [sys.executable, str(FAKE_SERVER)])
+    server = launch(cmd, tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        good = write_config(tmp_path, "emul", gsm8k_dir, engine="builtin", server_args=[],
+                            expect={"linear_kernel": "emulation"}, accuracy_threshold=0.9, tolerance=0.0)
+        wrong = write_config(tmp_path, "marl", gsm8k_dir, engine="builtin", server_args=[],
+                             expect={"linear_kernel": "MarlinFp8LinearKernel"}, accuracy_threshold=0.9)
+        code, output = run_in_process([good, wrong], tmp_path / "out", server_url=server.base_url)
+        assert server.poll() is None, "an attached server is never stopped"
+    finally:
+        server.stop()
+    good_result = load_json(tmp_path / "out" / "emul" / "result.json")
+    wrong_result = load_json(tmp_path / "out" / "marl" / "result.json")
+    assert good_result["verdict"] == "PASS" and good_result["kernels"]["source"] == "GET /v1/kernels"
+    assert good_result["server"]["attached"] is True
+    assert wrong_result["verdict"] == "FAIL" and "EmulationLinearKernel" in wrong_result["reason"]
+    assert code == 1
+
+
+def test_limit_overrides_num_questions(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "lim", gsm8k_dir, num_questions=30)
+    code, _ = run_in_process([config], tmp_path / "out", limit=5)
+    result = load_json(tmp_path / "out" / "lim" / "result.json")
+    assert code == 0 and result["metrics"]["n"] == 5
+
+
+def test_any_error_makes_the_run_exit_2_and_every_config_has_a_result(tmp_path: Path,
+                                                                       gsm8k_dir: Path) -> None:
+    broken = write_config(tmp_path, "broken", gsm8k_dir, {"exit_during_startup": 0.2})
+    fine = write_config(tmp_path, "fine", gsm8k_dir)
+    code, output = run_in_process([broken, fine], tmp_path / "out")
+    assert code == 2
+    broken_result = load_json(tmp_path / "out" / "broken" / "result.json")
+    assert broken_result["verdict"] == "ERROR" and "server did not start" in broken_result["reason"]
+    assert "failed to load the model" in broken_result["log_tail"]
+    assert load_json(tmp_path / "out" / "fine" / "result.json")["verdict"] == "PASS"
+
+
+def test_config_problems_exit_3_before_any_server_starts(tmp_path: Path, gsm8k_dir: Path) -> None:
+    good = write_config(tmp_path, "good", gsm8k_dir)
+    listing = tmp_path / "nightly.txt"
+    listing.write_text(f"# nightly\n{good.name}\nmissing.yaml\n")
+    code, output = run_in_process([listing], tmp_path / "out")
+    assert code == 3 and "missing.yaml" in output and "nightly.txt:3" in output
+    assert not (tmp_path / "out" / "good").exists()
+    bad_metric = write_config(tmp_path, "bad-metric", gsm8k_dir, metric="exact_match,strictest")
+    code, output = run_in_process([bad_metric], tmp_path / "out")
+    assert code == 3 and "exact_match,strict-match" in output
+
+
+def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path: Path,
+                                                                         gsm8k_dir: Path) -> None:
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 0.5}, baseline="base",
+                             gate={"mode": "recovery", "recovery": 0.9}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    base_result = tmp_path / "out" / "base" / "result.json"
+    cand = load_json(tmp_path / "out" / "cand" / "result.json")
+    assert code == 1 and cand["verdict"] == "FAIL"
+    expected = expected_accuracy(gsm8k_dir, 0.5, 12)
+    assert cand["gate"]["baseline_measured"] == pytest.approx(1.0)
+    assert cand["gate"]["recovery_ratio"] == pytest.approx(expected)
+    assert output.index("[1/2] base") < output.index("[2/2] cand")
+    stamp = base_result.stat().st_mtime_ns
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 1 and "[1/1] cand" in output and base_result.stat().st_mtime_ns == stamp
+
+
+def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir: Path) -> None:
+    base = write_config(tmp_path, "pbase", gsm8k_dir, {"accuracy": 1.0})
+    candidate = write_config(tmp_path, "pcand", gsm8k_dir, {"accuracy": 0.7}, baseline="pbase",
+                             gate={"mode": "paired"}, accuracy_threshold=None)
+    code, _ = run_in_process([candidate, base], tmp_path / "out")
+    gate = load_json(tmp_path / "out" / "pcand" / "result.json")["gate"]
+    rows = [json.loads(line) for line in (gsm8k_dir / "test.jsonl").read_text().splitlines()][:12]
+    flips = sum(_share(r["question"]) >= 0.7 for r in rows)
+    assert gate["mode"] == "paired" and gate["n_common"] == 12
+    assert gate["flips_right_to_wrong"] == flips and gate["flips_wrong_to_right"] == 0
+    assert code == (1 if not gate["passed"] else 0)
+
+
+def test_exit_code_priority() -> None:
+    from quantgate.harness.results import RunRecord
+
+    def rec(verdict: str) -> RunRecord:
+        return RunRecord(name=verdict, verdict=verdict, reason="", config={})
+
+    assert exit_code([rec("PASS"), rec("PASS")]) == 0
+    assert exit_code([rec("PASS"), rec("FAIL")]) == 1
+    assert exit_code([rec("FAIL"), rec("ERROR"), rec("PASS")]) == 2

@@ -1,0 +1,141 @@
+"""The server launcher against real processes: fail-fast start-up, teardown of the whole
+process group, ports in use, the command line and environment it records."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from quantgate.harness import server as server_mod
+from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command,
+                                      env_diff, group_members, launch)
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, pid_alive
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def _fake(data: Path, *extra: str, port: int | None = None, env: dict[str, str] | None = None) -> ServerCommand:
+    args = [*fake_args(data), *extra] + (["--port", str(port)] if port is not None else [])
+    return build_command("vllm", "fake-model", args, env or {}, [sys.executable, str(FAKE_SERVER)])
+
+
+def test_builtin_command_is_quantgate_serve_with_the_config_args() -> None:
+    cmd = build_command("builtin", "/models/tiny", ["--linear-backend", "emulation", "--port=9001"], {"A": "1"})
+    serve = cmd.argv.index("serve")
+    assert cmd.argv[serve + 1:] == ["/models/tiny", "--linear-backend", "emulation", "--host", "127.0.0.1"]
+    assert "--port=9001" not in cmd.argv and cmd.preferred_port == 9001  # the launcher owns the port
+    assert cmd.with_port(1234)[-2:] == ["--port", "1234"]
+    assert cmd.served_model == "/models/tiny"
+    assert cmd.shell(1234).startswith("A=1 ")
+
+
+def test_served_model_name_and_host_come_from_server_args() -> None:
+    cmd = build_command("vllm", "org/model", ["--served-model-name", "short", "--host", "0.0.0.0"], {},
+                        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"])
+    assert cmd.served_model == "short"
+    assert cmd.host == "127.0.0.1"  # listening everywhere, reached locally
+    assert cmd.argv.count("--host") == 1
+
+
+def test_missing_vllm_is_a_usage_error_naming_the_fix() -> None:
+    with pytest.raises(ServerCommandError, match="vllm_command"):
+        build_command("vllm", "org/model", [], {}, ["/nonexistent/bin/vllm", "serve"])
+
+
+def test_env_diff_records_changes_and_redacts_secrets() -> None:
+    diff = env_diff({"SAME": "x", "NEW": "1", "HF_TOKEN": "hf_secret"}, base={"SAME": "x"})
+    assert diff == {"NEW": "1", "HF_TOKEN": "<redacted>"}
+
+
+def test_launch_health_and_teardown_of_the_whole_group(tmp_path: Path, gsm8k_dir: Path) -> None:
+    cmd = _fake(gsm8k_dir, "--spawn-child", "--ignore-sigterm", env={"QG_FAKE_MARK": "on"})
+    server = launch(cmd, tmp_path / "server.log", startup_timeout_s=30)
+    try:
+        assert httpx.get(server.base_url + "/health").status_code == 200
+        members = group_members(server.pgid)
+        assert server.process.pid in members and len(members) >= 2  # the server and the child it spawned
+        info = server.to_dict()
+        assert info["env_diff"] == {"QG_FAKE_MARK": "on"} and info["port"] == server.port
+        assert info["command"][-2:] == ["--port", str(server.port)]
+    finally:
+        started = time.monotonic()
+        status = server.stop(grace_s=0.5)  # SIGTERM is ignored: escalation to SIGKILL
+    assert status is not None and time.monotonic() - started < 10
+    assert group_members(server.pgid) == []
+    assert not any(pid_alive(pid) for pid in members)
+
+
+def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: Path,
+                                                                     gsm8k_dir: Path) -> None:
+    cmd = _fake(gsm8k_dir, "--exit-during-startup", "1.0")
+    started = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        launch(cmd, tmp_path / "server.log", startup_timeout_s=600)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0 + 3.0, f"took {elapsed:.1f} s to notice the exit"
+    assert info.value.exit_status == 1
+    assert "exited with status 1 during start-up" in str(info.value)
+    assert "failed to load the model" in info.value.log_tail
+
+
+def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
+    cmd = _fake(gsm8k_dir, "--startup-delay", "60")
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match="startup_max_wait_seconds") as info:
+        launch(cmd, tmp_path / "server.log", startup_timeout_s=1.5)
+    assert time.monotonic() - started < 1.5 + 5
+    assert info.value.startup_s >= 1.5
+    pid = int((tmp_path / "server.log").read_text().split("# quantgate: pid ")[1].split()[0])
+    assert group_members(pid) == [] and not pid_alive(pid)
+
+
+def test_preferred_port_in_use_gets_another_port(tmp_path: Path, gsm8k_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        server = launch(_fake(gsm8k_dir, port=taken), tmp_path / "server.log", startup_timeout_s=30)
+        try:
+            assert server.port != taken
+            assert server.ports_tried == [taken, server.port]
+            assert f"port {taken} is in use" in (tmp_path / "server.log").read_text()
+        finally:
+            server.stop()
+
+
+def test_lost_port_race_relaunches_on_another_port(tmp_path: Path, gsm8k_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port was free when chosen and taken before the server bound it: the server exits
+    with EADDRINUSE, and the launcher starts it again elsewhere."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        real_free_port = server_mod.free_port
+        ports = iter([taken])
+        monkeypatch.setattr(server_mod, "free_port", lambda host="127.0.0.1": next(ports, None) or real_free_port())
+        server = launch(_fake(gsm8k_dir), tmp_path / "server.log", startup_timeout_s=30)
+        try:
+            assert server.ports_tried[0] == taken and server.port != taken
+            assert "Address already in use" in (tmp_path / "server.log").read_text()
+        finally:
+            server.stop()
+
+
+def test_attach_finds_the_served_model(tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(_fake(gsm8k_dir, "--served-model-name", "served-x"), tmp_path / "server.log",
+                    startup_timeout_s=30)
+    try:
+        attached = attach(server.base_url + "/v1", "not-the-name")
+        assert attached.served_model == "served-x" and attached.base_url == server.base_url
+        assert attached.stop() is None and attached.poll() is None
+    finally:
+        server.stop()
+    with pytest.raises(ServerStartError, match="did not answer"):
+        attach(server.base_url, None, timeout_s=1)
