@@ -132,10 +132,6 @@ class Translation:
     replaced: list[str] = field(default_factory=list)  # legacy names the flags fully replace
     unresolved: dict[str, str] = field(default_factory=dict)  # name -> what the author must do
 
-    def flag_value(self, flag: str) -> str | None:
-        pairs = dict(zip(self.flags[::2], self.flags[1::2]))
-        return pairs.get(flag)
-
 
 def legacy_names(env: Mapping[str, object]) -> list[str]:
     return [name for name in env if name in LEGACY_VARS]
