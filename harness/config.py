@@ -406,7 +406,8 @@ class _Loader:
         self.origin["reference"] = ["tasks", 0, "metrics", index]
 
     def _gen1_flags(self, out: dict[str, Any], extra: dict[str, Any]) -> None:
-        """gen-1 engine options become server flags for engines that take them."""
+        """Engine options written as keys (`max_model_len: 4096`, in both vLLM formats) become
+        server flags for engines that take them; server_args naming the flag win."""
         engine = out.get("engine", "builtin")
         args = out.get("server_args", [])
         if isinstance(args, str):
