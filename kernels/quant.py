@@ -12,7 +12,7 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
-_MIN_SCALE = 1e-12
+MIN_SCALE = 1e-12  # floor of dynamic scales, so an all-zero group quantizes to zeros
 
 
 def to_fp8(x: torch.Tensor) -> torch.Tensor:
@@ -20,7 +20,7 @@ def to_fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    return (amax.float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    return (amax.float() / FP8_MAX).clamp(min=MIN_SCALE)
 
 
 def block_scale_shape(n: int, k: int, block: tuple[int, int]) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Union
 from .base import LinearKernel, MoEKernel
 from .linear.emulation import EmulationLinearKernel
 from .linear.marlin import MarlinFp8LinearKernel
-from .linear.torch_scaled_mm import TorchScaledMMLinearKernel
+from .linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
 from .linear.triton_block import TritonBlockFp8LinearKernel
 from .linear.unquantized import UnquantizedLinearKernel
 from .moe.emulation import EmulationMoEKernel
@@ -28,9 +28,10 @@ KernelClass = Union[type[LinearKernel], type[MoEKernel]]
 DISABLED_ENV = "QUANTGATE_DISABLED_KERNELS"  # debugging only: comma-separated class names
 
 B, C, T, U = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR, Scheme.UNQUANTIZED
-_lin_emul, _lin_torch, _lin_triton, _lin_marlin, _lin_dense = (
+_lin_emul, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin, _lin_dense = (
     EmulationLinearKernel,
     TorchScaledMMLinearKernel,
+    TorchBlockScaledMMLinearKernel,
     TritonBlockFp8LinearKernel,
     MarlinFp8LinearKernel,
     UnquantizedLinearKernel,
@@ -38,10 +39,11 @@ _lin_emul, _lin_torch, _lin_triton, _lin_marlin, _lin_dense = (
 
 # (device, minimum capability) -> scheme -> kernels, fastest first. The first row whose
 # device matches and whose capability the platform reaches applies. Orders follow
-# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200).
+# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200). Every FP8 scheme ends in
+# emulation, which runs anywhere. On 8.0 (no FP8 tensor cores) marlin serves every scheme.
 LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearKernel]]]]] = [
     ("cuda", (9, 0), {
-        B: [_lin_triton, _lin_torch, _lin_marlin, _lin_emul],
+        B: [_lin_triton, _lin_torch_block, _lin_marlin, _lin_emul],
         C: [_lin_torch, _lin_triton, _lin_marlin, _lin_emul],
         T: [_lin_torch, _lin_marlin, _lin_emul],
         U: [_lin_dense, _lin_emul],
@@ -58,6 +60,7 @@ LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearK
         T: [_lin_marlin, _lin_emul],
         U: [_lin_dense, _lin_emul],
     }),
+    # On CPU _scaled_mm is slower than emulation's dequantized float32 matmul (ANCHORS.md).
     ("cpu", (0, 0), {
         B: [_lin_emul],
         C: [_lin_emul, _lin_torch],
@@ -82,7 +85,9 @@ MOE_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[MoEKernel]
     ("cpu", (0, 0), {s: [EmulationMoEKernel] for s in Scheme}),
 ]
 
-ALL_LINEAR_KERNELS: list[type[LinearKernel]] = [_lin_emul, _lin_dense, _lin_torch, _lin_triton, _lin_marlin]
+ALL_LINEAR_KERNELS: list[type[LinearKernel]] = [
+    _lin_emul, _lin_dense, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin,
+]
 ALL_MOE_KERNELS: list[type[MoEKernel]] = [EmulationMoEKernel, TritonFusedMoEKernel, MarlinMoEKernel]
 
 LINEAR_BACKENDS = ("auto",) + tuple(dict.fromkeys(k.backend for k in ALL_LINEAR_KERNELS))

@@ -1,26 +1,144 @@
-"""PLACEHOLDER: replaced by the kernel work (issue 3)."""
+"""`torch` backend: FP8 GEMMs torch ships (`torch._scaled_mm`: cuBLASLt / CUTLASS on CUDA).
+
+Two kernels because the platforms differ: per-tensor and per-channel (row-wise) scales run on
+CPU and on CUDA >= 8.9; 1x128 x 128x128 block scales run only on Hopper (cuBLASLt 12.9+).
+Activations are quantized per scheme with the Triton kernels on CUDA (one launch, scales
+written in the layout `_scaled_mm` checks) and with the torch reference on CPU.
+"""
 
 from __future__ import annotations
 
-from ..base import LinearKernel, Verdict
+import torch
+
+from .. import quant
+from ..base import LinearKernel, Verdict, bind_processed
 from ..platform import Platform
 from ..schemes import LinearLayerConfig, Scheme
+from .fp8_checkpoint import fp8_weight, static_input_scale, weight_scale
+from .support import cuda_verdict, dtype_verdict, first_failure
+
+_BLOCK = (128, 128)
+# cuBLASLt reads the 1x128 activation scales column-major with a 16-byte aligned leading
+# dimension: the row count is padded to a multiple of 4 (zero rows, sliced off after).
+_BLOCK_ROW_MULTIPLE = 4
+
+
+def _shape_verdict(config: LinearLayerConfig) -> Verdict:
+    k, n = config.in_features, config.out_features
+    if k % 16 or n % 16:
+        return False, f"torch._scaled_mm needs K and N multiples of 16; this layer is K={k}, N={n}"
+    return True, None
+
+
+def _bias(bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
 
 
 class TorchScaledMMLinearKernel(LinearKernel):
+    """Per-tensor and per-channel FP8: `torch._scaled_mm` tensor-wise / row-wise."""
+
     backend = "torch"
-    schemes = frozenset({Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR})
+    schemes = frozenset({Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR})
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
-        return False, "not built yet"
+        if platform.device == "cpu":
+            return True, None
+        return cuda_verdict(platform, (8, 9), "FP8 tensor cores")
 
     @classmethod
     def can_implement(cls, config: LinearLayerConfig) -> Verdict:
-        return cls._scheme_verdict(config.scheme)
+        # Row-wise scaling writes bfloat16 only on CUTLASS (sm_89) and older cuBLASLt.
+        allowed = (torch.bfloat16,) if config.scheme is Scheme.FP8_CHANNEL else (torch.bfloat16, torch.float16)
+        why = "row-wise _scaled_mm outputs" if config.scheme is Scheme.FP8_CHANNEL else "_scaled_mm outputs with bias"
+        return first_failure(cls._scheme_verdict(config.scheme), _shape_verdict(config),
+                             dtype_verdict(config, allowed, why))
 
-    def process_weights_after_loading(self, layer):
-        raise NotImplementedError
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        cfg = self.config
+        weight = fp8_weight(layer, cfg).contiguous()
+        scale = weight_scale(layer, cfg)
+        input_scale = static_input_scale(layer, cfg)
+        bind_processed(layer, "weight", weight)
+        # Row-wise wants scale_b as a contiguous [1, N] row; tensor-wise a single value.
+        bind_processed(layer, cfg.scale_name, scale.reshape(1, -1) if cfg.scheme is Scheme.FP8_CHANNEL else scale)
+        if input_scale is not None:
+            bind_processed(layer, "input_scale", input_scale)
 
-    def apply(self, layer, x, bias=None):
-        raise NotImplementedError
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.config
+        x2 = x.reshape(-1, cfg.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        if cfg.scheme is Scheme.FP8_CHANNEL:
+            xq, xs = _quantize_per_token(x2)
+        else:
+            xq, xs = _quantize_per_tensor(x2, getattr(layer, "input_scale", None) if cfg.static_input_scale else None)
+        out = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=getattr(layer, cfg.scale_name),
+                               bias=_bias(bias, x.dtype), out_dtype=x.dtype)
+        return out.reshape(*x.shape[:-1], cfg.out_features)
+
+
+class TorchBlockScaledMMLinearKernel(LinearKernel):
+    """Block FP8 (1x128 activations, 128x128 weights): `torch._scaled_mm` on Hopper."""
+
+    backend = "torch"
+    schemes = frozenset({Scheme.FP8_BLOCK})
+
+    @classmethod
+    def is_supported(cls, platform: Platform) -> Verdict:
+        return cuda_verdict(platform, (9, 0), "cuBLASLt 1x128/128x128 block scaling", maximum_major=9)
+
+    @classmethod
+    def can_implement(cls, config: LinearLayerConfig) -> Verdict:
+        k, n = config.in_features, config.out_features
+        verdict = first_failure(cls._scheme_verdict(config.scheme), _shape_verdict(config),
+                                dtype_verdict(config, (torch.bfloat16, torch.float16), "_scaled_mm outputs"))
+        if not verdict[0]:
+            return verdict
+        if tuple(config.block_size) != _BLOCK:
+            return False, f"block-wise _scaled_mm takes 128x128 weight blocks; this checkpoint has {list(config.block_size)}"
+        # The 128x128 weight scales are read with a row stride of K/128 floats, which cuBLASLt
+        # needs 16-byte aligned; torch versions disagree on padding it, so it must be exact.
+        if k % 512 or n % 128:
+            return False, (f"block-wise _scaled_mm needs K a multiple of 512 and N a multiple of 128 "
+                           f"(cuBLASLt block-scale layout); this layer is K={k}, N={n}")
+        return True, None
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        cfg = self.config
+        weight = fp8_weight(layer, cfg).contiguous()
+        scale = weight_scale(layer, cfg)
+        bind_processed(layer, "weight", weight)
+        bind_processed(layer, cfg.scale_name, scale)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from ..triton.act_quant import quantize_per_token_group
+
+        cfg = self.config
+        x2 = x.reshape(-1, cfg.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        xq, xs = quantize_per_token_group(x2, _BLOCK[1], column_major_scales=True, row_multiple=_BLOCK_ROW_MULTIPLE)
+        out = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=getattr(layer, cfg.scale_name).t(),
+                               out_dtype=x.dtype)[:m]
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], cfg.out_features)
+
+
+def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.is_cuda:
+        from ..triton.act_quant import quantize_per_token
+
+        return quantize_per_token(x)
+    return quant.quantize_act_per_token(x)
+
+
+def _quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.is_cuda:
+        from ..triton.act_quant import quantize_per_tensor
+
+        return quantize_per_tensor(x, scale)
+    return quant.quantize_act_per_tensor(x, scale)

@@ -1,0 +1,150 @@
+"""Dynamic FP8 activation quantization on the GPU, bit-identical to `quantgate.kernels.quant`.
+
+One launch per call (two for dynamic per-tensor), writing the FP8 values and float32 scales in
+the layout the GEMM that follows reads. Divisions are IEEE-rounded (`div_rn`) so every FP8 value
+and scale equals the torch reference's; tests compare them bit for bit.
+
+`row_multiple` pads the row count with all-zero rows (scale = MIN_SCALE): cuBLAS block scaling
+reads the 1x128 scales column-major with a leading dimension that must be 16-byte aligned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_SCALE = tl.constexpr(MIN_SCALE)
+
+
+@triton.jit
+def _scale_from_amax(amax):
+    return tl.maximum(tl.math.div_rn(amax, _FP8_MAX), _MIN_SCALE)
+
+
+@triton.jit
+def _to_fp8(x, scale):
+    q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
+    # Round to the e4m3 grid in float32 (round-to-nearest-even by adding and removing a power of
+    # two whose ulp is the e4m3 spacing at q's exponent), so the cast below is exact. Hardware
+    # cvt.rn would round the same; the Triton 3.6 interpreter's cast does not (no ties-to-even,
+    # no carry into the exponent), and CPU CI runs these kernels under it.
+    bits = q.to(tl.int32, bitcast=True)
+    biased_exp = (bits >> 23) & 0xFF
+    spacing_exp = tl.maximum(biased_exp, 127 - 6) - 3  # 3 mantissa bits; subnormal below 2^-6
+    magic = ((spacing_exp + 23) << 23).to(tl.float32, bitcast=True)
+    rounded = (tl.abs(q) + magic) - magic
+    signed = rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)
+    return signed.to(tl.float32, bitcast=True).to(tl.float8e4nv)
+
+
+@triton.jit
+def _group_quant_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
+    GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+):
+    row = tl.program_id(0)
+    g = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    in_k = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=in_k & (row < M), other=0.0).to(tl.float32)
+    scale = _scale_from_amax(tl.max(tl.abs(x), axis=1))
+    tl.store(q_ptr + row * stride_qm + cols, _to_fp8(x, scale[:, None]), mask=in_k)
+    tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < K)
+
+
+@triton.jit
+def _row_quant_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm,
+    STATIC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One row per program. STATIC: the scale is given (per tensor); else it is the row's amax."""
+    row = tl.program_id(0)
+    live = row < M
+    offs = tl.arange(0, BLOCK)
+    if STATIC:
+        scale = tl.load(s_ptr)
+    else:
+        amax = tl.zeros((BLOCK,), tl.float32)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=(k0 + offs < K) & live, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        scale = _scale_from_amax(tl.max(amax, axis=0))
+        tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=(k0 + offs < K) & live, other=0.0)
+        tl.store(q_ptr + row * stride_qm + k0 + offs, _to_fp8(x.to(tl.float32), scale), mask=k0 + offs < K)
+
+
+def _padded_rows(m: int, row_multiple: int) -> int:
+    return -(-m // row_multiple) * row_multiple
+
+
+def _check_input(x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"activation quantization needs a 2-D tensor with unit last stride, got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+
+
+def quantize_per_token_group(
+    x: torch.Tensor, group: int = 128, *, column_major_scales: bool = False, row_multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (fp8 [Mp, K], float32 scales [Mp, ceil(K/group)]), Mp = M rounded up to row_multiple.
+    `group` must be a power of two. column_major_scales: scales stored with strides (1, Mp)."""
+    _check_input(x)
+    if group & (group - 1):
+        raise ValueError(f"group size must be a power of two, got {group}")
+    m, k = x.shape
+    mp = _padded_rows(m, row_multiple)
+    groups = math.ceil(k / group)
+    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
+    if column_major_scales:
+        scale = torch.empty((groups, mp), dtype=torch.float32, device=x.device).t()
+    else:
+        scale = torch.empty((mp, groups), dtype=torch.float32, device=x.device)
+    if mp == 0 or k == 0:
+        return q, scale
+    per_program = min(triton.next_power_of_2(groups), max(1, 1024 // group))
+    grid = (mp, triton.cdiv(groups, per_program))
+    _group_quant_kernel[grid](
+        x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+        GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4,
+    )
+    return q, scale
+
+
+def quantize_per_token(x: torch.Tensor, *, row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (fp8 [Mp, K], float32 scales [Mp, 1]): one dynamic scale per row."""
+    _check_input(x)
+    m, k = x.shape
+    mp = _padded_rows(m, row_multiple)
+    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
+    if mp and k:
+        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
+                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+    return q, scale
+
+
+def quantize_per_tensor(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, row_multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (fp8 [Mp, K], 0-d float32 scale): the given static scale, else amax / 448."""
+    _check_input(x)
+    m, k = x.shape
+    if scale is None:
+        # One reduction kernel; the floor matches quant._amax_scale.
+        amax = torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32)
+        scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = scale.to(torch.float32).reshape(())
+    mp = _padded_rows(m, row_multiple)
+    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
+    if mp and k:
+        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
+                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+    return q, scale

@@ -1,0 +1,252 @@
+"""Weight-only FP8 GEMM (W8A16): FP8 weights packed four to an int32, activations in bf16/fp16.
+
+Runs on compute capability 8.0, which has no FP8 instructions: weights become bf16, fp16 or
+float32 by moving bits, and products run on bf16/fp16 tensor cores (or as float32 FMAs for
+tiny M). Memory traffic is one byte per weight, so small-M calls stream the weights at close
+to copy bandwidth, with K split across programs when the output alone has too few tiles.
+
+Packed layout ("k-planes"), built once at load by `pack_weight`: for K tile t (128 wide) and
+row j < 32 of that tile, int32 [t * 32 + j, n] holds in byte p the weight w[n, t*128 + 32p + j].
+A [32, BLOCK_N] load therefore yields four [32, BLOCK_N] planes, each the operand of one K=32
+dot, with N contiguous for wide, coalesced loads.
+
+Bit conversion: an e4m3 byte's sign and 7 exponent/mantissa bits, moved into the top of a
+bf16 (or float32), give the same number times 2^-120 (2^-8 into fp16); fp8 subnormals land on
+subnormals of the wider type, so the conversion is exact. The 2^120 goes back in with the
+scale. Activations are pre-multiplied by 2^64 (exact) on those paths so that products of small
+activations and small weights stay far from float32 subnormals.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile
+
+GROUP_K = 128  # K tile = scale group along K for block checkpoints
+PLANE_K = GROUP_K // 4
+# Scales are stored in the activation dtype; fp16 ones are kept as scale * 2^10 so that
+# typical FP8 weight scales (1e-5 .. 1e-2) stay normal fp16 numbers.
+SCALE_SHIFT = {torch.bfloat16: 0, torch.float16: 10}
+_X_EXP = 64  # activation pre-scale exponent on the bf16 and float32 paths
+
+
+@dataclass(frozen=True)
+class W8A16Config:
+    block_m: int
+    block_n: int
+    use_dot: bool  # tensor-core dots; else float32 FMAs, one row per program (block_m 1)
+    num_warps: int
+    num_stages: int
+
+
+# (largest M, config): the first row with M <= largest applies (H200 runs, benchmarks/results/).
+CONFIGS: tuple[tuple[int, W8A16Config], ...] = (
+    (1, W8A16Config(1, 64, use_dot=False, num_warps=4, num_stages=3)),
+    (16, W8A16Config(16, 64, use_dot=True, num_warps=4, num_stages=3)),
+    (64, W8A16Config(64, 64, use_dot=True, num_warps=4, num_stages=3)),
+    (1 << 62, W8A16Config(128, 128, use_dot=True, num_warps=8, num_stages=3)),
+)
+SPLIT_K_MAX_M_TILES = 1
+MIN_BLOCK_N = 32
+
+
+def config_for(m: int) -> W8A16Config:
+    return next(c for largest, c in CONFIGS if m <= largest)
+
+
+def workspace_size(n: int) -> int:
+    """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
+    return SPLIT_K_MAX_M_TILES * triton.cdiv(n, MIN_BLOCK_N)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """FP8 [N, K] -> int32 [ceil(K/128) * 32, N] in the k-planes layout (zero-padded K)."""
+    n, k = weight.shape
+    k_tiles = triton.cdiv(k, GROUP_K)
+    padded = torch.zeros((n, k_tiles * GROUP_K), dtype=torch.uint8, device=weight.device)
+    padded[:, :k] = weight.view(torch.uint8)
+    planes = padded.view(n, k_tiles, 4, PLANE_K).permute(1, 3, 0, 2)  # [tile, j, n, byte p]
+    # Little-endian: byte p of each int32 is bits 8p..8p+7.
+    return planes.contiguous().view(torch.int32).view(k_tiles * PLANE_K, n)
+
+
+def unpack_weight(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """Inverse of pack_weight (tests and debugging)."""
+    rows, n = packed.shape
+    planes = packed.contiguous().view(torch.uint8).view(rows // PLANE_K, PLANE_K, n, 4)
+    return planes.permute(2, 0, 3, 1).reshape(n, -1)[:, :k].contiguous().view(torch.float8_e4m3fn)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _target_programs(device: torch.device) -> int:
+    return 4 * _sm_count(device.index or 0) if device.type == "cuda" else 8
+
+
+@triton.jit
+def _plane_pair_bits(packed, ODD: tl.constexpr, MAG_SHIFT: tl.constexpr):
+    """Bytes (1, 3) if ODD else (0, 2) of each int32 as two 16-bit floats side by side: sign to
+    bit 15, exponent+mantissa to bits MAG_SHIFT.. (4: bf16 -> value * 2^-120, 7: fp16 -> * 2^-8)."""
+    mag_mask: tl.constexpr = (0x7F << MAG_SHIFT) | (0x7F << (MAG_SHIFT + 16))
+    if ODD:
+        return (packed & -2147450880) | ((packed >> (8 - MAG_SHIFT)) & mag_mask)  # -2147450880 = 0x80008000
+    else:
+        return ((packed << 8) & -2147450880) | ((packed << MAG_SHIFT) & mag_mask)
+
+
+@triton.jit
+def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
+    """Byte P of each int32 as OUT: 0 -> float32 (x 2^-120), 1 -> bf16 (x 2^-120), 2 -> fp16 (x 2^-8)."""
+    pair = _plane_pair_bits(packed, P % 2 == 1, 7 if OUT == 2 else 4)
+    if OUT == 0:
+        if P >= 2:
+            return (pair & -65536).to(tl.float32, bitcast=True)
+        else:
+            return (pair << 16).to(tl.float32, bitcast=True)
+    else:
+        half = (pair >> 16) if P >= 2 else pair
+        if OUT == 1:
+            return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            return half.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _w8a16_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    M, N, K, stride_xm, stride_cm, stride_sg,
+    X_MUL: tl.constexpr, S_MUL: tl.constexpr,
+    GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
+    OUT: tl.constexpr,        # weight operand type, see _plane (0 means float32 FMAs, no dot)
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, 32)
+    rm_in = rm % M
+    rn_in = rn % N
+
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+
+    w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
+    s_ptrs = s_ptr + rn_in
+    if OUT == 0:
+        # One row: float32 FMAs into a [32, BLOCK_N] accumulator laid out like the weight tile,
+        # reduced over its 32 rows once at the end.
+        x_ptrs = x_ptr + pid_m * stride_xm + k_first * 128 + rj
+        acc2 = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + rm_in[:, None] * stride_xm + (k_first * 128 + rj)[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_first, k_last):
+        packed = tl.load(w_ptrs)
+        if GROUPWISE:
+            s = tl.load(s_ptrs + kt * stride_sg).to(tl.float32) * S_MUL
+        if OUT == 0:
+            part2 = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+            for p in tl.static_range(4):
+                if EVEN_K:
+                    x = tl.load(x_ptrs + p * 32)
+                else:
+                    x = tl.load(x_ptrs + p * 32, mask=kt * 128 + p * 32 + rj < K, other=0.0)
+                part2 += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+            if GROUPWISE:
+                acc2 += part2 * s[None, :]
+            else:
+                acc2 += part2
+        else:
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for p in tl.static_range(4):
+                if EVEN_K:
+                    x = tl.load(x_ptrs + p * 32)
+                else:
+                    x = tl.load(x_ptrs + p * 32, mask=(kt * 128 + p * 32 + rj < K)[None, :], other=0.0)
+                if OUT == 1:
+                    x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
+                part = tl.dot(x, _plane(packed, p, OUT), part)
+            if GROUPWISE:
+                acc += part * s[None, :]
+            else:
+                acc += part
+        w_ptrs += 32 * N
+        x_ptrs += 128
+    if OUT == 0:
+        acc = tl.sum(acc2, axis=0)[None, :]
+    if not GROUPWISE:
+        acc = acc * (tl.load(s_ptrs).to(tl.float32) * S_MUL)[None, :]
+
+    store_tile(acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
+               pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT_K)
+
+
+def w8a16_gemm(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    groupwise: bool,
+    bias: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    config: W8A16Config | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [ceil(K/128)*32, N] -> [M, N] in x.dtype.
+
+    scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
+    `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M; `config` and
+    `split_k` override the table (benchmarks use them to sweep).
+    """
+    m, k = x.shape
+    rows, n = packed.shape
+    k_tiles = triton.cdiv(k, GROUP_K)
+    if x.dtype not in SCALE_SHIFT or scale.dtype != x.dtype:
+        raise ValueError(f"w8a16_gemm: activations and scales must share a dtype in "
+                         f"{tuple(SCALE_SHIFT)}, got {x.dtype} and {scale.dtype}")
+    if rows != k_tiles * PLANE_K or x.stride(1) != 1 or not packed.is_contiguous():
+        raise ValueError(f"w8a16_gemm: packed weight {tuple(packed.shape)} does not match K={k} "
+                         f"(expects [{k_tiles * PLANE_K}, N], contiguous) or x has a non-unit K stride")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    cfg = config or config_for(m)
+    m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+    if split_k is None:
+        split_k = 1
+        if workspace is not None and m_tiles <= SPLIT_K_MAX_M_TILES:
+            split_k = choose_split_k(m_tiles * n_tiles, k_tiles, m, n, _target_programs(x.device))
+    partial, counters = split_k_buffers(split_k, m, n, m_tiles * n_tiles, workspace, x.device)
+
+    shift = SCALE_SHIFT[x.dtype]
+    if not cfg.use_dot:
+        out_kind, w_exp, x_exp = 0, 120, _X_EXP
+    elif x.dtype == torch.bfloat16:
+        out_kind, w_exp, x_exp = 1, 120, _X_EXP
+    else:
+        out_kind, w_exp, x_exp = 2, 8, 0
+    _w8a16_gemm_kernel[(m_tiles, n_tiles, split_k)](
+        x, packed, scale, out, bias if bias is not None else out, partial, counters,
+        m, n, k, x.stride(0), out.stride(0), scale.stride(0),
+        X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
+        GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
