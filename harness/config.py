@@ -333,7 +333,7 @@ class _Loader:
         if self.engine_override is not None:
             out["engine"] = self.engine_override
         self._gen1(out)
-        self._gen1_flags(out, extra)
+        self._engine_option_flags(out, extra)
         engine = out.get("engine", "builtin")
         for key in extra:
             if key in _ENGINE_OPTION_KEYS:
@@ -405,7 +405,7 @@ class _Loader:
         out["reference"] = {"value": value}
         self.origin["reference"] = ["tasks", 0, "metrics", index]
 
-    def _gen1_flags(self, out: dict[str, Any], extra: dict[str, Any]) -> None:
+    def _engine_option_flags(self, out: dict[str, Any], extra: dict[str, Any]) -> None:
         """Engine options written as keys (`max_model_len: 4096`, in both vLLM formats) become
         server flags for engines that take them; server_args naming the flag win."""
         engine = out.get("engine", "builtin")
