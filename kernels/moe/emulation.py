@@ -1,10 +1,24 @@
-"""PLACEHOLDER: replaced by the MoE kernel work (issue 4)."""
+"""Reference MoE: a loop over the experts that received tokens, in float32.
+
+Weights are dequantized once at load; activations go through the scheme's FP8
+quantize-dequantize (block: 1x128 groups, channel: per token, tensor: the static scale or
+one dynamic scale per GEMM) exactly where the W8A8 kernels quantize them: the input of the
+gate/up GEMM and the SiLU-and-mul output entering the down GEMM. It is the numerical
+reference of the fast backends and runs the tiny MoE model on CPU, so it touches only the
+experts that got tokens and does no per-token Python work.
+"""
 
 from __future__ import annotations
 
-from ..base import MoEKernel, Verdict
+import torch
+import torch.nn.functional as F
+
+from ..base import OK, MoEKernel, Verdict, bind_processed
+from ..linear.emulation import qdq_activation
 from ..platform import Platform
 from ..schemes import MoELayerConfig, Scheme
+from . import experts
+from .experts import DOWN, GATE_UP
 
 
 class EmulationMoEKernel(MoEKernel):
@@ -13,14 +27,59 @@ class EmulationMoEKernel(MoEKernel):
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
-        return False, "not built yet"
+        return OK
 
     @classmethod
     def can_implement(cls, config: MoELayerConfig) -> Verdict:
-        return cls._scheme_verdict(config.scheme)
+        ok, reason = cls._scheme_verdict(config.scheme)
+        return experts.layout_verdict(config) if ok else (ok, reason)
 
-    def process_weights_after_loading(self, layer):
-        raise NotImplementedError
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        cfg = self.config
+        experts.check_expert_tensors(layer, cfg)
+        for proj in (GATE_UP, DOWN):
+            scale = getattr(layer, experts.scale_attr(cfg, proj)) if cfg.scheme.is_fp8 else None
+            bind_processed(layer, f"{proj}_weight",
+                           experts.dequantize_experts(getattr(layer, f"{proj}_weight"), scale, cfg, proj))
+            if scale is not None:
+                bind_processed(layer, experts.scale_attr(cfg, proj), scale.float())
+            input_scale = experts.static_input_scale(layer, cfg, proj)
+            if input_scale is not None:
+                bind_processed(layer, f"{proj}_input_scale", input_scale)
 
-    def apply(self, layer, x, topk_weights, topk_ids):
-        raise NotImplementedError
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        num_tokens, top_k = topk_ids.shape
+        flat_ids = topk_ids.reshape(-1).long()
+        counts = torch.bincount(flat_ids, minlength=cfg.num_experts)
+        if counts.numel() > cfg.num_experts or (flat_ids.numel() and int(flat_ids.min()) < 0):
+            raise ValueError(f"topk_ids must lie in [0, {cfg.num_experts}); got ids from "
+                             f"{int(flat_ids.min())} to {int(flat_ids.max())}")
+        # Slots (token, choice) grouped by expert; a stable sort keeps token order inside an expert.
+        order = torch.argsort(flat_ids, stable=True)
+        token_of_slot = order // top_k
+        weight_of_slot = topk_weights.reshape(-1)[order].float()
+        segments = [(e, start, n) for e, (start, n) in enumerate(zip(_starts(counts), counts.tolist())) if n]
+
+        x_q = qdq_activation(x, cfg, _input_scale(layer, cfg, GATE_UP))
+        inter = x_q.new_empty(order.numel(), cfg.intermediate_size)
+        for e, start, n in segments:
+            gate_up = x_q[token_of_slot[start:start + n]] @ layer.w13_weight[e].t()
+            gate, up = gate_up.split(cfg.intermediate_size, dim=1)
+            inter[start:start + n] = F.silu(gate) * up
+
+        inter_q = qdq_activation(inter, cfg, _input_scale(layer, cfg, DOWN))
+        out = x_q.new_zeros(num_tokens, cfg.hidden_size)
+        for e, start, n in segments:
+            down = inter_q[start:start + n] @ layer.w2_weight[e].t()
+            out.index_add_(0, token_of_slot[start:start + n], down * weight_of_slot[start:start + n, None])
+        return out.to(x.dtype)
+
+
+def _input_scale(layer: torch.nn.Module, cfg: MoELayerConfig, proj: str) -> torch.Tensor | None:
+    return getattr(layer, f"{proj}_input_scale") if cfg.static_input_scale and cfg.scheme is Scheme.FP8_TENSOR else None
+
+
+def _starts(counts: torch.Tensor) -> list[int]:
+    return (torch.cumsum(counts, 0) - counts).tolist()

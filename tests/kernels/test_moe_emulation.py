@@ -1,0 +1,128 @@
+"""The emulation MoE backend: numerics against the float64 reference, reloads, bad layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import IncompatibleBufferError
+from quantgate.kernels.moe import experts
+from quantgate.kernels.moe.emulation import EmulationMoEKernel
+from quantgate.kernels.schemes import Scheme
+
+from .test_moe_reference import TOLERANCE, mean_relative_error, moe_config, moe_layer, raw_tensors, reference_moe, routing
+
+# fp8-block needs I to be a multiple of 128 (experts.layout_verdict); the others take any size.
+CASES = [
+    pytest.param(Scheme.FP8_BLOCK, "weight_scale_inv", 192, 128, id="block-native"),
+    pytest.param(Scheme.FP8_BLOCK, "weight_scale", 200, 256, id="block-ct"),
+    pytest.param(Scheme.FP8_CHANNEL, "weight_scale", 200, 72, id="channel"),
+    pytest.param(Scheme.FP8_TENSOR, "weight_scale", 200, 72, id="tensor"),
+    pytest.param(Scheme.UNQUANTIZED, "weight_scale", 200, 72, id="unquantized"),
+]
+
+
+@pytest.mark.parametrize("scheme,scale_name,hidden,inter", CASES)
+@pytest.mark.parametrize("num_tokens", [1, 37])
+def test_matches_float64_reference(scheme, scale_name, hidden, inter, num_tokens, seed) -> None:
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name)
+    layer = moe_layer(cfg)
+    raw = raw_tensors(layer)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(num_tokens, hidden)
+    weights, ids = routing(num_tokens, cfg, skip_experts=(0, 5))
+    out = kernel.apply(layer, x, weights, ids)
+    assert out.shape == (num_tokens, hidden) and out.dtype == x.dtype
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_static_input_scales_use_the_largest_expert_scale(seed) -> None:
+    cfg = moe_config(Scheme.FP8_TENSOR, hidden=200, inter=72, static_input_scale=True)
+    layer = moe_layer(cfg)
+    raw = raw_tensors(layer)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    assert layer.w13_input_scale.shape == () and float(layer.w13_input_scale) == float(raw["w13_input_scale"].max())
+    x = torch.randn(9, 200)
+    weights, ids = routing(9, cfg)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_bf16_activations(seed) -> None:
+    cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.bfloat16)
+    layer = moe_layer(cfg)
+    raw = raw_tensors(layer)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(16, cfg.hidden_size).to(torch.bfloat16)
+    weights, ids = routing(16, cfg)
+    out = kernel.apply(layer, x, weights, ids)
+    assert out.dtype == torch.bfloat16
+    # Only the final rounding to bf16 differs from the reference (about 2^-9 relative).
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < 3e-3
+
+
+def test_every_token_on_one_expert_and_tied_weights(seed) -> None:
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32)
+    layer = moe_layer(cfg)
+    raw = raw_tensors(layer)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(6, 64)
+    ids = torch.tensor([[3, 1]] * 6, dtype=torch.int32)
+    weights = torch.full((6, 2), 0.5)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_reload_keeps_storage_and_uses_new_weights(seed) -> None:
+    cfg = moe_config(Scheme.FP8_BLOCK, scale_name="weight_scale_inv")
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    names = ["w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"]
+    pointers = {n: getattr(layer, n).data_ptr() for n in names}
+
+    fresh = moe_layer(cfg)
+    raw = raw_tensors(fresh)
+    for name, tensor in raw.items():  # what the engine loader does on /v1/reload_weights
+        layer.register_buffer(name, tensor.clone(), persistent=False)
+    kernel.process_weights_after_loading(layer)
+    assert {n: getattr(layer, n).data_ptr() for n in names} == pointers
+    x = torch.randn(5, cfg.hidden_size)
+    weights, ids = routing(5, cfg)
+    assert mean_relative_error(kernel.apply(layer, x, weights, ids), reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_reload_with_other_shapes_raises(seed) -> None:
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32)
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    other = moe_layer(moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=48))
+    for name, tensor in raw_tensors(other).items():
+        layer.register_buffer(name, tensor, persistent=False)
+    with pytest.raises(ValueError, match="w13_weight is \\(8, 96, 64\\).*expected \\(8, 64, 64\\)"):
+        kernel.process_weights_after_loading(layer)
+    # A layer rebuilt for another shape cannot be copied into the storage bound before.
+    with pytest.raises(IncompatibleBufferError, match="w13_weight"):
+        EmulationMoEKernel(moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=48)).process_weights_after_loading(layer)
+
+
+def test_out_of_range_expert_ids_are_refused() -> None:
+    cfg = moe_config(Scheme.UNQUANTIZED, hidden=16, inter=8)
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    with pytest.raises(ValueError, match="topk_ids must lie in \\[0, 8\\)"):
+        kernel.apply(layer, torch.randn(2, 16), torch.ones(2, 2), torch.tensor([[0, 8], [1, 2]], dtype=torch.int32))
+
+
+def test_layout_refusals_name_the_cause() -> None:
+    ok, reason = EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, inter=96))
+    assert not ok and "multiple of the block height 128" in reason
+    ok, reason = EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, top_k=9))
+    assert not ok and "top_k 9 exceeds" in reason
+    assert experts.scale_shape(moe_config(Scheme.FP8_TENSOR), "w13") == (8, 2)
