@@ -1,0 +1,230 @@
+"""`quantgate quantize SRC DST --scheme S --format F`: write an FP8 checkpoint from a bf16 HF folder.
+
+Every linear weight of the decoder layers (attention projections, MLP and per-expert MoE
+projections) becomes float8_e4m3fn with float32 scales computed by `quantgate.kernels.quant`;
+`lm_head`, the MoE router (`mlp.gate`), norms and embeddings stay as they are, and the
+ignored modules are listed in the config. Two on-disk formats:
+
+- native (`quant_method: fp8`, vLLM/DeepSeek style): block -> `weight_scale_inv`
+  [ceil(N/128), ceil(K/128)] and `weight_block_size: [128, 128]`; tensor -> 0-d `weight_scale`
+  (as AutoFP8 writes it). Activations are dynamic. There is no native channel scheme.
+- compressed-tensors (`format: float-quantized`, config objects from the compressed-tensors
+  library): block [128,128] weights with dynamic 1x128 group activations; channel [N, 1]
+  weights with dynamic per-token activations; tensor [1] weights with dynamic per-tensor
+  activations (no calibration data, so no static `input_scale`). Scale name `weight_scale`.
+
+The output is deterministic: tensors in sorted order, fixed safetensors metadata, JSON with
+sorted keys, tokenizer and generation files copied byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quantgate.kernels import quant
+from quantgate.kernels.schemes import Scheme
+
+EXIT_USAGE = 3
+FORMATS = ("native", "compressed-tensors")
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+BLOCK = (128, 128)
+# Files copied unchanged when present.
+SIDE_FILES = (
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.json", "merges.txt", "chat_template.jinja",
+)
+# Linear weights that are quantized: attention and (per-expert) MLP projections of a decoder layer.
+_QUANTIZED = re.compile(
+    r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight$"
+)
+_ROUTER = re.compile(r"^(model\.layers\.\d+\.mlp\.gate)\.weight$")
+
+
+class QuantizeError(Exception):
+    """A problem the user can fix (bad paths, options or checkpoint); exit code 3."""
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: Scheme
+    fmt: str
+
+    @property
+    def scale_name(self) -> str:
+        return "weight_scale_inv" if self.fmt == "native" and self.scheme is Scheme.FP8_BLOCK else "weight_scale"
+
+
+def parse_target(scheme: str, fmt: str) -> Target:
+    try:
+        parsed = Scheme.parse(scheme)
+    except ValueError:
+        parsed = None
+    if parsed is None or not parsed.is_fp8:
+        raise QuantizeError(f"unknown scheme {scheme!r}; use one of fp8-block, fp8-channel, fp8-tensor")
+    fmt = fmt.lower().replace("_", "-")
+    if fmt in ("ct", "compressed"):
+        fmt = "compressed-tensors"
+    if fmt not in FORMATS:
+        raise QuantizeError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "native" and parsed is Scheme.FP8_CHANNEL:
+        raise QuantizeError(
+            "the native fp8 format has no per-channel scheme; use --format compressed-tensors for fp8-channel "
+            "(or --scheme fp8-block / fp8-tensor with --format native)"
+        )
+    return Target(parsed, fmt)
+
+
+def quantize_weight(weight: torch.Tensor, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (fp8 weight, float32 scale in the format's on-disk shape)."""
+    if target.scheme is Scheme.FP8_BLOCK:
+        return quant.quantize_weight_block(weight, BLOCK)
+    if target.scheme is Scheme.FP8_CHANNEL:
+        return quant.quantize_weight_channel(weight)
+    q, scale = quant.quantize_weight_tensor(weight)
+    return q, scale.reshape(()) if target.fmt == "native" else scale.reshape(1)
+
+
+def quantize_state_dict(state: dict[str, torch.Tensor], target: Target) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Quantized tensors in sorted order, and the names of the modules left unquantized."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if _QUANTIZED.match(name):
+            q, scale = quantize_weight(tensor, target)
+            out[name] = q
+            out[name[: -len("weight")] + target.scale_name] = scale.float().contiguous()
+        else:
+            out[name] = tensor
+    ignored = ["lm_head", *sorted({m.group(1) for n in state if (m := _ROUTER.match(n))}, key=_natural)]
+    return dict(sorted(out.items())), ignored
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def quantization_config(target: Target, ignored: list[str]) -> dict:
+    if target.fmt == "native":
+        config: dict = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ignored}
+        if target.scheme is Scheme.FP8_BLOCK:
+            config["weight_block_size"] = list(BLOCK)
+        return config
+    return _compressed_tensors_config(target, ignored)
+
+
+def _compressed_tensors_config(target: Target, ignored: list[str]) -> dict:
+    import compressed_tensors
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+
+    fp8 = dict(num_bits=8, type="float", symmetric=True)
+    if target.scheme is Scheme.FP8_BLOCK:
+        weights = QuantizationArgs(**fp8, strategy="block", block_structure=list(BLOCK), dynamic=False)
+        acts = QuantizationArgs(**fp8, strategy="group", group_size=BLOCK[1], dynamic=True)
+    elif target.scheme is Scheme.FP8_CHANNEL:
+        weights = QuantizationArgs(**fp8, strategy="channel", dynamic=False)
+        acts = QuantizationArgs(**fp8, strategy="token", dynamic=True)
+    else:
+        weights = QuantizationArgs(**fp8, strategy="tensor", dynamic=False)
+        acts = QuantizationArgs(**fp8, strategy="tensor", dynamic=True)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts, format="float-quantized")
+    config = QuantizationConfig(
+        config_groups={"group_0": scheme}, format="float-quantized", quantization_status="compressed", ignore=ignored
+    )
+    # The same keys compressed-tensors' ModelCompressor writes next to the config groups.
+    return {
+        "version": compressed_tensors.__version__,
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {},
+        "transform_config": {},
+        **config.model_dump(exclude={"quant_method"}),
+    }
+
+
+def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    if not src.exists():
+        raise QuantizeError(f"SRC {src} does not exist; pass a Hugging Face model folder (config.json + *.safetensors)")
+    config_path = src / "config.json"
+    files = sorted(src.glob("*.safetensors")) if src.is_dir() else []
+    if not src.is_dir() or not config_path.is_file() or not files:
+        raise QuantizeError(
+            f"SRC {src} is not a Hugging Face model folder: it needs config.json and *.safetensors weights"
+        )
+    config = json.loads(config_path.read_text())
+    archs = config.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise QuantizeError(
+            f"SRC {src} has architecture {archs or 'unknown'}; quantize supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    if "quantization_config" in config:
+        method = config["quantization_config"].get("quant_method", "?")
+        raise QuantizeError(f"SRC {src} is already quantized ({method}); start from the bf16 checkpoint")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    fused = [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    if fused:
+        raise QuantizeError(
+            f"SRC {src} stores fused MoE experts ({fused[0]}); save it with per-expert "
+            "`mlp.experts.<e>.<gate|up|down>_proj.weight` tensors (transformers' save_pretrained does)"
+        )
+    return config, state
+
+
+def quantize_checkpoint(src: Path, dst: Path, scheme: str, fmt: str, force: bool = False) -> dict:
+    """Write the FP8 checkpoint of `src` to `dst`; returns a summary for the command's output."""
+    from safetensors.torch import save_file
+
+    target = parse_target(scheme, fmt)
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and not force:
+        raise QuantizeError(f"DST {dst} already exists; choose another path or pass --force to replace it")
+    if dst.resolve() == src.resolve():
+        raise QuantizeError("DST must differ from SRC")
+    config, state = _read_checkpoint(src)
+    tensors, ignored = quantize_state_dict(state, target)
+    config["quantization_config"] = quantization_config(target, ignored)
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
+        staging = Path(tmp) / "out"
+        staging.mkdir()
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for name in SIDE_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, staging / name)
+        if dst.exists():
+            shutil.rmtree(dst)
+        staging.rename(dst)
+    quantized = sum(1 for n in state if _QUANTIZED.match(n))
+    return {"dst": str(dst), "scheme": target.scheme.value, "format": target.fmt, "quantized": quantized,
+            "kept": len(state) - quantized, "ignored": ignored}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", type=Path, metavar="SRC", help="bf16 Hugging Face model folder")
+    parser.add_argument("dst", type=Path, metavar="DST", help="output folder (must not exist unless --force)")
+    parser.add_argument("--scheme", required=True, help="fp8-block | fp8-channel | fp8-tensor")
+    parser.add_argument("--format", required=True, dest="fmt", help="native | compressed-tensors")
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        summary = quantize_checkpoint(args.src, args.dst, args.scheme, args.fmt, force=args.force)
+    except QuantizeError as exc:
+        print(f"quantgate quantize: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {summary['dst']}: {summary['quantized']} linear weights in {summary['scheme']} "
+          f"({summary['format']}), {summary['kept']} tensors kept; unquantized modules: {', '.join(summary['ignored'])}")
+    return 0
