@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -286,6 +287,40 @@ def lm_eval_version() -> str:
 # ---------------------------------------------------------------------------- run
 
 
+def model_args(settings: EvalSettings) -> dict[str, Any]:
+    """lm-eval's `local-completions` (or `local-chat-completions`) arguments for this run."""
+    endpoint = "/v1/chat/completions" if settings.use_chat_completions else "/v1/completions"
+    args: dict[str, Any] = {
+        "base_url": settings.base_url.rstrip("/") + endpoint,
+        "model": settings.model,
+        "tokenizer_backend": None,  # the server tokenizes; nothing is downloaded
+        "tokenized_requests": False,
+        "num_concurrent": settings.max_concurrency,
+        "max_gen_toks": settings.max_tokens,
+        "timeout": max(1, round(settings.request_timeout_s)),
+    }
+    if settings.seed is not None:
+        args["seed"] = settings.seed
+    return args
+
+
+def lm_eval_command(settings: EvalSettings, task_file: Path, output_path: Path) -> list[str]:
+    """The `lm_eval` command line equivalent to `run_eval` (for `quantgate repro`)."""
+    model = "local-chat-completions" if settings.use_chat_completions else "local-completions"
+    args = ",".join(f"{k}={v}" for k, v in model_args(settings).items())
+    script = Path(sys.executable).with_name("lm_eval")  # this installation's, as `quantgate serve` is
+    command = [str(script) if script.is_file() else "lm_eval", "run", "--model", model, "--model_args", args, "--tasks", settings.task,
+               "--include_path", str(task_file.parent), "--num_fewshot", str(settings.num_fewshot),
+               "--log_samples", "--output_path", str(output_path)]
+    if settings.limit is not None:
+        command += ["--limit", str(settings.limit)]
+    if settings.temperature is not None:
+        command += ["--gen_kwargs", f"temperature={settings.temperature}"]
+    if settings.use_chat_completions:
+        command += ["--apply_chat_template"]
+    return command
+
+
 def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None) -> EvalOutcome:
     """Evaluate the server at `settings.base_url`; never raises for request or server failures."""
     task_file = write_task_yaml(settings)
@@ -297,19 +332,7 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     from lm_eval.tasks import TaskManager
 
     started = time.perf_counter()
-    model_cls = _recording_model_class(settings.use_chat_completions)
-    endpoint = "/v1/chat/completions" if settings.use_chat_completions else "/v1/completions"
-    lm = model_cls(
-        on_progress=on_progress,
-        base_url=settings.base_url.rstrip("/") + endpoint,
-        model=settings.model,
-        tokenizer_backend=None,  # the server tokenizes; nothing is downloaded
-        tokenized_requests=False,
-        num_concurrent=settings.max_concurrency,
-        max_gen_toks=settings.max_tokens,
-        timeout=max(1, round(settings.request_timeout_s)),
-        **({"seed": settings.seed} if settings.seed is not None else {}),
-    )
+    lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings))
     with _lm_eval_logs_to(settings.work_dir / "lm_eval.log"):
         manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
         loaded = manager.load([settings.task])

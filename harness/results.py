@@ -167,11 +167,19 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
                                        "invalid_rate", "kernels", "total_s", "reason"])
 
 
+def markdown_table(frame) -> str:
+    """A pandas frame as a GitHub markdown table, missing values as '-'."""
+    if not len(frame):
+        return "(no runs)"
+    cleaned = frame.astype(object).where(frame.notna(), None)
+    return cleaned.to_markdown(index=False, floatfmt=".4f", missingval="-")
+
+
 def summary_markdown(records: Sequence[RunRecord]) -> str:
     frame = summary_frame(records)
     counts = frame["verdict"].value_counts()
     head = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, FAIL, ERROR))
-    table = frame.to_markdown(index=False, floatfmt=".4f") if len(frame) else "(no configs)"
+    table = markdown_table(frame)
     details = []
     for rec in records:
         if rec.verdict != PASS:

@@ -101,7 +101,7 @@ class RunOptions:
 
 
 @dataclass
-class _Planned:
+class PlannedConfig:
     """A config ready to run: its server command, its model, what its gate compares against."""
 
     config: EvalConfig
@@ -201,7 +201,7 @@ class PlanError(Exception):
         self.messages = messages
 
 
-def plan(paths: Sequence[str | Path], options: RunOptions) -> list[_Planned]:
+def plan(paths: Sequence[str | Path], options: RunOptions) -> list[PlannedConfig]:
     """Load and check every config; add or reuse baselines; order baselines first."""
     problems: list[str] = []
     try:
@@ -220,7 +220,7 @@ def plan(paths: Sequence[str | Path], options: RunOptions) -> list[_Planned]:
     if problems:
         raise PlanError(problems)
     by_source = {c.source: c for c in configs}
-    planned: dict[str, _Planned] = {}
+    planned: dict[str, PlannedConfig] = {}
     shared: dict[str, RunRecord] = {}
     order: list[str] = []
 
@@ -246,7 +246,7 @@ def plan(paths: Sequence[str | Path], options: RunOptions) -> list[_Planned]:
 
 
 def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
-              shared: dict[str, RunRecord]) -> _Planned | None:
+              shared: dict[str, RunRecord]) -> PlannedConfig | None:
     model = resolve_model(config)
     command = None
     if options.server_url is None:
@@ -268,10 +268,10 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
         problems.append(f"{config.source}: dataset.train: num_fewshot is {config.num_fewshot}: few-shot examples "
                         "come from the train file; add it or set num_fewshot: 0")
         return None
-    return _Planned(config=config, model=model, command=command, records=shared)
+    return PlannedConfig(config=config, model=model, command=command, records=shared)
 
 
-def _plan_baseline(item: _Planned, config: EvalConfig, options: RunOptions, by_source: dict[Path, EvalConfig],
+def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions, by_source: dict[Path, EvalConfig],
                    problems: list[str], run_first: Any) -> None:
     """A results file is used as is; a baseline config reuses its cached result in the output
     directory when that result is of the same config file, else it runs first, in this run."""
@@ -311,7 +311,7 @@ def _usable_cache(path: Path, base: EvalConfig, mode: str) -> bool:
     return fresh and measured and has_samples
 
 
-def _baseline_for(item: _Planned) -> Baseline | None:
+def _baseline_for(item: PlannedConfig) -> Baseline | None:
     if item.baseline_name is None:
         return None
     record = item.records.get(item.baseline_name)
@@ -336,11 +336,13 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
             "data": config.model_dump(mode="json", exclude={"source", "sha256"})}
 
 
-def _settings(config: EvalConfig, server: Server, run_dir: Path, limit: int | None) -> EvalSettings:
+def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir: Path,
+                  limit: int | None) -> EvalSettings:
+    """How `config` is evaluated against the server at `base_url` (a planned config has a dataset)."""
     assert config.dataset is not None
     return EvalSettings(
-        base_url=server.base_url,
-        model=server.served_model,
+        base_url=base_url,
+        model=served_model,
         task=config.task,
         test_file=config.dataset.test,
         train_file=config.dataset.train,
@@ -379,7 +381,7 @@ def _kernel_report(config: EvalConfig, server: Server) -> tuple[dict | None, str
         "`Using <X> Fp8 MoE backend` lines in server.log"
 
 
-def run_one(item: _Planned, options: RunOptions, display: Display, guard: InterruptGuard) -> RunRecord:
+def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: InterruptGuard) -> RunRecord:
     """Run one config and write its artifacts. The record is always written; RunInterrupted is
     re-raised after the server is torn down and the record saying so is on disk."""
     config = item.config
@@ -406,7 +408,8 @@ def run_one(item: _Planned, options: RunOptions, display: Display, guard: Interr
         record.versions["engine"] = _engine_version(server, config)
         report, where = _kernel_report(config, server)
         display.eval_start()
-        outcome = run_eval(_settings(config, server, run_dir, options.limit), on_progress=display.progress)
+        settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit)
+        outcome = run_eval(settings, on_progress=display.progress)
         if report is None and config.engine == "vllm" and isinstance(server, LaunchedServer):
             report, where = _kernel_report(config, server)  # choices logged after the first request
         _judge(record, item, config, server, outcome, report, where)
@@ -426,7 +429,7 @@ def run_one(item: _Planned, options: RunOptions, display: Display, guard: Interr
     return record
 
 
-def _finish(record: RunRecord, item: _Planned, server: Server | None, outcome: EvalOutcome | None,
+def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outcome: EvalOutcome | None,
             run_dir: Path, started: float) -> None:
     """Teardown and artifacts, whatever happened before."""
     if server is not None:
@@ -453,7 +456,7 @@ def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) 
     record.timings["server_busy_s"] = round(outcome.server_busy_s, 3)
 
 
-def _judge(record: RunRecord, item: _Planned, config: EvalConfig, server: Server, outcome: EvalOutcome,
+def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: Server, outcome: EvalOutcome,
            report: dict | None, where: str) -> None:
     """Verdict and reason, most fundamental problem first."""
     record.kernels = report
@@ -546,7 +549,7 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     return exit_code(records)
 
 
-def _not_started(item: _Planned, options: RunOptions, signal_name: str) -> RunRecord:
+def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> RunRecord:
     run_dir = options.output_dir / item.config.name
     record = RunRecord(name=item.config.name, verdict=ERROR, reason=f"not started: the run was interrupted by "
                        f"{signal_name}", config=_config_summary(item.config, item.model, run_dir),

@@ -1,0 +1,137 @@
+"""`quantgate calibrate CONFIG --runs K`: measure a config K times and propose its `reference:`.
+
+Each run is a full `quantgate run` of the config (its own server, its own artifacts under
+OUTPUT_DIR/run-<i>/). The proposal is the mean with its provenance (run-to-run stdev, runs,
+questions per run, where and when, at which commit), and the threshold each gate mode would
+derive from it, so a reviewer can see how much room the gate leaves above the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from ..backends import ENGINES
+from ..gates import hypothesis, relative
+from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RunRecord
+from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
+                      run_one)
+
+
+def _runs(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 2:
+        raise argparse.ArgumentTypeError("at least 2 runs: one run has no run-to-run spread")
+    return number
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="an eval config file")
+    parser.add_argument("--runs", type=_runs, required=True, metavar="K", help="how many runs (at least 2)")
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--server-url", default=None, metavar="URL", help="measure this running server")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "calibrate",
+                        help="runs go to OUTPUT_DIR/run-<i>/<config>/ (default results/calibrate)")
+
+
+def main(args: argparse.Namespace) -> int:
+    display = Display()
+    try:
+        item = plan([args.config], RunOptions(engine=args.engine, server_url=args.server_url))[-1]
+    except PlanError as exc:
+        for message in exc.messages:
+            display.note(f"error: {message}")
+        return EXIT_USAGE
+    records: list[RunRecord] = []
+    guard = InterruptGuard()
+    with guard.installed():
+        try:
+            for index in range(1, args.runs + 1):
+                display.config_start(index, args.runs, item.config)
+                options = RunOptions(output_dir=args.output_dir / f"run-{index}", engine=args.engine,
+                                     limit=args.limit, server_url=args.server_url)
+                records.append(run_one(item, options, display, guard))
+                display.verdict(records[-1])
+        except RunInterrupted as exc:
+            display.note(f"interrupted by {exc.signal_name} after {len(records)} run(s); nothing proposed")
+            return EXIT_ERROR
+    errors = [r for r in records if r.metrics is None or r.metrics.get("value") is None or r.verdict == "ERROR"]
+    if errors:
+        display.note(f"error: {len(errors)} of {len(records)} runs measured nothing ({errors[0].reason}); "
+                     "a reference needs every run: fix the cause and calibrate again")
+        return EXIT_ERROR
+    proposal = propose(item.config.source, records)
+    path = args.output_dir / "calibration.json"
+    path.write_text(json.dumps(proposal, indent=2) + "\n")
+    print(format_proposal(proposal))
+    display.note(f"written to {path}")
+    return EXIT_PASS
+
+
+def _commit(where: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _measured_on(record: RunRecord) -> str:
+    platform = (record.kernels or {}).get("platform") or {}
+    device = " ".join(str(v) for v in (platform.get("device"), platform.get("name"), platform.get("capability")) if v)
+    args = record.config.get("server_args", [])
+    backends = [f"{flag} {value}" for flag, value in zip(args, args[1:]) if flag in ("--linear-backend", "--moe-backend")]
+    return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])
+
+
+def propose(config_path: Path, records: list[RunRecord]) -> dict[str, Any]:
+    """Statistics over the runs and the `reference:` block they support."""
+    values = [float(r.metrics["value"]) for r in records if r.metrics]
+    ns = sorted({int(r.metrics["n"]) for r in records if r.metrics})
+    mean, stdev = statistics.fmean(values), statistics.stdev(values)
+    n = ns[0]
+    reference = {"value": round(mean, 4), "stdev": round(stdev, 4), "runs": len(values), "n": n,
+                 "measured_on": _measured_on(records[0]), "date": date.today().isoformat(),
+                 "commit": _commit(config_path.parent)}
+    rtol = 0.08
+    thresholds = {
+        "relative": relative(mean, mean, rtol)[1]["threshold"],
+        "hypothesis": hypothesis(mean, mean, n)[1],
+    }
+    return {"config": str(config_path), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
+            "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "thresholds": thresholds}
+
+
+def format_proposal(p: dict[str, Any]) -> str:
+    ref = p["reference"]
+    hyp = p["thresholds"]["hypothesis"]
+    lines = [
+        f"runs: {', '.join(f'{v:.4f}' for v in p['values'])}",
+        f"mean {p['mean']:.4f}, sample stdev {p['stdev']:.4f}, min {p['min']:.4f}, max {p['max']:.4f}, "
+        f"n per run {', '.join(map(str, p['n_per_run']))}",
+        "",
+        "# paste into the config:",
+        "reference: " + json.dumps(ref),
+        "",
+        "# thresholds this reference gives:",
+        f"#   relative (rtol {p['rtol']}): {p['thresholds']['relative']:.4f}",
+        f"#   hypothesis (alpha 0.05, beta 0.2, n {ref['n']}): {hyp['threshold']:.4f}, minimum detectable drop "
+        f"{hyp['theta']:.4f}",
+        f"#   run-to-run spread: 3 * stdev = {3 * p['stdev']:.4f} (a gate tighter than this below the mean flakes)",
+    ]
+    if p["min"] < p["thresholds"]["relative"]:
+        lines.append(f"# WARNING: the lowest run ({p['min']:.4f}) is below the relative threshold: too noisy to gate")
+    if len(p["n_per_run"]) > 1:
+        lines.append("# WARNING: runs evaluated different numbers of questions")
+    return "\n".join(lines)
+

@@ -1,0 +1,81 @@
+"""`quantgate compare BASE CAND`: paired per-question comparison of two results.
+
+Both runs' per-question results (samples.jsonl beside each result.json) are matched by
+question id; the gates module's exact McNemar test says whether the candidate is
+significantly worse, and every flip is listed both ways. Exit 0 when it is not
+significantly worse, 1 when it is, 3 when an input is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..gates import GateInputError, paired
+from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, load_result, load_samples
+
+_SHOWN = 10
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("base", type=Path, help="the baseline's result.json or run directory")
+    parser.add_argument("cand", type=Path, help="the candidate's result.json or run directory")
+    parser.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+
+
+def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    try:
+        result = load_result(path)
+    except (OSError, ValueError) as exc:
+        raise GateInputError(f"{role} {path}: {exc}") from None
+    samples = load_samples(path)
+    if not samples:
+        raise GateInputError(f"{role} {path}: no samples.jsonl beside the result; per-question results are "
+                             "written by `quantgate run`")
+    return result, samples
+
+
+def _correct(samples: list[dict[str, Any]], role: str) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for row in samples:
+        if "id" not in row or "correct" not in row:
+            raise GateInputError(f"{role}: samples.jsonl rows need 'id' and 'correct'")
+        out[str(row["id"])] = bool(row["correct"])
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        base, base_samples = _load(args.base, "base")
+        cand, cand_samples = _load(args.cand, "candidate")
+        base_ok, cand_ok = _correct(base_samples, "base"), _correct(cand_samples, "candidate")
+        passed, numbers, explanation = paired(cand_ok, base_ok, args.alpha)
+    except GateInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for role, result in (("base", base), ("cand", cand)):
+        metrics = result.get("metrics") or {}
+        value = metrics.get("value")
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+        print(f"{role}: {result['name']} ({result['verdict']}): {metrics.get('metric')} {shown} (n {metrics.get('n')})")
+    print(explanation)
+    for role, result in (("base", base), ("cand", cand)):
+        if not (result.get("evaluation") or {}).get("complete", True):
+            print(f"warning: {role} {result['name']} did not complete ({result['verdict']}: {result['reason']}); "
+                  "only the questions it answered are compared")
+    by_id = {str(row["id"]): row for row in cand_samples}
+    for title, ids in (("right -> wrong", [q for q in cand_ok if q in base_ok and base_ok[q] and not cand_ok[q]]),
+                       ("wrong -> right", [q for q in cand_ok if q in base_ok and cand_ok[q] and not base_ok[q]])):
+        print(f"{title} ({len(ids)}):")
+        for q in ids[:_SHOWN]:
+            row = by_id[q]
+            print(f"  question {q}: candidate answered {row.get('extracted')!r} (target {_gold(row)!r})")
+        if len(ids) > _SHOWN:
+            print(f"  ... and {len(ids) - _SHOWN} more")
+    return EXIT_PASS if passed else EXIT_FAIL
+
+
+def _gold(row: dict[str, Any]) -> str:
+    return str(row.get("target", "")).rsplit("#### ", 1)[-1].strip()

@@ -1,0 +1,93 @@
+"""`quantgate repro CONFIG [--run]`: the exact server and eval commands of a config, for a
+developer reproducing a CI result by hand, outside quantgate's runner.
+
+The eval command is lm-eval's own CLI with the same model arguments and the same task file
+`quantgate run` uses (written next to the printed commands). `--run` executes exactly what is
+printed: the server in its own process group, then `lm_eval`, then teardown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from ..backends import ENGINES
+from ..evaluate import lm_eval_command, write_task_yaml
+from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, SERVER_LOG
+from ..runner import DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, plan
+from ..server import LaunchedServer, ServerStartError
+
+DEFAULT_PORT = 8000
+OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="an eval config file")
+    parser.add_argument("--run", action="store_true", help="run the printed commands (server, lm_eval, teardown)")
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "repro",
+                        help="where the task file, lm-eval's output and the server log go (default results/repro)")
+
+
+def main(args: argparse.Namespace) -> int:
+    options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit)
+    try:
+        item = plan([args.config], options)[-1]  # a baseline, if any, comes first; repro is about CONFIG
+    except PlanError as exc:
+        for message in exc.messages:
+            print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    assert item.command is not None
+    port = item.command.preferred_port or DEFAULT_PORT
+    item.command = dataclasses.replace(item.command, preferred_port=port)  # --run uses it when it is free
+    run_dir = (args.output_dir / item.config.name).resolve()
+    settings = eval_settings(item.config, f"http://{item.command.host}:{port}", item.command.served_model,
+                             run_dir, args.limit)
+    task_file = write_task_yaml(settings)
+    eval_cmd = lm_eval_command(settings, task_file, run_dir / "lm_eval")
+    print(_script(item, port, eval_cmd, task_file))
+    if not args.run:
+        return EXIT_PASS
+    return _run(item, run_dir, eval_cmd)
+
+
+def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path) -> str:
+    config, command = item.config, item.command
+    assert command is not None
+    url = f"http://{command.host}:{port}"
+    env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
+    return "\n".join([
+        f"# quantgate repro: {config.name} ({config.source}), engine {config.engine}",
+        "# 1. start the server:",
+        command.shell(port),
+        "# 2. wait until it is healthy:",
+        f"curl -sf --retry 600 --retry-connrefused --retry-delay 1 {url}/health",
+        f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",
+        "#    with the config's local dataset; offline):",
+        f"{env} {shlex.join(eval_cmd)}",
+        "# or the same evaluation, gate and kernel check through quantgate, against that server:",
+        f"quantgate run {shlex.quote(str(config.source))} --server-url {url}",
+    ])
+
+
+def _run(item: PlannedConfig, run_dir: Path, eval_cmd: list[str]) -> int:
+    assert item.command is not None
+    server = LaunchedServer(item.command, run_dir / SERVER_LOG)
+    try:
+        server.start(item.config.startup_max_wait_seconds)
+        # The port the server got: the printed one, unless it was in use.
+        eval_cmd = [a.replace(f":{item.command.preferred_port}/", f":{server.port}/") for a in eval_cmd]
+        print(f"# server ready on port {server.port}; log: {server.log_path}", flush=True)
+        status = subprocess.run(eval_cmd, env={**os.environ, **OFFLINE_ENV}).returncode
+    except ServerStartError as exc:
+        print(f"error: server did not start: {exc}\n{exc.log_tail}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        server.stop()
+    return EXIT_PASS if status == 0 else EXIT_ERROR

@@ -1,0 +1,73 @@
+"""`quantgate report` and `quantgate compare` on result files: tables, CSV, trend chart,
+per-question flips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from quantgate.harness.cli import main as cli
+from quantgate.harness.results import RunRecord, write_result, write_samples
+
+
+def _result(root: Path, name: str, day: int, value: float | None, verdict: str = "PASS",
+            correct: list[bool] | None = None) -> Path:
+    metrics = None if value is None else {"metric": "exact_match,strict-match", "value": value, "n": 20,
+                                          "invalid_rate": 0.0, "strict_match": value, "flexible_extract": value}
+    record = RunRecord(name=name, verdict=verdict, reason=f"{name} {verdict}", config={"engine": "builtin"},
+                       metrics=metrics, gate={"mode": "absolute", "threshold": 0.6} if metrics else None,
+                       evaluation={"complete": value is not None}, timings={"total_s": 10.0},
+                       started_at=f"2026-11-{day:02d}T03:00:00+00:00")
+    run_dir = root / f"2026-11-{day:02d}" / name
+    write_result(run_dir, record)
+    if correct is not None:
+        write_samples(run_dir, [{"id": i, "correct": ok, "extracted": str(i), "target": f"x #### {i}"}
+                                for i, ok in enumerate(correct)])
+    return run_dir
+
+
+def test_report_tables_csv_and_trend_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    archive = tmp_path / "nightly"
+    for day, (bf16, fp8) in enumerate([(0.80, 0.78), (0.81, 0.74), (0.80, None)], start=1):
+        _result(archive, "tiny-bf16", day, bf16)
+        _result(archive, "tiny-fp8", day, fp8, verdict="PASS" if fp8 else "ERROR")
+    csv, png = tmp_path / "out" / "r.csv", tmp_path / "out" / "trend.png"
+    assert cli(["report", str(archive), "--csv", str(csv), "--png", str(png)]) == 0
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| 2026")]
+    assert len(rows) == 6
+    assert rows[0].split("|")[2].strip() == "tiny-bf16" and "0.8000" in rows[0]
+    error_row = next(r for r in rows if "ERROR" in r)
+    assert "| -" in error_row  # an error has no measurement, not a zero
+    frame = pd.read_csv(csv)
+    assert len(frame) == 6 and set(frame["config"]) == {"tiny-bf16", "tiny-fp8"}
+    assert frame.loc[frame["config"] == "tiny-fp8", "measured"].tolist()[:2] == [0.78, 0.74]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_markdown_file_and_missing_inputs(tmp_path: Path) -> None:
+    run_dir = _result(tmp_path, "a", 1, 0.7)
+    md = tmp_path / "report.md"
+    assert cli(["report", str(run_dir / "result.json"), "--markdown", str(md)]) == 0
+    assert md.read_text().startswith("# quantgate report: 1 runs") and "| a " in md.read_text()
+    assert cli(["report", str(tmp_path / "missing")]) == 3
+    (tmp_path / "empty").mkdir()
+    assert cli(["report", str(tmp_path / "empty")]) == 3
+
+
+def test_compare_lists_flips_and_fails_when_significantly_worse(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
+    worse = _result(tmp_path, "worse", 2, 0.5, correct=[i % 2 == 0 for i in range(20)])
+    same = _result(tmp_path, "same", 3, 0.95, correct=[i != 3 for i in range(20)])
+    assert cli(["compare", str(base), str(worse)]) == 1
+    out = capsys.readouterr().out
+    assert "10 right->wrong" in out and "right -> wrong (10):" in out and "question 1: candidate answered '1'" in out
+    assert "and 0 more" not in out and "... and" not in out
+    assert cli(["compare", str(base), str(same)]) == 0
+    assert "right -> wrong (1):" in capsys.readouterr().out
+    no_samples = _result(tmp_path, "nosamples", 4, 0.9)
+    assert cli(["compare", str(base), str(no_samples)]) == 3
+    assert "no samples.jsonl" in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""`quantgate repro` and `quantgate calibrate` on configs that launch the fake server."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantgate.harness.cli import main as cli
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import expected_accuracy, write_config
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def _lines_after(output: str, marker: str) -> str:
+    lines = output.splitlines()
+    return next(lines[i + 1] for i, line in enumerate(lines) if line.startswith(marker))
+
+
+def test_repro_prints_the_exact_server_and_lm_eval_commands(tmp_path: Path, gsm8k_dir: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "rep", gsm8k_dir, {"port": 8123, "linear_backend": "marlin"},
+                          env={"QG_MODE": "debug"}, seed=7, temperature=0.0)
+    out_dir = tmp_path / "repro"
+    assert cli(["repro", str(config), "--output-dir", str(out_dir), "--limit", "5"]) == 0
+    output = capsys.readouterr().out
+    server = shlex.split(_lines_after(output, "# 1. start the server"))
+    assert server[0] == "QG_MODE=debug"
+    assert server[-4:] == ["--host", "127.0.0.1", "--port", "8123"] and "marlin" in server
+    evaluation = shlex.split(_lines_after(output, "#    with the config's local dataset"))
+    assert evaluation[:2] == ["HF_DATASETS_OFFLINE=1", "HF_HUB_OFFLINE=1"]
+    argv = evaluation[2:]
+    assert Path(argv[0]).name == "lm_eval" and argv[1] == "run"
+    model_args = dict(kv.split("=", 1) for kv in argv[argv.index("--model_args") + 1].split(","))
+    assert model_args["base_url"] == "http://127.0.0.1:8123/v1/completions"
+    assert model_args["tokenizer_backend"] == "None" and model_args["seed"] == "7"
+    assert argv[argv.index("--limit") + 1] == "5" and argv[argv.index("--num_fewshot") + 1] == "2"
+    task_file = Path(argv[argv.index("--include_path") + 1]) / "gsm8k.yaml"
+    data_files = yaml.safe_load(task_file.read_text())["dataset_kwargs"]["data_files"]
+    assert data_files["test"] == str((gsm8k_dir / "test.jsonl").resolve())
+    # lm-eval's own argument parser accepts the command (its CLI class is the only public parser).
+    from lm_eval._cli.harness import HarnessCLI
+
+    parsed = HarnessCLI()._parser.parse_args(argv[1:])
+    assert parsed.model == "local-completions" and parsed.log_samples
+    assert "--server-url http://127.0.0.1:8123" in output
+
+
+def test_repro_of_an_invalid_config_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name: m\naccuracy_threshold: 2.5\n")
+    assert cli(["repro", str(bad)]) == 3
+    assert "bad.yaml:2" in capsys.readouterr().err
+
+
+def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_dir: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "cal", gsm8k_dir, {"accuracy": 0.7})
+    out_dir = tmp_path / "cal-out"
+    assert cli(["calibrate", str(config), "--runs", "2", "--limit", "8", "--output-dir", str(out_dir)]) == 0
+    output = capsys.readouterr().out
+    reference = json.loads(output.split("reference: ", 1)[1].splitlines()[0])
+    expected = expected_accuracy(gsm8k_dir, 0.7, 8)
+    assert reference["value"] == pytest.approx(expected, abs=1e-4)
+    assert reference["runs"] == 2 and reference["n"] == 8 and reference["stdev"] == 0.0
+    assert reference["date"] and "engine vllm" in reference["measured_on"]
+    assert f"relative (rtol 0.08): {expected * 0.92:.4f}" in output
+    saved = json.loads((out_dir / "calibration.json").read_text())
+    assert saved["values"] == [pytest.approx(expected)] * 2
+    assert (out_dir / "run-1" / "cal" / "result.json").is_file() and (out_dir / "run-2" / "cal").is_dir()
+    assert cli(["calibrate", str(config), "--runs", "1"]) == 3  # one run has no spread
+
+
+def test_calibrate_errors_when_a_run_measures_nothing(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "calbad", gsm8k_dir, {"exit_during_startup": 0.1})
+    assert cli(["calibrate", str(config), "--runs", "2", "--output-dir", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o" / "calibration.json").exists()
