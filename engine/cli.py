@@ -148,13 +148,13 @@ def configure_logging(level: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
     if args.tensor_parallel_size != 1:
         return _fail(f"--tensor-parallel-size {args.tensor_parallel_size} is not supported: quantgate serve runs "
                      "one device; set `engine: vllm` in the eval config for tensor parallelism", EXIT_USAGE)
     problem = _check_model_dir(args.model)
     if problem:
         return _fail(problem, EXIT_USAGE)
+    configure_logging(args.log_level)
     try:
         sock = bind_socket(args.host, args.port)
     except socket.gaierror as exc:

@@ -71,6 +71,7 @@ class _SamplingRequest(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension: fixed-length outputs for benchmarks
 
     @field_validator("n")
     @classmethod

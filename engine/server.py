@@ -257,7 +257,7 @@ class OpenAIServer:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
                 seed=req.seed, stop=list(req.stop or []), logprobs=req.logprobs,
-                prompt_logprobs=req.echo and req.logprobs is not None)
+                prompt_logprobs=req.echo and req.logprobs is not None, ignore_eos=req.ignore_eos)
 
         max_tokens = _or(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
         return [self._job(base if len(prompts) == 1 else f"{base}-{i}", i, p, max_tokens, params, "prompt")
@@ -350,7 +350,7 @@ class OpenAIServer:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
                 seed=req.seed, stop=list(req.stop or []),
-                logprobs=_or(req.top_logprobs, 0) if req.logprobs else None)
+                logprobs=_or(req.top_logprobs, 0) if req.logprobs else None, ignore_eos=req.ignore_eos)
 
         return self._job(f"chatcmpl-{uuid.uuid4().hex}", 0, ids, req.requested_max_tokens, params, "messages")
 

@@ -25,13 +25,13 @@ MAX_MODEL_LEN = 96
 NAME = "tiny"
 
 
-def build_tiny_qwen3(path: Path, seed: int = 0) -> Path:
+def build_tiny_qwen3(path: Path, seed: int = 0, max_position_embeddings: int = 256) -> Path:
     """A randomly initialised float32 Qwen3 with the shipped tokenizer, saved by transformers."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         vocab_size=960, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
         eos_token_id=0, bos_token_id=None, dtype="float32",
     )
     torch.manual_seed(seed)
