@@ -13,6 +13,7 @@ from .. import quant
 from ..base import OK, LinearKernel, Verdict, bind_processed
 from ..platform import Platform
 from ..schemes import LinearLayerConfig, Scheme
+from .fp8_checkpoint import fp8_weight, weight_scale
 
 
 def qdq_activation(x: torch.Tensor, config: LinearLayerConfig, input_scale: torch.Tensor | None) -> torch.Tensor:
@@ -44,10 +45,11 @@ class EmulationLinearKernel(LinearKernel):
         if cfg.scheme is Scheme.UNQUANTIZED:
             bind_processed(layer, "weight", layer.weight.detach().float())
             return
-        scale = getattr(layer, cfg.scale_name).float()
+        # Validated: a second run on already dequantized weights would scale them twice.
+        weight, scale = fp8_weight(layer, cfg), weight_scale(layer, cfg)
         block = cfg.block_size if cfg.scheme is Scheme.FP8_BLOCK else None
         # Kept dequantized in float32: the product is then exactly fp8 values times scales.
-        bind_processed(layer, "weight", quant.dequantize_weight(layer.weight, scale, block))
+        bind_processed(layer, "weight", quant.dequantize_weight(weight, scale, block))
         bind_processed(layer, cfg.scale_name, scale)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

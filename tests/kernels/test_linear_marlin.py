@@ -1,0 +1,106 @@
+"""The marlin backend (W8A16 with int32-packed FP8 weights). On CPU it runs under
+TRITON_INTERPRET=1 in float16: the interpreter truncates bfloat16 stores and computes bfloat16
+dots through float16, so bfloat16 runs in the GPU tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import LinearLayerConfig, Platform, Scheme, quant
+from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
+from quantgate.kernels.schemes import SCALE_NAMES
+
+from .linear_cases import SCHEMES, make_case, reference_w8a16, rel_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_pack_roundtrip_and_layout(seed):
+    from quantgate.kernels.triton.w8a16_gemm import pack_weight, unpack_weight
+
+    w = torch.randint(0, 256, (40, 300), dtype=torch.uint8).view(quant.FP8_DTYPE)
+    packed = pack_weight(w)
+    assert packed.dtype == torch.int32 and packed.shape == (3 * 32, 40)
+    assert torch.equal(unpack_weight(packed, 300).view(torch.uint8), w.view(torch.uint8))
+    # Byte p of row j in K tile t is w[:, 128 t + 32 p + j].
+    as_bytes = packed.view(torch.uint8).view(96, 40, 4)
+    assert torch.equal(as_bytes[32 + 5, :, 2], w.view(torch.uint8)[:, 128 + 64 + 5])
+
+
+@pytest.mark.parametrize("m", [1, 16], ids=["fma-path", "dot-path"])
+def test_every_fp8_value_converts_exactly(m):
+    """Row n of the weight holds FP8 code n in every column; one-hot activations read it back.
+    Covers subnormals, zeros and the extremes of the bit conversion (-0 sums to +0)."""
+    from quantgate.kernels.triton.w8a16_gemm import pack_weight, w8a16_gemm
+
+    codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8)  # no NaNs
+    w = codes[:, None].expand(-1, 128).contiguous().view(quant.FP8_DTYPE).to(DEVICE)
+    x = torch.zeros(m, 128, device=DEVICE, dtype=torch.float16)
+    x[torch.arange(m), torch.arange(m)] = 1.0
+    scale = torch.full((1, len(codes)), 2.0**10, device=DEVICE, dtype=torch.float16)  # 1.0, stored * 2^10
+    out = w8a16_gemm(x, pack_weight(w), scale, groupwise=False)
+    expected = w.float()[:, 0].half()
+    assert torch.equal(out, expected[None, :].expand(m, -1))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("scale_name", SCALE_NAMES)
+@pytest.mark.parametrize("m", [1, 20])
+def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
+    # K and N not multiples of 128; the tensor scheme's static input scale is ignored (W8A16).
+    case = make_case(200, 300, scheme, scale_name=scale_name, bias=True,
+                     static_input_scale=scheme is Scheme.FP8_TENSOR, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    assert case.layer.weight.dtype == torch.int32 and getattr(case.layer, scale_name).dtype == torch.float16
+    x = torch.randn(m, 300, device=DEVICE).half()
+    out = kernel.apply(case.layer, x, case.layer.bias)
+    assert out.shape == (m, 200) and out.dtype == torch.float16
+    assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3
+    assert case.layer.workspace.eq(0).all()
+
+
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_k_sums_every_slice_once(seed, split_k):
+    from quantgate.kernels.triton.w8a16_gemm import pack_weight, w8a16_gemm, workspace_size
+
+    w = torch.randn(96, 640, device=DEVICE) * 0.02
+    wq, ws = quant.quantize_weight_block(w)
+    stored = (ws.double() * 2.0**10).half()  # [1, 5] block scales as marlin keeps them
+    scale = stored.repeat_interleave(128, 0)[:96].t().contiguous()  # per column: [K groups, N]
+    x = torch.randn(1, 640, device=DEVICE).half()
+    ref = x.double() @ quant.dequantize_weight(wq, stored.double() / 2.0**10, (128, 128), torch.float64).t()
+    counters = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        out = w8a16_gemm(x, pack_weight(wq), scale, groupwise=True, workspace=counters, split_k=split_k)
+        assert rel_error(out, ref) < 1e-3
+    assert counters.eq(0).all()
+
+
+def test_fp16_scales_that_overflow_are_refused():
+    case = make_case(128, 128, Scheme.FP8_CHANNEL, device=DEVICE)
+    case.layer.weight_scale = torch.full((128, 1), 100.0, device=DEVICE)
+    with pytest.raises(ValueError, match="--dtype bfloat16"):
+        MarlinFp8LinearKernel(case.config).process_weights_after_loading(case.layer)
+
+
+def test_verdicts():
+    assert MarlinFp8LinearKernel.is_supported(Platform.hypothetical("cuda", "8.0")) == (True, None)
+    ok, reason = MarlinFp8LinearKernel.is_supported(Platform.hypothetical("cuda", "7.5"))
+    assert not ok and reason == "requires CUDA compute capability >= 8.0 (bf16 tensor cores); this GPU is 7.5"
+    ok, reason = MarlinFp8LinearKernel.can_implement(LinearLayerConfig(256, 256, Scheme.FP8_BLOCK, act_dtype=torch.float32))
+    assert not ok and "float32" in reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
+    case = make_case(1000, 1400, scheme, act_dtype=dtype, bias=True, device="cuda")
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 1400, device="cuda").to(dtype)
+    out = kernel.apply(case.layer, x, case.layer.bias)
+    assert rel_error(out, reference_w8a16(case, x, dtype), round_ref=dtype == torch.bfloat16) < 1e-3

@@ -1,0 +1,104 @@
+"""Weight reloads: a second `process_weights_after_loading` keeps the storage of every processed
+tensor and workspace (captured CUDA graphs keep reading the right addresses), computes with the
+new weights, and refuses a checkpoint whose processed shapes differ."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import IncompatibleBufferError, LinearLayerConfig, Scheme
+from quantgate.kernels.linear.emulation import EmulationLinearKernel
+from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
+from quantgate.kernels.linear.torch_scaled_mm import TorchScaledMMLinearKernel
+from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
+
+from .linear_cases import load_checkpoint, make_case, processed_storage, reference_w8a8, reference_w8a16, reload, rel_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B, C, T = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR
+
+# (kernel, scheme, dtype) runnable here: torch natively, Triton under the interpreter on CPU.
+CASES = [
+    (EmulationLinearKernel, B, torch.float16), (EmulationLinearKernel, T, torch.float16),
+    (TorchScaledMMLinearKernel, C, torch.bfloat16), (TorchScaledMMLinearKernel, T, torch.float16),
+    (TritonBlockFp8LinearKernel, B, torch.float16), (TritonBlockFp8LinearKernel, C, torch.float16),
+    (MarlinFp8LinearKernel, B, torch.float16), (MarlinFp8LinearKernel, C, torch.float16),
+    (MarlinFp8LinearKernel, T, torch.float16),
+]
+
+
+def _reference(kernel_cls, case, x):
+    if kernel_cls is MarlinFp8LinearKernel:
+        return reference_w8a16(case, x, case.config.act_dtype)
+    return reference_w8a8(case, x)
+
+
+def _runnable(kernel_cls) -> bool:
+    return DEVICE == "cpu" or kernel_cls.is_supported(__import__("quantgate.kernels", fromlist=["Platform"]).Platform.detect("cuda"))[0]
+
+
+@pytest.mark.parametrize("kernel_cls, scheme, dtype", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_reload_keeps_storage_and_uses_new_weights(seed, kernel_cls, scheme, dtype):
+    if not _runnable(kernel_cls):
+        pytest.skip(f"{kernel_cls.__name__} does not run on this GPU")
+    case = make_case(144, 272, scheme, act_dtype=dtype, bias=True, static_input_scale=scheme is T, device=DEVICE)
+    kernel = kernel_cls(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    before = processed_storage(case.layer)
+    x = torch.randn(3, 272, device=DEVICE).to(dtype)
+    first = kernel.apply(case.layer, x, case.layer.bias)
+
+    new = reload(case)
+    kernel.process_weights_after_loading(new.layer)
+    assert processed_storage(new.layer) == before
+    out = kernel.apply(new.layer, x, new.layer.bias)
+    bf16 = dtype == torch.bfloat16
+    assert rel_error(out, _reference(kernel_cls, new, x), round_ref=bf16) < 1e-3
+    assert not torch.equal(out, first)
+
+
+@pytest.mark.parametrize("kernel_cls", [EmulationLinearKernel, TorchScaledMMLinearKernel, TritonBlockFp8LinearKernel,
+                                        MarlinFp8LinearKernel])
+def test_reload_with_other_shapes_raises(kernel_cls):
+    scheme = C  # served by all four
+    case = make_case(128, 256, scheme, act_dtype=torch.bfloat16, device=DEVICE)
+    kernel_cls(case.config).process_weights_after_loading(case.layer)
+    bigger = LinearLayerConfig(384, 128, scheme, act_dtype=torch.bfloat16)
+    load_checkpoint(case.layer, bigger, DEVICE)
+    with pytest.raises(IncompatibleBufferError, match="does not fit the bound buffer"):
+        kernel_cls(bigger).process_weights_after_loading(case.layer)
+
+
+@pytest.mark.parametrize("kernel_cls", [EmulationLinearKernel, MarlinFp8LinearKernel])
+def test_processing_twice_without_a_reload_is_refused(kernel_cls):
+    case = make_case(128, 256, B, device=DEVICE)
+    kernel = kernel_cls(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    with pytest.raises(ValueError, match="load the checkpoint tensors again"):
+        kernel.process_weights_after_loading(case.layer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_cls, scheme", [(TritonBlockFp8LinearKernel, B), (MarlinFp8LinearKernel, B),
+                                                (MarlinFp8LinearKernel, C), (TorchScaledMMLinearKernel, C)],
+                         ids=lambda v: getattr(v, "__name__", getattr(v, "value", str(v))))
+def test_cuda_graph_replays_with_reloaded_weights(seed, kernel_cls, scheme):
+    from quantgate.kernels import Platform
+
+    ok, reason = kernel_cls.is_supported(Platform.detect("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    case = make_case(512, 1024, scheme, act_dtype=torch.bfloat16, device="cuda")
+    kernel = kernel_cls(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(4, 1024, device="cuda").bfloat16()
+    kernel.apply(case.layer, x)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel.apply(case.layer, x)
+    new = reload(case)
+    kernel.process_weights_after_loading(new.layer)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(kernel_cls, new, x), round_ref=True) < 1e-3

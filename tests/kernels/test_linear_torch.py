@@ -1,0 +1,68 @@
+"""The torch backend (`torch._scaled_mm`): tensor-wise and row-wise on CPU, all three on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import LinearLayerConfig, Platform, Scheme
+from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
+from quantgate.kernels.schemes import SCALE_NAMES
+
+from .linear_cases import make_case, reference_w8a8, rel_error
+
+
+@pytest.mark.parametrize("scheme, dtype, static", [
+    (Scheme.FP8_CHANNEL, torch.bfloat16, False),
+    (Scheme.FP8_TENSOR, torch.float16, False),
+    (Scheme.FP8_TENSOR, torch.float16, True),
+    (Scheme.FP8_TENSOR, torch.bfloat16, True),
+], ids=["channel-bf16", "tensor-fp16-dynamic", "tensor-fp16-static", "tensor-bf16-static"])
+@pytest.mark.parametrize("scale_name", SCALE_NAMES)
+@pytest.mark.parametrize("m", [1, 7])
+def test_cpu_matches_float64_reference(seed, scheme, dtype, static, scale_name, m):
+    case = make_case(208, 320, scheme, act_dtype=dtype, scale_name=scale_name, bias=True, static_input_scale=static)
+    kernel = TorchScaledMMLinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 320).to(dtype)
+    out = kernel.apply(case.layer, x, case.layer.bias)
+    assert out.shape == (m, 208) and out.dtype == dtype
+    assert rel_error(out, reference_w8a8(case, x), round_ref=dtype == torch.bfloat16) < 1e-3
+    assert getattr(case.layer, scale_name).dtype == torch.float32
+
+
+def test_platform_verdicts():
+    assert TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cpu")) == (True, None)
+    ok, reason = TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cuda", "8.0"))
+    assert not ok and reason == "requires CUDA compute capability >= 8.9 (FP8 tensor cores); this GPU is 8.0"
+    assert TorchBlockScaledMMLinearKernel.is_supported(Platform.hypothetical("cuda", "9.0")) == (True, None)
+    for spec in (("cpu", None), ("cuda", "8.9"), ("cuda", "10.0")):
+        ok, reason = TorchBlockScaledMMLinearKernel.is_supported(Platform.hypothetical(*spec))
+        assert not ok and "block scaling" in reason
+
+
+def test_block_layout_limits_are_refused_up_front():
+    ok, reason = TorchBlockScaledMMLinearKernel.can_implement(LinearLayerConfig(384, 256, Scheme.FP8_BLOCK))
+    assert not ok and "K=384" in reason
+    assert TorchBlockScaledMMLinearKernel.can_implement(LinearLayerConfig(1024, 384, Scheme.FP8_BLOCK)) == (True, None)
+
+
+CUDA_CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(CUDA_CAPABILITY < (8, 9), reason="needs FP8 tensor cores (8.9+)")
+@pytest.mark.parametrize("scheme", [Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR], ids=lambda s: s.value)
+@pytest.mark.parametrize("m", [1, 5, 300])
+def test_cuda_matches_float64_reference(seed, scheme, m):
+    kernel_cls = TorchBlockScaledMMLinearKernel if scheme is Scheme.FP8_BLOCK else TorchScaledMMLinearKernel
+    ok, reason = kernel_cls.is_supported(Platform.detect("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    case = make_case(1024, 1536, scheme, act_dtype=torch.bfloat16, bias=True, device="cuda")
+    kernel = kernel_cls(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 1536, device="cuda").bfloat16()
+    out = kernel.apply(case.layer, x, case.layer.bias)
+    assert out.shape == (m, 1024)
+    assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 1e-3

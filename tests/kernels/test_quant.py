@@ -1,0 +1,93 @@
+"""FP8 quantization: the torch reference (quant.py) and the Triton activation quantizers, which
+must reproduce it bit for bit (run under TRITON_INTERPRET=1 on CPU, natively on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import quant
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_block_weight_roundtrip_with_partial_blocks(seed):
+    w = torch.randn(200, 300)
+    q, scale = quant.quantize_weight_block(w)
+    assert q.dtype == quant.FP8_DTYPE and q.shape == (200, 300) and scale.shape == (2, 3)
+    # Each block's largest magnitude maps onto the FP8 maximum.
+    assert q[:128, :128].float().abs().max() == quant.FP8_MAX
+    assert q[128:, 256:].float().abs().max() == quant.FP8_MAX
+    deq = quant.dequantize_weight(q, scale, (128, 128))
+    # e4m3 keeps 3 mantissa bits: half an ulp is at most 1/16 relative.
+    assert ((deq - w).abs() <= w.abs() / 16 + scale.max() * 2**-9).all()
+
+
+@pytest.mark.parametrize("quantize", [quant.quantize_weight_channel, quant.quantize_weight_tensor])
+def test_channel_and_tensor_roundtrip(seed, quantize):
+    w = torch.randn(64, 96)
+    q, scale = quantize(w)
+    assert scale.shape == ((64, 1) if quantize is quant.quantize_weight_channel else ())
+    assert ((quant.dequantize_weight(q, scale) - w).abs() <= w.abs() / 16 + scale.max() * 2**-9).all()
+
+
+def test_zero_group_gets_floor_scale_and_zeros():
+    x = torch.zeros(2, 256)
+    x[1, :128] = 1.0
+    q, scale = quant.quantize_act_per_token_group(x, 128)
+    assert scale[0, 0] == quant.MIN_SCALE and scale[1, 1] == quant.MIN_SCALE
+    assert q[0].float().abs().max() == 0 and q[1, :128].float().eq(quant.FP8_MAX).all()
+
+
+def test_out_of_range_values_saturate_instead_of_nan():
+    q, _ = quant.quantize_act_per_tensor(torch.tensor([[1000.0, -1000.0, 1.0]]), torch.tensor(1.0))
+    assert q.float().tolist() == [[quant.FP8_MAX, -quant.FP8_MAX, 1.0]]
+
+
+def _activations(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(m, k, device=DEVICE) * 3
+    x[0, 128:256] = 0  # an all-zero group
+    x[-1, :40] *= 1e-4  # values that quantize to e4m3 subnormals
+    return x.to(dtype)
+
+
+def _same_fp8(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_triton_group_quant_is_bit_exact(seed, dtype):
+    from quantgate.kernels.triton.act_quant import quantize_per_token_group
+
+    x = _activations(5, 300, dtype)
+    ref_q, ref_s = quant.quantize_act_per_token_group(x, 128)
+    q, s = quantize_per_token_group(x, 128)
+    assert _same_fp8(q, ref_q) and torch.equal(s, ref_s)
+    # cuBLAS layout: rows padded to a multiple of 4 with zeros, scales column-major.
+    q, s = quantize_per_token_group(x, 128, column_major_scales=True, row_multiple=4)
+    assert q.shape == (8, 300) and s.shape == (8, 3) and s.stride() == (1, 8)
+    assert _same_fp8(q[:5], ref_q) and torch.equal(s[:5], ref_s)
+    assert q[5:].float().abs().max() == 0 and (s[5:] == quant.MIN_SCALE).all()
+
+
+def test_triton_per_token_and_per_tensor_quant_are_bit_exact(seed):
+    from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token
+
+    x = _activations(4, 200, torch.float16)
+    q, s = quantize_per_token(x)
+    ref_q, ref_s = quant.quantize_act_per_token(x)
+    assert _same_fp8(q, ref_q) and torch.equal(s, ref_s)
+    for static in (None, torch.tensor(0.01, device=DEVICE)):
+        q, s = quantize_per_tensor(x, static)
+        ref_q, ref_s = quant.quantize_act_per_tensor(x, static)
+        assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
+
+
+def test_triton_quant_rejects_strided_rows_and_odd_groups():
+    from quantgate.kernels.triton.act_quant import quantize_per_token_group
+
+    x = torch.randn(8, 256, device=DEVICE)
+    with pytest.raises(ValueError, match="unit last stride"):
+        quantize_per_token_group(x.t(), 128)
+    with pytest.raises(ValueError, match="power of two"):
+        quantize_per_token_group(x, 96)

@@ -1,0 +1,186 @@
+"""Linear kernel selection: a pure function of (platform, layer config, requested backend)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quantgate.kernels import (
+    KernelSelectionError,
+    LinearLayerConfig,
+    MoELayerConfig,
+    Platform,
+    Scheme,
+    UnknownBackendError,
+    normalize_backend,
+    select_linear_kernel,
+    select_moe_kernel,
+)
+from quantgate.kernels.registry import ALL_LINEAR_KERNELS, DISABLED_ENV, LINEAR_BACKENDS
+
+B, C, T, U = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR, Scheme.UNQUANTIZED
+CPU = ("cpu", None)
+A100, L40S, H200, B200 = ("cuda", "8.0"), ("cuda", "8.9"), ("cuda", "9.0"), ("cuda", "10.0")
+
+
+def _platform(spec: tuple[str, str | None]) -> Platform:
+    return Platform.hypothetical(*spec)
+
+
+def _config(scheme: Scheme, k: int = 4096, n: int = 4096, dtype: torch.dtype = torch.bfloat16) -> LinearLayerConfig:
+    return LinearLayerConfig(k, n, scheme, act_dtype=dtype)
+
+
+@pytest.fixture(autouse=True)
+def _no_disabled_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DISABLED_ENV, raising=False)
+
+
+AUTO = {
+    CPU: {B: "EmulationLinearKernel", C: "EmulationLinearKernel", T: "EmulationLinearKernel",
+          U: "UnquantizedLinearKernel"},
+    A100: {B: "MarlinFp8LinearKernel", C: "MarlinFp8LinearKernel", T: "MarlinFp8LinearKernel",
+           U: "UnquantizedLinearKernel"},
+    L40S: {B: "TritonBlockFp8LinearKernel", C: "TorchScaledMMLinearKernel", T: "TorchScaledMMLinearKernel",
+           U: "UnquantizedLinearKernel"},
+    H200: {B: "TritonBlockFp8LinearKernel", C: "TorchScaledMMLinearKernel", T: "TorchScaledMMLinearKernel",
+           U: "UnquantizedLinearKernel"},
+}
+
+
+@pytest.mark.parametrize("spec", list(AUTO))
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_selects_first_capable_kernel(spec, scheme):
+    sel = select_linear_kernel(_platform(spec), _config(scheme))
+    assert sel.require().kernel_name() == AUTO[spec][scheme]
+    # Every candidate before the chosen one says why it was skipped.
+    chosen = [c.kernel for c in sel.candidates].index(AUTO[spec][scheme])
+    assert all(not c.supported and c.reason for c in sel.candidates[:chosen])
+
+
+def test_a100_loads_every_fp8_scheme_with_auto_through_marlin():
+    for scheme in (B, C, T):
+        sel = select_linear_kernel(_platform(A100), _config(scheme))
+        rejected = {c.kernel: c.reason for c in sel.rejected}
+        assert sel.require().backend == "marlin"
+        assert "TritonBlockFp8LinearKernel" not in rejected or "8.9" in rejected["TritonBlockFp8LinearKernel"]
+
+
+# (platform, scheme, backend) -> selected kernel, or None when the backend cannot serve.
+EXPLICIT = {
+    (CPU, B, "torch"): None, (CPU, C, "torch"): "TorchScaledMMLinearKernel", (CPU, T, "torch"): "TorchScaledMMLinearKernel",
+    (CPU, B, "triton"): None, (CPU, C, "triton"): None, (CPU, B, "marlin"): None,
+    (CPU, B, "emulation"): "EmulationLinearKernel", (CPU, U, "torch"): "UnquantizedLinearKernel",
+    (A100, B, "torch"): None, (A100, C, "torch"): None, (A100, B, "triton"): None, (A100, C, "triton"): None,
+    (A100, B, "marlin"): "MarlinFp8LinearKernel", (A100, T, "marlin"): "MarlinFp8LinearKernel",
+    (A100, B, "emulation"): "EmulationLinearKernel",
+    (L40S, B, "torch"): None, (L40S, C, "torch"): "TorchScaledMMLinearKernel", (L40S, B, "triton"): "TritonBlockFp8LinearKernel",
+    (L40S, C, "triton"): "TritonBlockFp8LinearKernel", (L40S, T, "triton"): None, (L40S, C, "marlin"): "MarlinFp8LinearKernel",
+    (H200, B, "torch"): "TorchBlockScaledMMLinearKernel", (H200, C, "torch"): "TorchScaledMMLinearKernel",
+    (H200, T, "torch"): "TorchScaledMMLinearKernel", (H200, B, "triton"): "TritonBlockFp8LinearKernel",
+    (H200, C, "triton"): "TritonBlockFp8LinearKernel", (H200, T, "triton"): None,
+    (H200, B, "marlin"): "MarlinFp8LinearKernel", (H200, U, "marlin"): None, (H200, U, "triton"): None,
+    (H200, U, "emulation"): "EmulationLinearKernel",
+    (B200, B, "torch"): None, (B200, B, "triton"): "TritonBlockFp8LinearKernel",
+}
+
+
+@pytest.mark.parametrize("key", list(EXPLICIT), ids=lambda k: f"{k[0][1] or 'cpu'}-{k[1].value}-{k[2]}")
+def test_explicit_backend_is_strict(key):
+    spec, scheme, backend = key
+    sel = select_linear_kernel(_platform(spec), _config(scheme), backend)
+    expected = EXPLICIT[key]
+    assert all(c.backend == backend for c in sel.candidates)
+    if expected is not None:
+        assert sel.require("model.layers.0.mlp.down_proj").kernel_name() == expected
+        assert sel.error is None
+        return
+    assert sel.kernel is None
+    with pytest.raises(KernelSelectionError) as err:
+        sel.require("model.layers.0.mlp.down_proj")
+    message = str(err.value)
+    assert "model.layers.0.mlp.down_proj" in message and f"--linear-backend {backend}" in message
+    # Every kernel of the backend is a candidate, and each one's reason is in the message.
+    assert {c.kernel for c in sel.candidates} == {k.kernel_name() for k in ALL_LINEAR_KERNELS if k.backend == backend}
+    for candidate in sel.candidates:
+        assert f"{candidate.kernel}: {candidate.reason}" in message
+
+
+def test_refusals_name_what_is_missing_and_what_is_there():
+    sel = select_linear_kernel(_platform(A100), _config(B), "triton")
+    assert sel.candidates[0].reason == "requires CUDA compute capability >= 8.9 (FP8 tensor cores); this GPU is 8.0"
+    sel = select_linear_kernel(_platform(B200), _config(B), "torch")
+    block = next(c for c in sel.candidates if c.kernel == "TorchBlockScaledMMLinearKernel")
+    assert "9.x" in block.reason and "10.0" in block.reason
+    sel = select_linear_kernel(_platform(CPU), _config(B), "marlin")
+    assert sel.candidates[0].reason.startswith("requires CUDA") and sel.candidates[0].reason.endswith("this is cpu")
+
+
+@pytest.mark.parametrize("config, backend, words", [
+    (_config(B, k=4000), "torch", "K a multiple of 512"),
+    (_config(C, k=100), "torch", "multiples of 16"),
+    (_config(C, dtype=torch.float16), "torch", "row-wise"),
+    (_config(B, dtype=torch.float32), "marlin", "float32"),
+    (LinearLayerConfig(4096, 4096, B, block_size=(128, 64)), "triton", "128 wide along K"),
+    (LinearLayerConfig(4096, 4096, B, block_size=(128, 64)), "marlin", "128 wide along K"),
+])
+def test_shape_and_dtype_refusals(config, backend, words):
+    sel = select_linear_kernel(_platform(H200), config, backend)
+    assert sel.kernel is None
+    assert words in sel.error
+
+
+def test_disabled_kernels_are_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setenv(DISABLED_ENV, "TritonBlockFp8LinearKernel, TorchBlockScaledMMLinearKernel")
+    sel = select_linear_kernel(_platform(H200), _config(B))
+    assert sel.require().kernel_name() == "MarlinFp8LinearKernel"
+    reasons = {c.kernel: c.reason for c in sel.rejected}
+    assert reasons["TritonBlockFp8LinearKernel"] == f"disabled by {DISABLED_ENV}"
+    assert reasons["TorchBlockScaledMMLinearKernel"] == f"disabled by {DISABLED_ENV}"
+    # An explicit backend whose only kernel is disabled fails instead of falling back.
+    with pytest.raises(KernelSelectionError, match="disabled by"):
+        select_linear_kernel(_platform(H200), _config(B), "triton").require()
+
+
+def test_backend_names_are_normalised_with_a_suggestion():
+    assert normalize_backend("Marlin", LINEAR_BACKENDS, "--linear-backend") == "marlin"
+    assert select_linear_kernel(_platform(A100), _config(B), " MARLIN ").require().backend == "marlin"
+    with pytest.raises(UnknownBackendError, match="did you mean 'marlin'"):
+        select_linear_kernel(_platform(A100), _config(B), "marlinn")
+    with pytest.raises(UnknownBackendError, match="known: auto, emulation, torch, triton, marlin"):
+        select_linear_kernel(_platform(A100), _config(B), "cutlass")
+
+
+def test_selection_report_shape():
+    entry = select_linear_kernel(_platform(A100), _config(B)).to_dict()
+    assert entry["layer"] == "linear" and entry["scheme"] == "fp8-block" and entry["requested"] == "auto"
+    assert entry["selected"] == {"kernel": "MarlinFp8LinearKernel", "backend": "marlin"}
+    assert entry["error"] is None
+    assert all(set(c) == {"kernel", "backend", "supported", "reason"} for c in entry["candidates"])
+
+
+def test_moe_selection_on_cpu_is_emulation():
+    config = MoELayerConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128, scheme=B)
+    assert select_moe_kernel(_platform(CPU), config).require().backend == "emulation"
+
+
+def test_kernel_modules_import_without_triton():
+    # Selection runs on machines without triton: importing the registry must not import it.
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'triton' or name.startswith('triton.'):\n"
+        "            raise ImportError('triton blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from quantgate.kernels import registry, Platform, LinearLayerConfig, Scheme, select_linear_kernel\n"
+        "import quantgate.kernels.linear.marlin, quantgate.kernels.linear.triton_block\n"
+        "sel = select_linear_kernel(Platform.hypothetical('cuda', '8.0'), LinearLayerConfig(256, 256, Scheme.FP8_BLOCK))\n"
+        "assert sel.require().backend == 'marlin'\n"
+        "assert 'triton' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
