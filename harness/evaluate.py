@@ -244,44 +244,28 @@ def _recording_model_class(chat: bool) -> type:
 
 
 @contextlib.contextmanager
-def _lm_eval_logs_to(path: Path) -> Iterator[None]:
-    """lm-eval's own log goes to the run directory, not the console the runner draws on."""
+def _lm_eval_output_to(path: Path) -> Iterator[None]:
+    """lm-eval's log and its progress bars (tqdm writes to sys.stderr) go to the run directory,
+    not the console the runner draws on."""
     logger = logging.getLogger("lm_eval")
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     saved = logger.handlers[:], logger.propagate, logger.level
-    logger.handlers, logger.propagate = [handler], False
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        handler.close()
-        logger.handlers, logger.propagate = saved[0], saved[1]
-        logger.setLevel(saved[2])
+    with open(path, "a", encoding="utf-8") as stream, contextlib.redirect_stderr(stream):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.handlers, logger.propagate = [handler], False
+        logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            logger.handlers, logger.propagate = saved[0], saved[1]
+            logger.setLevel(saved[2])
 
 
-def _import_lm_eval() -> None:
-    # Offline by construction: the data are local files and the tokenizer stays on the server.
+def _offline() -> None:
+    """Before lm-eval (and `datasets`) are imported: the data are local files and the tokenizer
+    stays on the server, so nothing may reach for the hub."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # tqdm reads TQDM_* once, when it is first imported: lm-eval's progress bars would draw
-    # over the runner's own display. Scoped so servers launched later do not inherit it.
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
-        import lm_eval.evaluator  # noqa: F401
-        import lm_eval.models.openai_completions  # noqa: F401
-    finally:
-        if previous is None:
-            del os.environ["TQDM_DISABLE"]
-        else:
-            os.environ["TQDM_DISABLE"] = previous
-
-
-def lm_eval_version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")
 
 
 # ---------------------------------------------------------------------------- run
@@ -326,14 +310,14 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     task_file = write_task_yaml(settings)
     check_metric(task_file, settings.metric)
     dataset_sha = {p.name: sha256_file(p) for p in (settings.test_file, settings.train_file) if p is not None}
-    _import_lm_eval()
+    _offline()
     from lm_eval import evaluate
     from lm_eval.defaults import DEFAULT_OTHER_SEED
     from lm_eval.tasks import TaskManager
 
     started = time.perf_counter()
     lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings))
-    with _lm_eval_logs_to(settings.work_dir / "lm_eval.log"):
+    with _lm_eval_output_to(settings.work_dir / "lm_eval.log"):
         manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
         loaded = manager.load([settings.task])
         task = loaded["tasks"][settings.task]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -119,7 +120,8 @@ class Display:
     """Progress for a person at a terminal, plain lines for a CI log; both on stderr."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        # The stream itself, not "whatever sys.stderr is": lm-eval's output is redirected meanwhile.
+        self.console = console or Console(file=sys.stderr, highlight=False)
         self._last_share = -1.0
 
     def note(self, text: str) -> None:
