@@ -1,0 +1,113 @@
+"""`quantgate kernels`: the kernel registry's decisions, for this machine or a described one.
+
+For each layer type and scheme: the ordered candidates, whether each can serve and why not,
+and the one selected. `--device cuda --capability 8.0` answers "what would an A100 pick?" on
+any machine, because selection is a pure function of (platform, layer, requested backend).
+The layers are representative: a 4096x4096 bf16 linear and a Qwen3-30B-A3B-shaped MoE
+(128 experts, top-8, hidden 2048, expert intermediate 768).
+
+Exit 0 when every shown layer has a kernel, 1 when one does not (an explicit backend that
+cannot serve: every candidate's reason is printed), 3 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+_LINEAR = {"in_features": 4096, "out_features": 4096}
+_MOE = {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768}
+_EXIT_OK, _EXIT_NO_KERNEL, _EXIT_USAGE = 0, 1, 3
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the machine-readable report (SPEC section 5)")
+    parser.add_argument("--device", default=None, help="auto (default), cpu or cuda[:N]")
+    parser.add_argument("--capability", default=None, metavar="X.Y",
+                        help="describe a CUDA GPU of this compute capability instead of detecting one (e.g. 8.0)")
+    parser.add_argument("--scheme", default=None,
+                        help="fp8-block, fp8-channel, fp8-tensor or unquantized (default: all FP8 schemes, plus the "
+                             "unquantized layers of an FP8 checkpoint)")
+    parser.add_argument("--linear-backend", default="auto", help="as `quantgate serve --linear-backend` (default auto)")
+    parser.add_argument("--moe-backend", default="auto", help="as `quantgate serve --moe-backend` (default auto)")
+
+
+def _platform(args: argparse.Namespace):
+    from quantgate.kernels import Platform
+
+    if args.capability is not None:
+        if args.device not in (None, "auto") and not args.device.startswith("cuda"):
+            raise ValueError(f"--capability describes a CUDA GPU; it cannot be combined with --device {args.device}")
+        return Platform.hypothetical("cuda", args.capability)
+    device = args.device or "auto"
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    try:
+        return Platform.detect(device)
+    except RuntimeError as exc:
+        raise ValueError(f"{exc}; or describe a GPU with --capability X.Y (e.g. --capability 9.0)") from None
+
+
+def _selections(args: argparse.Namespace, platform) -> list:
+    from quantgate.kernels import (
+        LINEAR_BACKENDS,
+        MOE_BACKENDS,
+        LinearLayerConfig,
+        MoELayerConfig,
+        Scheme,
+        normalize_backend,
+        select_linear_kernel,
+        select_moe_kernel,
+    )
+
+    linear = normalize_backend(args.linear_backend, LINEAR_BACKENDS, "--linear-backend")
+    moe = normalize_backend(args.moe_backend, MOE_BACKENDS, "--moe-backend")
+    out = []
+    if args.scheme is not None:
+        scheme = Scheme.parse(args.scheme)
+        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=scheme), linear))
+        out.append(select_moe_kernel(platform, MoELayerConfig(**_MOE, scheme=scheme), moe))
+        return out
+    for scheme in (s for s in Scheme if s.is_fp8):
+        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=scheme), linear))
+        out.append(select_moe_kernel(platform, MoELayerConfig(**_MOE, scheme=scheme), moe))
+    # The layers an FP8 checkpoint leaves unquantized (lm_head) always select with auto.
+    out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=Scheme.UNQUANTIZED), "auto"))
+    return out
+
+
+def _text(platform, selections: list) -> str:
+    where = platform.device + (f" {platform.capability_str}" if platform.capability else "")
+    lines = [f"platform: {where} ({platform.name})"]
+    for sel in selections:
+        chosen = sel.kernel.kernel_name() if sel.kernel else None
+        verdict = f"{chosen} [{sel.kernel.backend}]" if sel.kernel else "NO KERNEL"
+        lines.append(f"\n{sel.layer} {sel.scheme.value} (requested {sel.requested}): {verdict}")
+        width = max((len(c.kernel) for c in sel.candidates), default=0)
+        for c in sel.candidates:
+            mark = "*" if c.kernel == chosen else " "
+            status = "ok" if c.supported else c.reason
+            lines.append(f"  {mark} {c.kernel:<{width}}  {c.backend:<9}  {status}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from quantgate.kernels import UnknownBackendError
+
+    try:
+        platform = _platform(args)
+        selections = _selections(args, platform)
+    except (UnknownBackendError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_USAGE
+    errors = [sel.error for sel in selections if sel.kernel is None]
+    if args.json:
+        report = {"platform": platform.to_dict(), "layers": [sel.to_dict() for sel in selections],
+                  "error": "\n".join(errors) or None}
+        print(json.dumps(report, indent=2))
+    else:
+        print(_text(platform, selections))
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+    return _EXIT_NO_KERNEL if errors else _EXIT_OK

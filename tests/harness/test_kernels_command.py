@@ -1,0 +1,98 @@
+"""`quantgate kernels`: registry decisions for this machine or a described GPU (SPEC sections 4, 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quantgate.harness.cli import main
+from quantgate.kernels.registry import DISABLED_ENV
+
+
+@pytest.fixture(autouse=True)
+def _no_disabled_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DISABLED_ENV, raising=False)
+
+
+def _json(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(["kernels", "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_json_report_for_an_a100_block_checkpoint(capsys):
+    code, report = _json(capsys, "--device", "cuda", "--capability", "8.0", "--scheme", "fp8-block")
+    assert code == 0
+    assert report["platform"]["device"] == "cuda" and report["platform"]["capability"] == "8.0"
+    assert report["error"] is None
+    linear, moe = report["layers"]
+    assert set(linear) == {"layer", "scheme", "requested", "selected", "candidates", "error"}
+    assert (linear["layer"], linear["scheme"], linear["requested"]) == ("linear", "fp8-block", "auto")
+    assert linear["selected"] == {"kernel": "MarlinFp8LinearKernel", "backend": "marlin"}
+    assert moe["layer"] == "moe" and moe["scheme"] == "fp8-block" and moe["selected"] is not None
+    for candidate in linear["candidates"]:
+        assert set(candidate) == {"kernel", "backend", "supported", "reason"}
+        assert candidate["supported"] == (candidate["reason"] is None)
+
+
+def test_default_covers_every_fp8_scheme_and_unquantized_layers(capsys):
+    code, report = _json(capsys, "--capability", "9.0")
+    assert code == 0
+    shown = [(layer["layer"], layer["scheme"]) for layer in report["layers"]]
+    for scheme in ("fp8-block", "fp8-channel", "fp8-tensor"):
+        assert ("linear", scheme) in shown and ("moe", scheme) in shown
+    assert ("linear", "unquantized") in shown
+
+
+def test_explicit_backend_that_cannot_serve_lists_every_reason_and_exits_1(capsys):
+    code = main(["kernels", "--capability", "8.0", "--scheme", "fp8-block", "--linear-backend", "triton"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "NO KERNEL" in out
+    assert "TritonBlockFp8LinearKernel: requires CUDA compute capability >= 8.9 (FP8 tensor cores); this GPU is 8.0" in err
+
+    code, report = _json(capsys, "--capability", "8.0", "--scheme", "fp8-block", "--linear-backend", "triton")
+    linear = report["layers"][0]
+    assert code == 1 and linear["selected"] is None and linear["requested"] == "triton"
+    assert report["error"] == linear["error"] and "this GPU is 8.0" in report["error"]
+
+
+def test_requested_backend_applies_to_the_checkpoint_scheme_only(capsys):
+    # marlin cannot serve unquantized layers, but those (lm_head) always select with auto.
+    code, report = _json(capsys, "--capability", "9.0", "--linear-backend", "marlin")
+    assert code == 0
+    by_scheme = {(l["layer"], l["scheme"]): l for l in report["layers"]}
+    assert by_scheme[("linear", "fp8-block")]["selected"]["backend"] == "marlin"
+    assert by_scheme[("linear", "unquantized")]["requested"] == "auto"
+    # A bf16 checkpoint (--scheme unquantized) with marlin is a strict error.
+    code, report = _json(capsys, "--capability", "9.0", "--scheme", "unquantized", "--linear-backend", "marlin")
+    assert code == 1 and "MarlinFp8LinearKernel: scheme unquantized not handled" in report["error"]
+
+
+def test_text_report_marks_the_selected_kernel(capsys):
+    assert main(["kernels", "--device", "cpu", "--scheme", "fp8-channel"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("platform: cpu")
+    assert "linear fp8-channel (requested auto): EmulationLinearKernel [emulation]" in out
+    assert "  * EmulationLinearKernel" in out
+
+
+def test_disabled_kernels_show_up_as_reasons(capsys, monkeypatch):
+    monkeypatch.setenv(DISABLED_ENV, "MarlinFp8LinearKernel")
+    code, report = _json(capsys, "--capability", "8.0", "--scheme", "fp8-tensor")
+    linear = report["layers"][0]
+    assert code == 0 and linear["selected"]["kernel"] == "EmulationLinearKernel"
+    assert linear["candidates"][0]["reason"] == f"disabled by {DISABLED_ENV}"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--linear-backend", "marlinn"], "did you mean 'marlin'"),
+    (["--moe-backend", "trition"], "did you mean 'triton'"),
+    (["--capability", "nine"], "X.Y"),
+    (["--device", "cpu", "--capability", "9.0"], "cannot be combined"),
+    (["--device", "tpu"], "auto, cpu or cuda"),
+    (["--scheme", "fp4"], "known schemes"),
+])
+def test_usage_errors_exit_3_with_the_fix(capsys, argv, words):
+    assert main(["kernels", *argv]) == 3
+    assert words in capsys.readouterr().err
