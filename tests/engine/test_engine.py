@@ -1,0 +1,162 @@
+"""LLMEngine behaviour: continuous batching, batch invariance, sampling, stops, logprobs, limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.engine import InvalidRequestError, LLMEngine, SamplingParams, load_model
+
+from .conftest import random_prompts, run_to_completion
+from .test_parity import _hf, _ints
+
+
+def _tokens(outputs) -> list[int]:
+    return [t for out in outputs for t in out.new_token_ids]
+
+
+def _greedy(max_tokens: int = 10, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, **kw)
+
+
+def test_greedy_results_do_not_depend_on_batch_composition(dense_engine, seed):
+    prompts = random_prompts(10, dense_engine.vocab_size, torch.Generator().manual_seed(seed))
+    alone = {}
+    for i, p in enumerate(prompts):
+        dense_engine.add_request(f"a{i}", p, _greedy(ignore_eos=True))
+        alone[i] = _tokens(run_to_completion(dense_engine)[f"a{i}"])
+    for i, p in enumerate(prompts):  # all at once: 8 slots, so two join later, mid-flight
+        dense_engine.add_request(f"b{i}", p, _greedy(ignore_eos=True))
+    together = run_to_completion(dense_engine)
+    assert {i: _tokens(together[f"b{i}"]) for i in alone} == alone
+
+
+def test_new_requests_join_running_ones_at_the_next_step(dense_engine):
+    dense_engine.add_request("first", [5, 6, 7], _greedy(20, ignore_eos=True))
+    dense_engine.step()
+    dense_engine.step()
+    dense_engine.add_request("second", [8, 9], _greedy(5, ignore_eos=True))
+    produced = {o.request_id: len(o.new_token_ids) for o in dense_engine.step()}
+    assert produced == {"first": 1, "second": 1}  # one step: a decode for one, the prefill of the other
+    run_to_completion(dense_engine)
+
+
+def test_max_tokens_and_eos_finish_requests(dense_engine):
+    dense_engine.add_request("len", [3, 4, 5], _greedy(7, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["len"]
+    assert len(_tokens(outs)) == 7 and outs[-1].finished and outs[-1].finish_reason == "length"
+    assert outs[-1].num_generated_tokens == 7 and outs[-1].num_prompt_tokens == 3
+    first = _tokens(outs)[0]
+    dense_engine.add_request("stop", [3, 4, 5], _greedy(7, stop_token_ids=[first]))
+    outs = run_to_completion(dense_engine)["stop"]
+    assert _tokens(outs) == [first] and outs[-1].finish_reason == "stop"
+
+
+def test_logprobs_are_the_model_distribution(dense_dir, dense_engine):
+    hf = _hf(dense_dir)
+    prompt = [11, 12, 13, 14, 15]
+    dense_engine.add_request("lp", prompt, SamplingParams(max_tokens=3, temperature=0, logprobs=3,
+                                                          prompt_logprobs=True, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["lp"]
+    tokens = _tokens(outs)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(_ints([prompt + tokens])).logits[0].double(), dim=-1)
+    plp = outs[0].prompt_logprobs
+    assert plp[0] is None and len(plp) == len(prompt)
+    for pos in range(1, len(prompt)):
+        lp, top = plp[pos]
+        assert lp == pytest.approx(float(ref[pos - 1, prompt[pos]]), abs=1e-4)
+        assert list(top) == ref[pos - 1].topk(3).indices.tolist()
+    generated = [lp for out in outs for lp in out.token_logprobs]
+    tops = [top for out in outs for top in out.top_logprobs]
+    for j, t in enumerate(tokens):
+        row = ref[len(prompt) - 1 + j]
+        assert generated[j] == pytest.approx(float(row[t]), abs=1e-4)
+        assert next(iter(tops[j])) == t  # greedy: the chosen token is the most likely
+    assert all(out.prompt_logprobs is None for out in outs[1:])
+
+
+def test_max_tokens_zero_returns_only_prompt_logprobs(dense_engine):
+    dense_engine.add_request("echo", [1, 2, 3, 4], SamplingParams(max_tokens=0, logprobs=1, prompt_logprobs=True))
+    (out,) = run_to_completion(dense_engine)["echo"]
+    assert out.finished and out.finish_reason == "length" and out.new_token_ids == []
+    assert len(out.prompt_logprobs) == 4
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(dense_engine, seed):
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True)
+    dense_engine.add_request("s1", [7, 8, 9], params)
+    alone = _tokens(run_to_completion(dense_engine)["s1"])
+    dense_engine.add_request("noise", [1, 2], SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True))
+    dense_engine.add_request("s2", [7, 8, 9], params)
+    assert _tokens(run_to_completion(dense_engine)["s2"]) == alone
+    dense_engine.add_request("other", [7, 8, 9], SamplingParams(max_tokens=12, temperature=1.0, seed=seed + 1,
+                                                                  ignore_eos=True))
+    assert _tokens(run_to_completion(dense_engine)["other"]) != alone
+
+
+def test_tiny_top_p_samples_the_most_likely_token(dense_engine):
+    dense_engine.add_request("g", [7, 8, 9], _greedy(8, ignore_eos=True))
+    greedy = _tokens(run_to_completion(dense_engine)["g"])
+    dense_engine.add_request("p", [7, 8, 9], SamplingParams(max_tokens=8, temperature=1.5, top_p=1e-6,
+                                                            ignore_eos=True))
+    assert _tokens(run_to_completion(dense_engine)["p"]) == greedy
+
+
+def test_stop_strings_cut_the_text_before_them(dense_engine):
+    tok = dense_engine.tokenizer
+    dense_engine.add_request("free", [7, 8, 9], _greedy(16, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["free"]
+    text = "".join(o.new_text for o in outs)
+    # a random model can end inside a multi-byte character: those bytes are never emitted
+    assert text == tok.decode(_tokens(outs), skip_special_tokens=True).rstrip("\ufffd")
+    stop = text[5:8]  # whatever the model says, stop in the middle of it
+    assert stop and stop in text
+    dense_engine.add_request("cut", [7, 8, 9], _greedy(16, ignore_eos=True, stop=[stop]))
+    outs = run_to_completion(dense_engine)["cut"]
+    assert "".join(o.new_text for o in outs) == text[: text.find(stop)]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_abort_frees_the_slot(dense_engine):
+    free = dense_engine.kv.num_free
+    dense_engine.add_request("gone", [1, 2, 3], _greedy(50))
+    dense_engine.step()
+    assert dense_engine.kv.num_free == free - 1
+    assert dense_engine.abort("gone") and not dense_engine.abort("gone")
+    assert dense_engine.kv.num_free == free and not dense_engine.has_unfinished()
+
+
+@pytest.mark.parametrize("prompt,params,message", [
+    ([1] * 250, _greedy(10), "maximum context length is 256 tokens"),
+    ([1] * 256, _greedy(0), "maximum context length is 256 tokens"),
+    ([], _greedy(), "prompt is empty"),
+    ([1, 10**6], _greedy(), "token id 1000000 is out of range"),
+])
+def test_requests_that_cannot_run_are_rejected(dense_engine, prompt, params, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        dense_engine.add_request("bad", prompt, params)
+    assert not dense_engine.has_unfinished()
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("max_tokens", -1), ("logprobs", 21),
+                                         ("stop", [""])])
+def test_sampling_params_validate_their_ranges(field, value):
+    with pytest.raises(InvalidRequestError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_kv_budget_bounds_the_running_sequences(dense_dir):
+    loaded = load_model(dense_dir, device="cpu")
+    per_seq = loaded.model_config.kv_bytes_per_token(loaded.dtype) * 64
+    engine = LLMEngine(loaded, max_num_seqs=8, max_model_len=64, kv_cache_memory=3 * per_seq)
+    assert engine.kv.num_slots == 3
+    for i in range(5):
+        engine.add_request(str(i), [1, 2, 3], _greedy(5))
+    engine.step()
+    assert engine.stats()["num_running"] == 3 and engine.stats()["num_waiting"] == 2
+    assert len(run_to_completion(engine)) == 5
+    with pytest.raises(ValueError, match="cannot hold one sequence"):
+        LLMEngine(loaded, max_model_len=64, kv_cache_memory=per_seq - 1)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        LLMEngine(loaded, max_model_len=10**6)
