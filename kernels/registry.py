@@ -20,7 +20,7 @@ from .linear.triton_block import TritonBlockFp8LinearKernel
 from .linear.unquantized import UnquantizedLinearKernel
 from .moe.emulation import EmulationMoEKernel
 from .moe.marlin import MarlinMoEKernel
-from .moe.triton import TritonFusedMoEKernel
+from .moe.triton import TritonFusedMoEKernel, TritonUnquantizedMoEKernel
 from .platform import Platform
 from .schemes import LinearLayerConfig, MoELayerConfig, Scheme
 
@@ -69,26 +69,40 @@ LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearK
     }),
 ]
 
+_moe_emul, _moe_triton, _moe_triton_dense, _moe_marlin = (
+    EmulationMoEKernel,
+    TritonFusedMoEKernel,
+    TritonUnquantizedMoEKernel,
+    MarlinMoEKernel,
+)
+# Kernels that cannot run on a row's platform are still listed where an explicit backend could
+# ask for them, so `quantgate kernels` shows why they were refused. W8A8 triton needs FP8 tensor
+# cores (8.9+); marlin (W8A16) serves every FP8 scheme from 8.0, below which only emulation runs.
 MOE_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[MoEKernel]]]]] = [
     ("cuda", (8, 9), {
-        B: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
-        C: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
-        T: [TritonFusedMoEKernel, MarlinMoEKernel, EmulationMoEKernel],
-        U: [TritonFusedMoEKernel, EmulationMoEKernel],
+        B: [_moe_triton, _moe_marlin, _moe_emul],
+        C: [_moe_triton, _moe_marlin, _moe_emul],
+        T: [_moe_triton, _moe_marlin, _moe_emul],
+        U: [_moe_triton_dense, _moe_emul],
     }),
     ("cuda", (0, 0), {
-        B: [MarlinMoEKernel, EmulationMoEKernel],
-        C: [MarlinMoEKernel, EmulationMoEKernel],
-        T: [MarlinMoEKernel, EmulationMoEKernel],
-        U: [TritonFusedMoEKernel, EmulationMoEKernel],
+        B: [_moe_marlin, _moe_triton, _moe_emul],
+        C: [_moe_marlin, _moe_triton, _moe_emul],
+        T: [_moe_marlin, _moe_triton, _moe_emul],
+        U: [_moe_triton_dense, _moe_emul],
     }),
-    ("cpu", (0, 0), {s: [EmulationMoEKernel] for s in Scheme}),
+    ("cpu", (0, 0), {
+        B: [_moe_emul, _moe_triton, _moe_marlin],
+        C: [_moe_emul, _moe_triton, _moe_marlin],
+        T: [_moe_emul, _moe_triton, _moe_marlin],
+        U: [_moe_emul, _moe_triton_dense],
+    }),
 ]
 
 ALL_LINEAR_KERNELS: list[type[LinearKernel]] = [
     _lin_emul, _lin_dense, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin,
 ]
-ALL_MOE_KERNELS: list[type[MoEKernel]] = [EmulationMoEKernel, TritonFusedMoEKernel, MarlinMoEKernel]
+ALL_MOE_KERNELS: list[type[MoEKernel]] = [_moe_emul, _moe_triton, _moe_triton_dense, _moe_marlin]
 
 LINEAR_BACKENDS = ("auto",) + tuple(dict.fromkeys(k.backend for k in ALL_LINEAR_KERNELS))
 MOE_BACKENDS = ("auto",) + tuple(dict.fromkeys(k.backend for k in ALL_MOE_KERNELS))

@@ -9,6 +9,8 @@ in float64.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -91,17 +93,27 @@ def _qdq64(a: torch.Tensor, config: MoELayerConfig, static_scale: torch.Tensor |
 
 
 def reference_moe(raw: dict[str, torch.Tensor], config: MoELayerConfig, x: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-    """float64 [T, H] for the checkpoint tensors `raw` (see raw_tensors) and the given routing."""
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, weight_only: bool = False) -> torch.Tensor:
+    """float64 [T, H] for the checkpoint tensors `raw` (see raw_tensors) and the given routing.
+
+    weight_only: W8A16 as marlin computes it: activations are not quantized, and the weight
+    scales are those marlin stores, rounded to the activation dtype (fp16 ones times 2^10)."""
     raw = {name: t.cpu() for name, t in raw.items()}
     x, topk_weights, topk_ids = x.cpu(), topk_weights.cpu(), topk_ids.cpu().long()
+    act_config = config
+    if weight_only:
+        shift = 10 if config.act_dtype == torch.float16 else 0
+        for p in ("w13", "w2"):
+            name = experts.scale_attr(config, p)
+            raw[name] = (raw[name].double() * 2.0**shift).to(config.act_dtype).double() / 2.0**shift
+        act_config = dataclasses.replace(config, scheme=Scheme.UNQUANTIZED)
     w13, w2 = (_dequantize64(raw[f"{p}_weight"], raw.get(experts.scale_attr(config, p)), config, p)
                for p in ("w13", "w2"))
     static = {p: raw[f"{p}_input_scale"].float().max() if config.static_input_scale else None for p in ("w13", "w2")}
     t, k = topk_ids.shape
-    gate_up = torch.einsum("th,tknh->tkn", _qdq64(x, config, static["w13"]), w13[topk_ids])
+    gate_up = torch.einsum("th,tknh->tkn", _qdq64(x, act_config, static["w13"]), w13[topk_ids])
     gate, up = gate_up.split(config.intermediate_size, dim=-1)
-    inter = _qdq64((F.silu(gate) * up).reshape(t * k, -1), config, static["w2"]).reshape(t, k, -1)
+    inter = _qdq64((F.silu(gate) * up).reshape(t * k, -1), act_config, static["w2"]).reshape(t, k, -1)
     down = torch.einsum("tki,tkhi->tkh", inter, w2[topk_ids])
     return (down * topk_weights.double()[..., None]).sum(dim=1)
 
