@@ -23,26 +23,34 @@ __all__ = ["PROMETHEUS_CONTENT_TYPE", "ServerMetrics", "RequestMetricsMiddleware
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
-EngineGauges = Callable[[], Mapping[str, float]]
+EngineStats = Callable[[], Mapping[str, float]]  # AsyncEngine.stats
 OTHER_ENDPOINT = "other"  # unknown paths share one label so random URLs cannot blow up cardinality
+
+
+# Prometheus name, help, key of AsyncEngine.stats()
+ENGINE_GAUGES = (
+    ("quantgate_num_requests_waiting", "Requests queued in the engine, not yet running", "num_waiting"),
+    ("quantgate_num_requests_running", "Requests in the engine's running batch", "num_running"),
+    ("quantgate_kv_cache_slots", "Sequence slots of the KV cache", "kv_slots"),
+    ("quantgate_kv_cache_slots_used", "KV cache slots held by requests", "kv_slots_used"),
+)
 
 
 class _EngineGaugeCollector(Collector):
     """Reads the engine's counts when Prometheus scrapes."""
 
-    def __init__(self, read: EngineGauges) -> None:
+    def __init__(self, read: EngineStats) -> None:
         self._read = read
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        gauges = self._read()
-        yield GaugeMetricFamily("quantgate_num_requests_waiting", "Requests queued in the engine, not yet running",
-                                value=gauges["waiting"])
-        yield GaugeMetricFamily("quantgate_num_requests_running", "Requests in the engine's running batch",
-                                value=gauges["running"])
+        stats = self._read()
+        for name, help_text, key in ENGINE_GAUGES:
+            if key in stats:
+                yield GaugeMetricFamily(name, help_text, value=stats[key])
 
 
 class ServerMetrics:
-    def __init__(self, engine_gauges: EngineGauges) -> None:
+    def __init__(self, engine_stats: EngineStats) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("quantgate_requests", "HTTP requests by endpoint and status code",
@@ -58,7 +66,7 @@ class ServerMetrics:
         self.time_per_output_token = Histogram("quantgate_time_per_output_token_seconds",
                                                "Mean time per generated token after the first, per request",
                                                buckets=TOKEN_LATENCY_BUCKETS, registry=r)
-        r.register(_EngineGaugeCollector(engine_gauges))
+        r.register(_EngineGaugeCollector(engine_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

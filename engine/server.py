@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import AsyncEngine, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
+from . import AsyncEngine, EngineDeadError, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
 from .chat_template import ChatTemplate, ChatTemplateError
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
@@ -525,7 +525,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 
 
 def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings) -> FastAPI:
-    metrics = ServerMetrics(engine_gauges=lambda: _engine_gauges(engine))
+    metrics = ServerMetrics(engine_stats=engine.stats)
     server = OpenAIServer(engine, loaded, settings, metrics)
     app = FastAPI(title="quantgate serve", description="OpenAI-compatible server of quantgate's engine",
                   max_body_size=MAX_BODY_BYTES)
@@ -539,6 +539,10 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.exception_handler(InvalidRequestError)
     async def _refused(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return APIError(400, str(exc)).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return APIError(503, str(exc), type="service_unavailable").response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -619,7 +623,3 @@ def _json(result: Any) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(result.model_dump())
 
-
-def _engine_gauges(engine: AsyncEngine) -> dict[str, float]:
-    stats = engine.stats()
-    return {"waiting": stats["num_waiting"], "running": stats["num_running"]}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from quantgate.engine import AsyncEngine, LLMEngine, load_model
+from quantgate.engine import AsyncEngine, EngineDeadError, LLMEngine, load_model
 from quantgate.engine.server import ServerSettings, build_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,6 +329,7 @@ def test_metrics_move(client: TestClient) -> None:
             == metric(b, "quantgate_request_latency_seconds_count", latency) + 2)
     assert metric(a, "quantgate_time_to_first_token_seconds_count") > metric(b, "quantgate_time_to_first_token_seconds_count")
     assert metric(a, "quantgate_num_requests_running") == 0 and metric(a, "quantgate_num_requests_waiting") == 0
+    assert metric(a, "quantgate_kv_cache_slots") >= 1 and metric(a, "quantgate_kv_cache_slots_used") == 0
 
 
 def test_api_key(engine) -> None:
@@ -366,6 +367,8 @@ def test_an_internal_error_fails_only_its_request(client: TestClient, engine, mo
     def broken(request_id, prompt_token_ids, params):
         if prompt_token_ids[:1] == [7]:
             raise RuntimeError("boom")
+        if prompt_token_ids[:1] == [6]:
+            raise EngineDeadError("the engine has stopped; restart the server")
         return real_generate(request_id, prompt_token_ids, params)
 
     monkeypatch.setattr(async_engine, "generate", broken)
@@ -376,6 +379,8 @@ def test_an_internal_error_fails_only_its_request(client: TestClient, engine, mo
 def check_internal_error_is_contained(client: TestClient) -> None:
     failed = client.post("/v1/completions", json={"prompt": [7, 8, 9], "max_tokens": 2})
     assert failed.status_code == 500 and "boom" in failed.json()["error"]["message"]
+    dead = client.post("/v1/completions", json={"prompt": [6], "max_tokens": 2})
+    assert dead.status_code == 503 and "restart the server" in dead.json()["error"]["message"]
     streamed = sse_events(client.post("/v1/completions", json={"prompt": [7, 8], "max_tokens": 2, "stream": True}))
     assert "boom" in streamed[-2]["error"]["message"] and streamed[-1] == "[DONE]"
     assert complete(client, prompt=[8, 9], max_tokens=2)["choices"][0]["finish_reason"] in ("stop", "length")
