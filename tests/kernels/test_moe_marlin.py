@@ -1,0 +1,114 @@
+"""The marlin MoE backend: weight-only FP8 (W8A16) experts, packed four to an int32.
+
+The reference is W8A16: activations unquantized, weight scales rounded to the activation dtype
+as marlin stores them. On CPU the kernels run under TRITON_INTERPRET=1 in float16 (see
+test_moe_triton.py for why not bfloat16); bfloat16 runs in the GPU tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import IncompatibleBufferError, Platform
+from quantgate.kernels.moe.marlin import MarlinMoEKernel
+from quantgate.kernels.schemes import Scheme
+from quantgate.kernels.triton.w8a16_gemm import unpack_weight
+
+from .test_moe_reference import TOLERANCE, mean_relative_error, moe_config, moe_layer, raw_tensors, reference_moe, routing
+from .test_moe_triton import BF16_TOLERANCE, DEVICE
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+CASES = [
+    pytest.param(Scheme.FP8_BLOCK, "weight_scale_inv", 192, 128, id="block-native"),
+    pytest.param(Scheme.FP8_BLOCK, "weight_scale", 200, 256, id="block-ct"),
+    pytest.param(Scheme.FP8_CHANNEL, "weight_scale", 200, 72, id="channel"),
+    pytest.param(Scheme.FP8_TENSOR, "weight_scale", 136, 72, id="tensor"),
+]
+
+
+def _run(cfg, num_tokens, skip_experts=()):
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = MarlinMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(num_tokens, cfg.hidden_size, device=DEVICE).to(cfg.act_dtype)
+    weights, ids = routing(num_tokens, cfg, DEVICE, skip_experts)
+    out = kernel.apply(layer, x, weights, ids)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    return mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids, weight_only=True))
+
+
+@pytest.mark.parametrize("scheme,scale_name,hidden,inter", CASES)
+@pytest.mark.parametrize("num_tokens", [1, 29])
+def test_matches_float64_w8a16_reference(scheme, scale_name, hidden, inter, num_tokens, seed):
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name, act_dtype=torch.float16)
+    assert _run(cfg, num_tokens, skip_experts=(0, 5)) < TOLERANCE
+
+
+def test_static_input_scales_are_ignored(seed):
+    # Weight-only: a checkpoint's activation scales do not change the result.
+    cfg = moe_config(Scheme.FP8_TENSOR, hidden=136, inter=72, act_dtype=torch.float16, static_input_scale=True)
+    assert _run(cfg, 5) < TOLERANCE
+
+
+def test_processing_packs_four_fp8_per_int32_and_keeps_storage_on_reload(seed):
+    cfg = moe_config(Scheme.FP8_BLOCK, scale_name="weight_scale_inv", hidden=200, inter=128,
+                     act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    w13 = layer.w13_weight.clone()
+    kernel = MarlinMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    assert layer.w13_weight.dtype == torch.int32 and layer.w13_weight.shape == (e, 2 * 32, 2 * i)  # ceil(200/128)=2
+    assert torch.equal(unpack_weight(layer.w13_weight[3], h).view(torch.uint8), w13[3].view(torch.uint8))
+    assert layer.w13_weight_scale_inv.dtype == torch.float16 and layer.w13_weight_scale_inv.shape == (e, 2, 2 * i)
+
+    names = ["w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv", "moe_workspace"]
+    pointers = {n: getattr(layer, n).data_ptr() for n in names}
+    raw = raw_tensors(moe_layer(cfg, DEVICE))
+    for name, tensor in raw.items():
+        layer.register_buffer(name, tensor.clone(), persistent=False)
+    kernel.process_weights_after_loading(layer)
+    assert {n: getattr(layer, n).data_ptr() for n in names} == pointers
+    x = torch.randn(3, h, device=DEVICE).half()
+    weights, ids = routing(3, cfg, DEVICE)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids, weight_only=True)) < TOLERANCE
+
+
+def test_reload_with_other_shapes_raises():
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    bigger = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=48, act_dtype=torch.float16)
+    for name, tensor in raw_tensors(moe_layer(bigger, DEVICE)).items():
+        layer.register_buffer(name, tensor, persistent=False)
+    with pytest.raises(IncompatibleBufferError, match="w13_weight"):
+        MarlinMoEKernel(bigger).process_weights_after_loading(layer)
+
+
+def test_support_and_refusals():
+    assert MarlinMoEKernel.is_supported(Platform.hypothetical("cuda", "8.0")) == (True, None)
+    ok, reason = MarlinMoEKernel.is_supported(Platform.hypothetical("cuda", "7.5"))
+    assert not ok and "compute capability >= 8.0" in reason and "7.5" in reason
+    ok, reason = MarlinMoEKernel.can_implement(moe_config(Scheme.UNQUANTIZED, act_dtype=torch.bfloat16))
+    assert not ok and "scheme unquantized not handled" in reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme,scale_name,hidden,inter", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_matches_float64_w8a16_reference(scheme, scale_name, hidden, inter, dtype, seed):
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name, act_dtype=dtype)
+    for num_tokens in (1, 16, 300):
+        error = _run(cfg, num_tokens, skip_experts=(0, 5))
+        assert error < (BF16_TOLERANCE if dtype == torch.bfloat16 else TOLERANCE), (num_tokens, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 16, 256])
+def test_gpu_qwen3_moe_layer_shape(num_tokens, seed):
+    cfg = moe_config(Scheme.FP8_BLOCK, experts_=128, top_k=8, hidden=2048, inter=768, act_dtype=torch.float16)
+    assert _run(cfg, num_tokens) < TOLERANCE

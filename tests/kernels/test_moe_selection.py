@@ -1,0 +1,78 @@
+"""MoE kernel selection on CPU, 8.0, 8.9 and 9.0, for every scheme and --moe-backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import KernelSelectionError, Platform, select_moe_kernel
+from quantgate.kernels.schemes import MoELayerConfig, Scheme
+
+B, C, T, U = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR, Scheme.UNQUANTIZED
+QWEN3_30B = dict(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768)
+PLATFORMS = {"cpu": Platform.hypothetical("cpu"), "8.0": Platform.hypothetical("cuda", "8.0"),
+             "8.9": Platform.hypothetical("cuda", "8.9"), "9.0": Platform.hypothetical("cuda", "9.0")}
+
+_FP8_ON_HOPPER = {"auto": "TritonFusedMoEKernel", "emulation": "EmulationMoEKernel",
+                  "triton": "TritonFusedMoEKernel", "marlin": "MarlinMoEKernel"}
+# platform -> scheme -> requested backend -> selected kernel, or None for a strict error.
+EXPECTED = {
+    "cpu": {s: {"auto": "EmulationMoEKernel", "emulation": "EmulationMoEKernel", "triton": None, "marlin": None}
+            for s in Scheme},
+    "8.0": {**{s: {"auto": "MarlinMoEKernel", "emulation": "EmulationMoEKernel", "triton": None,
+                   "marlin": "MarlinMoEKernel"} for s in (B, C, T)},
+            U: {"auto": "TritonUnquantizedMoEKernel", "emulation": "EmulationMoEKernel",
+                "triton": "TritonUnquantizedMoEKernel", "marlin": None}},
+    "8.9": {**{s: _FP8_ON_HOPPER for s in (B, C, T)},
+            U: {"auto": "TritonUnquantizedMoEKernel", "emulation": "EmulationMoEKernel",
+                "triton": "TritonUnquantizedMoEKernel", "marlin": None}},
+}
+EXPECTED["9.0"] = EXPECTED["8.9"]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("scheme", list(Scheme))
+@pytest.mark.parametrize("requested", ["auto", "emulation", "triton", "marlin"])
+def test_selection(platform: str, scheme: Scheme, requested: str) -> None:
+    cfg = MoELayerConfig(scheme=scheme, act_dtype=torch.bfloat16, **QWEN3_30B)
+    selection = select_moe_kernel(PLATFORMS[platform], cfg, requested)
+    expected = EXPECTED[platform][scheme][requested]
+    if expected is None:
+        assert selection.kernel is None
+        with pytest.raises(KernelSelectionError) as err:
+            selection.require("model.layers.0.mlp.experts")
+        message = str(err.value)
+        # Strict: every candidate of the backend is named with its reason, and the fix is given.
+        assert f"--moe-backend {requested}" in message and "model.layers.0.mlp.experts" in message
+        assert all(c.reason and c.reason in message for c in selection.candidates) and selection.candidates
+        assert "Choose another --moe-backend" in message
+    else:
+        assert selection.kernel is not None and selection.kernel.kernel_name() == expected
+        assert selection.to_dict()["selected"]["kernel"] == expected
+
+
+def test_triton_on_ampere_says_fp8_needs_89() -> None:
+    cfg = MoELayerConfig(scheme=B, **QWEN3_30B)
+    error = select_moe_kernel(PLATFORMS["8.0"], cfg, "triton").error
+    assert "TritonFusedMoEKernel: requires compute capability >= 8.9 (FP8 tensor cores); this GPU is 8.0" in error
+
+
+def test_float32_activations_fall_back_to_emulation_on_gpu() -> None:
+    cfg = MoELayerConfig(scheme=B, act_dtype=torch.float32, **QWEN3_30B)
+    selection = select_moe_kernel(PLATFORMS["9.0"], cfg)
+    assert selection.kernel.kernel_name() == "EmulationMoEKernel"
+    assert [c.kernel for c in selection.rejected] == ["TritonFusedMoEKernel", "MarlinMoEKernel"]
+    assert all("bfloat16 or float16" in c.reason for c in selection.rejected)
+
+
+def test_block_layout_that_cannot_be_stacked_is_refused_everywhere() -> None:
+    cfg = MoELayerConfig(scheme=B, num_experts=8, top_k=2, hidden_size=256, intermediate_size=96)
+    selection = select_moe_kernel(PLATFORMS["cpu"], cfg)
+    assert selection.kernel is None and "multiple of the block height 128" in selection.error
+
+
+def test_disabled_kernels_are_skipped() -> None:
+    cfg = MoELayerConfig(scheme=B, **QWEN3_30B)
+    selection = select_moe_kernel(PLATFORMS["9.0"], cfg, disabled=frozenset({"TritonFusedMoEKernel"}))
+    assert selection.kernel.kernel_name() == "MarlinMoEKernel"
+    assert selection.rejected[0].reason == "disabled by QUANTGATE_DISABLED_KERNELS"

@@ -1,0 +1,168 @@
+"""The triton MoE backend: token alignment, W8A8 (block, channel, tensor) and bf16/fp16 fused MoE.
+
+On CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py) in float16: the
+interpreter computes bfloat16 dots on the raw bits, so bfloat16 runs in the GPU tests only.
+`apply` is called directly: `is_supported` refuses CPU, the launches themselves do not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import IncompatibleBufferError
+from quantgate.kernels.moe.triton import TritonFusedMoEKernel, TritonUnquantizedMoEKernel
+from quantgate.kernels.schemes import Scheme
+from quantgate.kernels.triton import fused_moe
+from quantgate.kernels.triton.moe_align import max_padded_rows, moe_align_block_size
+
+from .test_moe_reference import (TOLERANCE, mean_relative_error, moe_config, moe_layer, raw_tensors, reference_moe,
+                                 routing)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16 keeps 8 significant bits: rounding each top-k slot and then their sum costs ~3e-3 of
+# the metric by itself (float16: ~3e-4), so bf16 is held to this instead of TOLERANCE.
+BF16_TOLERANCE = 6e-3
+
+# (kernel, scheme, scale name, hidden, intermediate, static input scales); block needs I % 128 == 0.
+CASES = [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, "weight_scale_inv", 192, 128, False, id="block-native"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, "weight_scale", 200, 256, False, id="block-ct"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, "weight_scale", 200, 72, False, id="channel"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_TENSOR, "weight_scale", 200, 72, False, id="tensor-dynamic"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_TENSOR, "weight_scale", 136, 72, True, id="tensor-static"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, "weight_scale", 200, 72, False, id="unquantized"),
+]
+
+
+def _run(kernel_class, cfg, num_tokens, skip_experts=()):
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = kernel_class(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(num_tokens, cfg.hidden_size, device=DEVICE).to(cfg.act_dtype)
+    weights, ids = routing(num_tokens, cfg, DEVICE, skip_experts)
+    out = kernel.apply(layer, x, weights, ids)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    return mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids))
+
+
+@pytest.mark.parametrize("kernel_class,scheme,scale_name,hidden,inter,static", CASES)
+@pytest.mark.parametrize("num_tokens", [1, 29])
+def test_matches_float64_reference(kernel_class, scheme, scale_name, hidden, inter, static, num_tokens, seed):
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name, act_dtype=torch.float16,
+                     static_input_scale=static)
+    # Experts 0 and 5 receive no tokens.
+    assert _run(kernel_class, cfg, num_tokens, skip_experts=(0, 5)) < TOLERANCE
+
+
+def test_all_tokens_on_one_expert_with_tied_logits(seed):
+    cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float16, top_k=2)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = TritonFusedMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(20, cfg.hidden_size, device=DEVICE).half()
+    logits = torch.zeros(20, cfg.num_experts, device=DEVICE)
+    logits[:, 3] = 1.0  # every token picks expert 3, then the tie among the rest goes to expert 0
+    from quantgate.kernels.moe.routing import select_experts
+
+    weights, ids = select_experts(logits, 2, renormalize=True)
+    assert ids[:, 1].eq(0).all()
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_tokens,top_k,experts_,block_m", [(1, 8, 128, 16), (37, 2, 6, 16), (1200, 4, 16, 64)])
+def test_alignment_groups_slots_by_expert(num_tokens, top_k, experts_, block_m, seed):
+    ids = torch.stack([torch.randperm(experts_)[:top_k] for _ in range(num_tokens)]).to(torch.int32).to(DEVICE)
+    sorted_slots, block_expert, num_padded = moe_align_block_size(ids, experts_, block_m)
+    slots, padded = ids.numel(), int(num_padded)
+    counts = torch.bincount(ids.flatten().long().cpu(), minlength=experts_)
+    assert padded == int(((counts + block_m - 1) // block_m * block_m).sum()) <= sorted_slots.numel()
+    assert sorted_slots.numel() == max_padded_rows(slots, experts_, block_m)
+    rows = sorted_slots.cpu()
+    used = rows[:padded]
+    assert sorted(used[used < slots].tolist()) == list(range(slots))  # every slot exactly once
+    assert rows[padded:].eq(slots).all()
+    flat = ids.flatten().cpu()
+    for b in range(padded // block_m):
+        block = rows[b * block_m:(b + 1) * block_m]
+        real = block[block < slots].long()
+        assert real.numel() and flat[real].eq(int(block_expert[b])).all()
+
+
+def test_reload_keeps_storage_and_uses_new_weights(seed):
+    cfg = moe_config(Scheme.FP8_BLOCK, scale_name="weight_scale_inv", act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    kernel = TritonFusedMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    names = ["w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv", "moe_workspace"]
+    pointers = {n: getattr(layer, n).data_ptr() for n in names}
+    raw = raw_tensors(moe_layer(cfg, DEVICE))
+    for name, tensor in raw.items():  # the engine loader re-sets the checkpoint tensors
+        layer.register_buffer(name, tensor.clone(), persistent=False)
+    kernel.process_weights_after_loading(layer)
+    assert {n: getattr(layer, n).data_ptr() for n in names} == pointers
+    x = torch.randn(4, cfg.hidden_size, device=DEVICE).half()
+    weights, ids = routing(4, cfg, DEVICE)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_reload_with_other_shapes_raises():
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    TritonFusedMoEKernel(cfg).process_weights_after_loading(layer)
+    bigger = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=48, act_dtype=torch.float16)
+    for name, tensor in raw_tensors(moe_layer(bigger, DEVICE)).items():
+        layer.register_buffer(name, tensor, persistent=False)
+    with pytest.raises(IncompatibleBufferError, match="w13_weight"):
+        TritonFusedMoEKernel(bigger).process_weights_after_loading(layer)
+
+
+def test_block_scheme_needs_a_128_wide_gate_up_tile():
+    cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    kernel = TritonFusedMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    narrow = fused_moe.FusedMoEConfig(16, fused_moe.GemmTile(64, 128, 4, 2), fused_moe.GemmTile(64, 128, 4, 2))
+    weights, ids = routing(2, cfg, DEVICE)
+    with pytest.raises(ValueError, match="block_n must be 128"):
+        fused_moe.fused_moe_fp8(
+            torch.randn(2, cfg.hidden_size, device=DEVICE).half(), weights, ids,
+            layer.w13_weight, fused_moe.block_scales(layer.w13_weight_scale, cfg.intermediate_size),
+            layer.w2_weight, fused_moe.block_scales(layer.w2_weight_scale), activation="group", config=narrow)
+
+
+def test_layer_refusals_name_the_cause():
+    ok, reason = TritonFusedMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float32))
+    assert not ok and "bfloat16 or float16" in reason
+    ok, reason = TritonFusedMoEKernel.can_implement(moe_config(Scheme.UNQUANTIZED, act_dtype=torch.bfloat16))
+    assert not ok and "scheme unquantized not handled" in reason
+    ok, reason = TritonUnquantizedMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, act_dtype=torch.bfloat16))
+    assert not ok and "scheme fp8-block not handled" in reason
+
+
+# --- CUDA: bf16 and the Qwen3-30B-A3B layer shape ------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_class,scheme,scale_name,hidden,inter,static", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_matches_float64_reference(kernel_class, scheme, scale_name, hidden, inter, static, dtype, seed):
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name, act_dtype=dtype,
+                     static_input_scale=static)
+    for num_tokens in (1, 16, 300):
+        error = _run(kernel_class, cfg, num_tokens, skip_experts=(0, 5))
+        assert error < (BF16_TOLERANCE if dtype == torch.bfloat16 else TOLERANCE), (num_tokens, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 16, 256, 2048])
+@pytest.mark.parametrize("scheme", [Scheme.FP8_BLOCK, Scheme.UNQUANTIZED])
+def test_gpu_qwen3_moe_layer_shape(num_tokens, scheme, seed):
+    cfg = moe_config(scheme, experts_=128, top_k=8, hidden=2048, inter=768, act_dtype=torch.float16)
+    kernel_class = TritonUnquantizedMoEKernel if scheme is Scheme.UNQUANTIZED else TritonFusedMoEKernel
+    assert _run(kernel_class, cfg, num_tokens) < TOLERANCE
