@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantgate.kernels.moe.routing import select_experts
+
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import FusedMoE, QuantLinear, RMSNorm, RotaryEmbedding, silu_and_mul
@@ -47,14 +49,6 @@ class ForwardBatch:
     @property
     def num_decode(self) -> int:
         return self.decode_slots.shape[0]
-
-
-def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """DESIGN.md's routing contract, until quantgate.kernels.moe.routing.select_experts lands (then import it)."""
-    weights, ids = torch.topk(torch.softmax(router_logits, dim=-1, dtype=torch.float32), top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids.to(torch.int32)
 
 
 LinearFactory = Callable[[str, int, int, bool], QuantLinear]
@@ -97,29 +91,25 @@ class Attention(nn.Module):
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
     def _decode(self, q: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
-        b, kv_len, d = q.shape[0], batch.decode_kv_len, self.head_dim
-        group = self.num_heads // self.num_kv_heads
-        if batch.decode_slot_range is not None and batch.decode_slot_range[1] - batch.decode_slot_range[0] == b:
+        kv_len, slot_range = batch.decode_kv_len, batch.decode_slot_range
+        if slot_range is not None:
+            first, end = slot_range
+            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
+        if slot_range is not None and end - first == q.shape[0]:
             # Decode rows are in slot order, so a full range is exactly these sequences.
-            first, end = batch.decode_slot_range
-            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
             rows, lens, qr = None, batch.decode_lens, q
-        elif batch.decode_slot_range is not None:
-            first, end = batch.decode_slot_range
-            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
+        elif slot_range is not None:
             rows = batch.decode_slots - first
             lens = torch.ones(end - first, dtype=batch.decode_lens.dtype, device=q.device)  # idle slots: 1 key
             lens[rows] = batch.decode_lens
-            qr = q.new_zeros(end - first, self.num_heads, d)
+            qr = q.new_zeros(end - first, self.num_heads, self.head_dim)
             qr[rows] = q
         else:
             keys, values = k_cache[batch.decode_slots, :, :kv_len], v_cache[batch.decode_slots, :, :kv_len]
             rows, lens, qr = None, batch.decode_lens, q
-        # One query per sequence: the query heads that share a KV head become that head's rows.
-        qg = qr.view(-1, self.num_kv_heads, group, d)
         mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
-        o = o.reshape(-1, self.num_heads, d)
+        o = F.scaled_dot_product_attention(qr[:, :, None], keys, values, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=True)[:, :, 0]
         return o if rows is None else o[rows]
 
 

@@ -1,0 +1,229 @@
+"""Engine throughput and decode speed on randomly initialised Qwen3 checkpoints.
+
+Two measurements, one command each:
+
+  # CPU: a fixed request set at concurrency 1 (one request at a time) and 32 (continuous batching)
+  python benchmarks/bench_engine.py throughput --shape tiny --concurrency 1 32
+
+  # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block
+  python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
+      --linear-backend auto --out $OUT
+
+The checkpoints are written to a temporary folder from random weights (FP8 variants are
+quantized with quantgate.kernels.quant, native block format), so the numbers measure the
+engine, not a model. Prints a table; with --out writes the full results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from quantgate.engine import LLMEngine, SamplingParams, load_model
+from quantgate.kernels import quant
+
+SHAPES = {
+    # about 5M parameters: the size of the shipped tiny models
+    "tiny": dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def write_random_checkpoint(path: Path, shape: dict, dtype: torch.dtype, fp8_block: bool, device: str,
+                            seed: int = 0) -> Path:
+    """config.json + model.safetensors of a random Qwen3; FP8 block (native format) when asked."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, i, d = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
+
+    def randn(*size: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen, device=device) * std).to(dtype)
+
+    tensors = {"model.embed_tokens.weight": randn(shape["vocab_size"], h), "model.norm.weight": torch.ones(h, dtype=dtype)}
+    for layer in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        linears = {
+            "self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i),
+        }
+        for name, (n, k) in linears.items():
+            w = randn(n, k)
+            if fp8_block:
+                wq, scale = quant.quantize_weight_block(w)
+                tensors[f"{p}.{name}.weight"], tensors[f"{p}.{name}.weight_scale_inv"] = wq, scale
+            else:
+                tensors[f"{p}.{name}.weight"] = w
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"{p}.{norm}.weight"] = torch.ones(h, dtype=dtype)
+        for norm in ("self_attn.q_norm", "self_attn.k_norm"):
+            tensors[f"{p}.{norm}.weight"] = torch.ones(d, dtype=dtype)
+    if not shape["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = randn(shape["vocab_size"], h)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    config = dict(shape, architectures=["Qwen3ForCausalLM"], model_type="qwen3", rms_norm_eps=1e-6,
+                  max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                  dtype=str(dtype).removeprefix("torch."))
+    if fp8_block:
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                         "weight_block_size": [128, 128]}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def param_count(shape: dict) -> int:
+    h, i, d = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
+    per_layer = 2 * h * q + 2 * h * kv + 3 * h * i
+    heads = 1 if shape["tie_word_embeddings"] else 2
+    return shape["num_hidden_layers"] * per_layer + heads * shape["vocab_size"] * h
+
+
+def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_tokens: int, concurrency: int) -> dict:
+    """Keep `concurrency` requests in flight (a new one joins as one finishes), like concurrent clients."""
+    params = SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
+    pending = list(enumerate(prompts))
+    in_flight, generated, steps = 0, 0, 0
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        while pending and in_flight < concurrency:
+            index, prompt = pending.pop(0)
+            engine.add_request(str(index), prompt, params)
+            in_flight += 1
+        for out in engine.step():
+            generated += len(out.new_token_ids)
+            in_flight -= out.finished
+        steps += 1
+    seconds = time.perf_counter() - start
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {
+        "concurrency": concurrency, "requests": len(prompts), "seconds": seconds, "steps": steps,
+        "prompt_tokens": prompt_tokens, "generated_tokens": generated,
+        "total_tokens_per_s": (prompt_tokens + generated) / seconds, "generated_tokens_per_s": generated / seconds,
+        "requests_per_s": len(prompts) / seconds,
+    }
+
+
+def throughput(args: argparse.Namespace) -> list[dict]:
+    shape = SHAPES[args.shape]
+    gen = torch.Generator().manual_seed(args.seed)
+    prompts = [torch.randint(1, shape["vocab_size"], (args.prompt_len,), generator=gen).tolist()
+               for _ in range(args.requests)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_random_checkpoint(Path(tmp), shape, DTYPES[args.dtype], args.variant == "fp8-block", "cpu")
+        loaded = load_model(path, device=args.device, linear_backend=args.linear_backend)
+        max_len = args.prompt_len + args.gen_tokens
+        for concurrency in args.concurrency:
+            engine = LLMEngine(loaded, max_num_seqs=max(args.concurrency), max_model_len=max_len, enforce_eager=True)
+            run_requests(engine, prompts[: min(4, len(prompts))], 4, concurrency)  # warm-up
+            rows.append(dict(run_requests(engine, prompts, args.gen_tokens, concurrency), shape=args.shape,
+                             params=param_count(shape), variant=args.variant, dtype=args.dtype))
+    base = next((r for r in rows if r["concurrency"] == 1), None)
+    for r in rows:
+        r["speedup_vs_concurrency_1"] = r["total_tokens_per_s"] / base["total_tokens_per_s"] if base else None
+    print(f"\n{args.shape} ({param_count(shape) / 1e6:.1f}M params, {args.variant}, {args.dtype}), "
+          f"{args.requests} requests x ({args.prompt_len} prompt + {args.gen_tokens} generated) tokens")
+    print(f"{'concurrency':>11} {'seconds':>8} {'total tok/s':>12} {'gen tok/s':>10} {'req/s':>7} {'vs c=1':>7}")
+    for r in rows:
+        ratio = f"{r['speedup_vs_concurrency_1']:.2f}x" if r["speedup_vs_concurrency_1"] else "-"
+        print(f"{r['concurrency']:>11} {r['seconds']:>8.2f} {r['total_tokens_per_s']:>12.0f} "
+              f"{r['generated_tokens_per_s']:>10.0f} {r['requests_per_s']:>7.2f} {ratio:>7}")
+    return rows
+
+
+def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int) -> float:
+    """Decode tokens/s of one sequence (batch 1): the prefill step is not timed."""
+    best = 0.0
+    for r in range(repeats):
+        engine.add_request(f"d{r}", list(range(1, prompt_len + 1)),
+                           SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True))
+        engine.step()  # prefill and the first token
+        torch.cuda.synchronize() if engine.device.type == "cuda" else None
+        start, tokens = time.perf_counter(), 0
+        while engine.has_unfinished():
+            tokens += sum(len(o.new_token_ids) for o in engine.step())
+        best = max(best, tokens / (time.perf_counter() - start))  # step() syncs: it reads the sampled token
+    return best
+
+
+def decode(args: argparse.Namespace) -> list[dict]:
+    shape = SHAPES[args.shape]
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            path = write_random_checkpoint(Path(tmp) / variant, shape, DTYPES[args.dtype], variant == "fp8-block",
+                                           "cuda" if device == "cuda" else "cpu")
+            backend = args.linear_backend if variant != "bf16" else "auto"
+            loaded = load_model(path, device=device, linear_backend=backend)
+            kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
+            for eager in (False, True) if device == "cuda" else (True,):
+                engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
+                                   enforce_eager=eager, kv_cache_memory=2**30)
+                decode_speed(engine, args.prompt_len, 8, 1)  # warm-up
+                tps = decode_speed(engine, args.prompt_len, args.gen_tokens, args.repeats)
+                rows.append({"variant": variant, "graphs": not eager, "decode_tokens_per_s": tps, "kernels": kernels,
+                             "linear_backend": backend, "shape": args.shape, "device": loaded.platform.name})
+                del engine
+            del loaded
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    by = {(r["variant"], r["graphs"]): r["decode_tokens_per_s"] for r in rows}
+    print(f"\ndecode tokens/s at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt")
+    print(f"{'variant':>10} {'graphs':>7} {'tok/s':>9}  kernels")
+    for r in rows:
+        print(f"{r['variant']:>10} {str(r['graphs']):>7} {r['decode_tokens_per_s']:>9.1f}  {', '.join(r['kernels'])}")
+    ratios = {}
+    if ("fp8-block", True) in by and ("bf16", True) in by:
+        ratios["fp8_graphs_vs_bf16_graphs"] = by[("fp8-block", True)] / by[("bf16", True)]
+    if ("fp8-block", True) in by and ("fp8-block", False) in by:
+        ratios["fp8_graphs_vs_fp8_eager"] = by[("fp8-block", True)] / by[("fp8-block", False)]
+    for name, value in ratios.items():
+        target = 1.2 if "bf16" in name else 3.0
+        print(f"{name}: {value:.2f}x (target >= {target}x: {'met' if value >= target else 'NOT met'})")
+    rows.append({"ratios": ratios})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("throughput", help="a fixed request set at several concurrencies")
+    t.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    t.add_argument("--requests", type=int, default=64)
+    t.add_argument("--prompt-len", type=int, default=700)
+    t.add_argument("--gen-tokens", type=int, default=80)
+    t.add_argument("--variant", choices=["bf16", "fp8-block"], default="bf16")
+    d = sub.add_parser("decode", help="decode tokens/s at batch 1, CUDA graphs vs eager")
+    d.add_argument("--variants", nargs="+", choices=["bf16", "fp8-block"], default=["bf16", "fp8-block"])
+    d.add_argument("--prompt-len", type=int, default=64)
+    d.add_argument("--gen-tokens", type=int, default=256)
+    d.add_argument("--repeats", type=int, default=3)
+    for p in (t, d):
+        p.add_argument("--shape", choices=sorted(SHAPES), default="tiny" if p is t else "qwen3-1.7b")
+        p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+        p.add_argument("--device", default="cpu" if p is t else "auto")
+        p.add_argument("--linear-backend", default="auto", help="backend for the FP8 layers (e.g. triton, torch, marlin)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--out", type=Path, help="directory for results JSON")
+    args = parser.parse_args(argv)
+    rows = throughput(args) if args.mode == "throughput" else decode(args)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"bench_engine_{args.mode}.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
