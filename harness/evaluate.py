@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -98,6 +99,8 @@ def installed_task_yaml(task: str) -> Path:
     spec = find_spec("lm_eval")
     if spec is None or not spec.submodule_search_locations:
         raise EvalSetupError("lm-eval is not installed; install quantgate with its dependencies (`make install`)")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", task) or task.startswith("."):
+        raise EvalSetupError(f"task {task!r} is not an lm-eval task name (letters, digits, '_', '-', '.')")
     tasks_dir = Path(next(iter(spec.submodule_search_locations))) / "tasks"
     direct = tasks_dir / task / f"{task}.yaml"
     if direct.is_file():
@@ -261,11 +264,15 @@ def _lm_eval_output_to(path: Path) -> Iterator[None]:
             logger.setLevel(saved[2])
 
 
-def _offline() -> None:
-    """Before lm-eval (and `datasets`) are imported: the data are local files and the tokenizer
-    stays on the server, so nothing may reach for the hub."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def preload() -> threading.Thread:
+    """Import lm-eval in the background (about 3 s) while the server under test loads its model."""
+    def load() -> None:
+        import lm_eval.evaluator  # noqa: F401
+        import lm_eval.models.openai_completions  # noqa: F401
+
+    thread = threading.Thread(target=load, name="quantgate-preload-lm-eval", daemon=True)
+    thread.start()
+    return thread
 
 
 # ---------------------------------------------------------------------------- run
@@ -310,7 +317,6 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     task_file = write_task_yaml(settings)
     check_metric(task_file, settings.metric)
     dataset_sha = {p.name: sha256_file(p) for p in (settings.test_file, settings.train_file) if p is not None}
-    _offline()
     from lm_eval import evaluate
     from lm_eval.defaults import DEFAULT_OTHER_SEED
     from lm_eval.tasks import TaskManager

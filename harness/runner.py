@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import ConfigError, EvalConfig, check_unique_names, expand_paths, load_config
 from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
@@ -262,11 +263,7 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
     except EvalSetupError as exc:
         problems.append(f"{config.source}: {exc}")
         return None
-    if config.dataset is None:
-        problems.append(f"{config.source}: dataset: required for an offline run: local GSM8K-format files, "
-                        "e.g. dataset: {train: train.jsonl, test: test.jsonl}")
-        return None
-    if config.num_fewshot > 0 and config.dataset.train is None:
+    if config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None:
         problems.append(f"{config.source}: dataset.train: num_fewshot is {config.num_fewshot}: few-shot examples "
                         "come from the train file; add it or set num_fewshot: 0")
         return None
@@ -340,14 +337,14 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
 
 def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir: Path,
                   limit: int | None) -> EvalSettings:
-    """How `config` is evaluated against the server at `base_url` (a planned config has a dataset)."""
-    assert config.dataset is not None
+    """How `config` is evaluated against the server at `base_url`. Without `dataset:` the task
+    loads its own (from the Hugging Face hub: that needs network)."""
     return EvalSettings(
         base_url=base_url,
         model=served_model,
         task=config.task,
-        test_file=config.dataset.test,
-        train_file=config.dataset.train,
+        test_file=config.dataset.test if config.dataset else None,
+        train_file=config.dataset.train if config.dataset else None,
         num_fewshot=config.num_fewshot,
         limit=limit if limit is not None else config.num_questions,
         max_tokens=config.max_tokens,
@@ -397,6 +394,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     server: Server | None = None
     outcome: EvalOutcome | None = None
     try:
+        evaluate_mod.preload()  # overlaps lm-eval's import with the server's start-up
         if item.command is None:
             assert options.server_url is not None
             server = attach(options.server_url, config.model_name)

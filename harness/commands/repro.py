@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..backends import ENGINES
+from ..config import EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, SERVER_LOG
 from ..runner import DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, plan
@@ -57,11 +58,16 @@ def main(args: argparse.Namespace) -> int:
     return _run(item, run_dir, eval_cmd)
 
 
+def _eval_env(config: EvalConfig) -> dict[str, str]:
+    """With local data nothing may reach for the hub; without, the task downloads its dataset."""
+    return OFFLINE_ENV if config.dataset is not None else {}
+
+
 def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path) -> str:
     config, command = item.config, item.command
     assert command is not None
     url = f"http://{command.host}:{port}"
-    env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
+    env = " ".join(f"{k}={v}" for k, v in _eval_env(config).items())
     return "\n".join([
         f"# quantgate repro: {config.name} ({config.source}), engine {config.engine}",
         "# 1. start the server:",
@@ -69,8 +75,8 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
         "# 2. wait until it is healthy:",
         f"curl -sf --retry 600 --retry-connrefused --retry-delay 1 {url}/health",
         f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",
-        "#    with the config's local dataset; offline):",
-        f"{env} {shlex.join(eval_cmd)}",
+        "#    with the config's local dataset; offline):" if config.dataset else "#    as installed):",
+        f"{env} {shlex.join(eval_cmd)}".strip(),
         "# or the same evaluation, gate and kernel check through quantgate, against that server:",
         f"quantgate run {shlex.quote(str(config.source))} --server-url {url}",
     ])
@@ -84,7 +90,7 @@ def _run(item: PlannedConfig, run_dir: Path, eval_cmd: list[str]) -> int:
         # The port the server got: the printed one, unless it was in use.
         eval_cmd = [a.replace(f":{item.command.preferred_port}/", f":{server.port}/") for a in eval_cmd]
         print(f"# server ready on port {server.port}; log: {server.log_path}", flush=True)
-        status = subprocess.run(eval_cmd, env={**os.environ, **OFFLINE_ENV}).returncode
+        status = subprocess.run(eval_cmd, env={**os.environ, **_eval_env(item.config)}).returncode
     except ServerStartError as exc:
         print(f"error: server did not start: {exc}\n{exc.log_tail}", file=sys.stderr)
         return EXIT_ERROR

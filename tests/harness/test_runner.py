@@ -9,13 +9,17 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
 
+from quantgate.harness.config import inspect_config
 from quantgate.harness.runner import exit_code
 from quantgate.harness.server import build_command, launch
 from tests.harness.fake_server import _share
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import (FAKE_SERVER, expected_accuracy, fake_args, load_json, pid_alive,
                                            run_in_process, write_config)
+from tests.harness.test_config_properties import CONFIGS
 from tests.harness.test_results import RESULT_SCHEMA
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
@@ -161,3 +165,19 @@ def test_exit_code_priority() -> None:
     assert exit_code([rec("PASS"), rec("PASS")]) == 0
     assert exit_code([rec("PASS"), rec("FAIL")]) == 1
     assert exit_code([rec("FAIL"), rec("ERROR"), rec("PASS")]) == 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(CONFIGS)
+def test_random_configs_exit_3_with_a_located_message_or_run(tmp_path: Path, data: dict) -> None:
+    """Whatever the file holds, `run` never raises: an invalid config is exit 3 naming the
+    file; a valid one reaches the (here unreachable) server and is an ERROR, exit 2."""
+    path = tmp_path / "random.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    code, output = run_in_process([path], tmp_path / "out", server_url="http://127.0.0.1:9")
+    valid = inspect_config(path).config is not None
+    if code == 3:
+        assert output.startswith(f"error: {path}"), output
+    else:
+        assert valid and code == 2, output
