@@ -1,0 +1,75 @@
+"""AsyncEngine: streaming, concurrency from asyncio, abort on early exit, errors, reload between steps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from quantgate.engine import AsyncEngine, InvalidRequestError, LLMEngine, SamplingParams, load_model
+
+
+@pytest.fixture
+def async_engine(dense_dir):
+    engine = AsyncEngine(LLMEngine(load_model(dense_dir, device="cpu"), max_num_seqs=4, max_model_len=128))
+    yield engine
+    engine.shutdown()
+
+
+async def _collect(engine: AsyncEngine, request_id: str, prompt: list[int], params: SamplingParams) -> list:
+    return [out async for out in engine.generate(request_id, prompt, params)]
+
+
+def test_concurrent_streams_match_the_synchronous_engine(async_engine, dense_engine):
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12]]  # one more than the 4 slots
+
+    async def main():
+        return await asyncio.gather(*(_collect(async_engine, f"r{i}", p, params) for i, p in enumerate(prompts)))
+
+    streams = asyncio.run(main())
+    for i, (p, outs) in enumerate(zip(prompts, streams)):
+        assert [len(o.new_token_ids) for o in outs] == [1] * 8 and outs[-1].finished
+        dense_engine.add_request(f"s{i}", p, params)
+        expected = []
+        while dense_engine.has_unfinished():
+            expected += [t for o in dense_engine.step() for t in o.new_token_ids]
+        assert [t for o in outs for t in o.new_token_ids] == expected
+
+
+def test_leaving_a_stream_early_aborts_the_request(async_engine):
+    async def main():
+        stream = async_engine.generate("early", [1, 2, 3], SamplingParams(max_tokens=100, temperature=0,
+                                                                          ignore_eos=True))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(100):  # the abort is a command the engine thread runs before its next step
+            if not async_engine.stats()["num_running"]:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    assert asyncio.run(main())
+    assert async_engine.stats()["kv_slots_used"] == 0
+
+
+def test_invalid_requests_raise_in_the_caller_and_the_engine_keeps_serving(async_engine):
+    async def main():
+        with pytest.raises(InvalidRequestError, match="maximum context length"):
+            await _collect(async_engine, "long", [1] * 200, SamplingParams(max_tokens=1))
+        return await _collect(async_engine, "ok", [1, 2], SamplingParams(max_tokens=2, temperature=0))
+
+    assert asyncio.run(main())[-1].finished
+
+
+def test_reload_runs_between_steps_while_requests_stream(async_engine):
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+
+    async def main():
+        task = asyncio.create_task(_collect(async_engine, "during", [1, 2, 3], params))
+        await async_engine.reload_weights()  # same files: the stream must be unaffected
+        return await task
+
+    outs = asyncio.run(main())
+    assert sum(len(o.new_token_ids) for o in outs) == 30 and outs[-1].finish_reason == "length"
