@@ -19,6 +19,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered (no template, or the template refused them)."""
 
@@ -36,7 +39,8 @@ class ChatTemplate:
     /v1/completions still serves such a model."""
 
     def __init__(self, source: str | None, special_tokens: dict[str, str], origin: str) -> None:
-        self.special_tokens = special_tokens
+        self.source = source
+        self.special_tokens = special_tokens  # only those the folder sets; templates see the others undefined
         self._template: jinja2.Template | None = None
         self._problem: str | None = None
         if source is None:
@@ -62,7 +66,7 @@ class ChatTemplate:
                 config = json.loads(config_file.read_text())
             except json.JSONDecodeError as exc:
                 return cls(None, {}, f"{config_file}, which is not valid JSON: {exc}")
-        special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        special = {name: _token_text(config[name]) for name in SPECIAL_TOKENS if config.get(name) is not None}
         jinja_file = path / "chat_template.jinja"
         if jinja_file.is_file():
             return cls(jinja_file.read_text(), special, str(jinja_file))
@@ -91,6 +95,4 @@ class ChatTemplate:
 
 def _token_text(entry: Any) -> str:
     """tokenizer_config.json stores special tokens as strings or as AddedToken dicts."""
-    if isinstance(entry, dict):
-        return str(entry.get("content", ""))
-    return "" if entry is None else str(entry)
+    return str(entry.get("content", "")) if isinstance(entry, dict) else str(entry)

@@ -199,6 +199,28 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the chat template."""
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, validate_default=True)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _one_input(cls, messages: list[ChatMessage] | None, info: ValidationInfo) -> list[ChatMessage] | None:
+        if (messages is None) == (info.data.get("prompt") is None):
+            raise _unsupported("send exactly one of prompt and messages")
+        return messages
+
+
+class DetokenizeRequest(_Strict):
+    model: Text | None = None
+    tokens: TokenIds
+
+
 # ---- responses -------------------------------------------------------------------------------
 
 
@@ -291,6 +313,16 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

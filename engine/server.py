@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import AsyncEngine, EngineDeadError, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import SPECIAL_TOKENS, ChatTemplate, ChatTemplateError
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -47,8 +47,12 @@ from .protocol import (
     DeltaMessage,
     ErrorInfo,
     ErrorResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
     TokenLogprob,
     TokenIds,
     TopLogprob,
@@ -58,6 +62,7 @@ from .protocol import (
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 2**20  # far above any prompt a supported max_model_len can hold
+PROTECTED_PATHS = ("/v1", "/tokenize", "/detokenize", "/tokenizer_info")  # --api-key guards these
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client gone before the answer
 T = TypeVar("T")
 
@@ -161,15 +166,18 @@ class OpenAIServer:
                            param="model", code="model_not_found")
         return names[0]
 
+    def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is out of range: the vocabulary has {self.vocab_size} tokens "
+                           f"(ids 0..{self.vocab_size - 1})", param=param)
+
     def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
              params: Callable[[int], SamplingParams], param: str) -> _Job:
         if isinstance(prompt, str):
             text, ids = prompt, self.encode(prompt, add_special_tokens=True, param=param)
         else:
-            bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise APIError(400, f"token id {bad} is out of range: the vocabulary has {self.vocab_size} tokens "
-                               f"(ids 0..{self.vocab_size - 1})", param=param)
+            self.check_token_ids(prompt, param)
             text, ids = self.decode(prompt), list(prompt)
         if not ids:
             raise APIError(400, "the prompt is empty (0 tokens); send at least one token", param=param)
@@ -406,6 +414,30 @@ class OpenAIServer:
             yield event
 
 
+    # -- vLLM's tokenizer endpoints (lm-eval's remote tokenizer uses them)
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        self.model_name(req.model)
+        if req.messages is not None:
+            text = self.render_chat(ChatCompletionRequest(messages=req.messages,
+                                                          add_generation_prompt=req.add_generation_prompt))
+            ids = self.encode(text, add_special_tokens=False, param="messages")
+        else:
+            ids = self.encode(req.prompt, add_special_tokens=req.add_special_tokens, param="prompt")
+        return TokenizeResponse(count=len(ids), max_model_len=self.settings.max_model_len, tokens=ids)
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        self.model_name(req.model)
+        self.check_token_ids(req.tokens, "tokens")
+        return DetokenizeResponse(prompt=self.decode(req.tokens))
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        special = self.chat_template.special_tokens
+        return {**{name: special.get(name) for name in SPECIAL_TOKENS},
+                "chat_template": self.chat_template.source, "model_max_length": self.settings.max_model_len,
+                "vocab_size": self.vocab_size}
+
+
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
@@ -565,7 +597,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.middleware("http")
     async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         key = settings.api_key
-        if key and request.url.path.startswith("/v1"):
+        if key and request.url.path.startswith(PROTECTED_PATHS):
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 return APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
@@ -608,11 +640,23 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         await engine.reload_weights()
         return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}
 
+    @app.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        return server.tokenize(req)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse)
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        return server.detokenize(req)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return server.tokenizer_info()
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    endpoints = [route for route in app.routes if route.path.startswith(("/v1", "/health", "/metrics"))]
+    endpoints = [route for route in app.routes if route.path.startswith((*PROTECTED_PATHS, "/health", "/metrics"))]
     routes.extend(f"{sorted(route.methods)[0]} {route.path}" for route in endpoints)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
     return app

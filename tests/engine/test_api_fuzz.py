@@ -99,10 +99,24 @@ def test_fuzz_chat(client, raw: bytes) -> None:
     check_answer(client, "/v1/chat/completions", raw)
 
 
+TOKENIZE = {
+    "model": SAMPLING["model"], "prompt": texts, "messages": CHAT["messages"], "add_special_tokens": st.booleans(),
+    "add_generation_prompt": st.booleans(), "tokens": token_ids,
+}
+
+
+@settings(FUZZ, max_examples=60)
+@given(path=st.sampled_from(["/tokenize", "/detokenize"]), raw=mutated(TOKENIZE, required={}))
+def test_fuzz_tokenizer_endpoints(client, path: str, raw: bytes) -> None:
+    response = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code < 500, response.text
+
+
 @settings(FUZZ, max_examples=60)
 @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
        path=st.sampled_from(["/health", "/v1/models", "/v1/kernels", "/metrics", "/v1/reload_weights",
-                             "/v1/completions", "/v1/chat/completions", "/v1", "/v1/embeddings"]),
+                             "/v1/completions", "/v1/chat/completions", "/v1", "/v1/embeddings", "/tokenize",
+                             "/detokenize", "/tokenizer_info"]),
        raw=st.binary(max_size=20))
 def test_fuzz_other_routes(client, method: str, path: str, raw: bytes) -> None:
     response = client.request(method, path, content=raw)

@@ -284,6 +284,26 @@ def test_chat_stream_equals_the_whole_answer(client: TestClient) -> None:
 # ---- kernels, reload, metrics, auth -------------------------------------------------------------------
 
 
+def test_tokenizer_endpoints(client: TestClient, engine) -> None:
+    tokenizer = engine[0].tokenizer
+    text = "Zane has 14 marbles."
+    tokens = client.post("/tokenize", json={"prompt": text}).json()
+    assert tokens["tokens"] == tokenizer.encode(text).ids and tokens["count"] == len(tokens["tokens"])
+    assert tokens["max_model_len"] == MAX_MODEL_LEN
+    assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.post("/tokenize", json={"messages": messages}).json()
+    usage = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
+    assert chat["count"] == usage["prompt_tokens"]
+    info = client.get("/tokenizer_info").json()
+    assert info["eos_token"] == "<|endoftext|>" and info["bos_token"] is None
+    assert "<|im_start|>" in info["chat_template"] and info["model_max_length"] == MAX_MODEL_LEN
+    assert_openai_error(client.post("/detokenize", json={"tokens": [960]}), 400, "tokens")
+    assert_openai_error(client.post("/tokenize", json={"prompt": "a", "messages": messages}), 400, "messages")
+    assert_openai_error(client.post("/tokenize", json={}), 400, "messages")
+    assert_openai_error(client.post("/tokenize", json={"prompt": "a", "model": "x"}), 404, "model")
+
+
 def test_kernels_report_shape(client: TestClient) -> None:
     body = client.get("/v1/kernels").json()
     assert body["platform"]["device"] == "cpu"
@@ -335,6 +355,7 @@ def test_metrics_move(client: TestClient) -> None:
 def test_api_key(engine) -> None:
     with make_client(engine, api_key="sesame") as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            assert c.post("/tokenize", json={"prompt": "a"}, headers=headers).status_code == 401
             response = c.get("/v1/models", headers=headers)
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"

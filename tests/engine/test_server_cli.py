@@ -205,6 +205,28 @@ def test_openai_client_errors(server: LiveServer, client: openai.OpenAI) -> None
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_lm_eval_local_completions_with_the_remote_tokenizer(server: LiveServer, client: openai.OpenAI,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """lm-eval's `local-completions` finds /tokenizer_info and /tokenize, scores and generates."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from lm_eval.utils import RemoteTokenizer
+
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    lm = LocalCompletionsAPI(base_url=f"{server.url}/v1/completions", model="tiny", tokenizer_backend="auto",
+                             auth_token=API_KEY, num_concurrent=2, max_retries=1)
+    assert isinstance(lm.tokenizer, RemoteTokenizer)
+    context, continuation = "Ava has", " 3 apples"
+    [(logprob, _)] = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    echo = client.completions.create(model="tiny", prompt=context + continuation, max_tokens=1, temperature=0,
+                                     logprobs=1, echo=True).choices[0].logprobs
+    n_context = len(lm.tokenizer.encode(context))
+    assert logprob == pytest.approx(sum(echo.token_logprobs[n_context:-1]), abs=1e-4)
+    [text] = lm.generate_until([Instance("generate_until", {}, ("Question: 1+1", {"until": ["\n"], "max_gen_toks": 8}),
+                                         0)])
+    assert isinstance(text, str) and "\n" not in text
+
+
 def wait_until_idle(server: LiveServer, timeout: float = 10) -> float:
     """Seconds until the engine runs nothing."""
     start = time.monotonic()
