@@ -295,7 +295,7 @@ class OpenAIServer:
         return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
     async def completions(self, req: CompletionRequest, model: str, jobs: list[_Job]) -> CompletionResponse:
-        results = await asyncio.gather(*(self.collect(job) for job in jobs))
+        results = await _all_or_none([self.collect(job) for job in jobs])
         choices = []
         for d in results:
             logprobs = None
@@ -496,6 +496,17 @@ async def _sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
         yield _sse({"error": ErrorInfo(message=f"internal error: {type(exc).__name__}: {exc}",
                                        type="internal_error").model_dump()})
     yield "data: [DONE]\n\n"
+
+
+async def _all_or_none(work: Sequence[Awaitable[T]]) -> list[T]:
+    """Like asyncio.gather, but one failure cancels the others (their engine requests abort)."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
