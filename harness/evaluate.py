@@ -15,6 +15,7 @@ lazily: it costs seconds and `quantgate lint` never needs it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import logging
 import re
@@ -250,18 +251,23 @@ def _recording_model_class(chat: bool) -> type:
 def _lm_eval_output_to(path: Path) -> Iterator[None]:
     """lm-eval's log and its progress bars (tqdm writes to sys.stderr) go to the run directory,
     not the console the runner draws on."""
-    logger = logging.getLogger("lm_eval")
-    saved = logger.handlers[:], logger.propagate, logger.level
+    # asyncio's logger too: when lm-eval aborts, the requests still in flight end with
+    # "Task exception was never retrieved", reported when they are garbage collected.
+    loggers = [logging.getLogger("lm_eval"), logging.getLogger("asyncio")]
+    saved = [(lg.handlers[:], lg.propagate, lg.level) for lg in loggers]
     with open(path, "a", encoding="utf-8") as stream, contextlib.redirect_stderr(stream):
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.handlers, logger.propagate = [handler], False
-        logger.setLevel(logging.INFO)
+        for lg in loggers:
+            lg.handlers, lg.propagate = [handler], False
+            lg.setLevel(logging.INFO)
         try:
             yield
         finally:
-            logger.handlers, logger.propagate = saved[0], saved[1]
-            logger.setLevel(saved[2])
+            gc.collect()  # those reports now, into this file
+            for lg, (handlers, propagate, level) in zip(loggers, saved):
+                lg.handlers, lg.propagate = handlers, propagate
+                lg.setLevel(level)
 
 
 def preload() -> threading.Thread:

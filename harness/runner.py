@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
+                           TimeElapsedColumn)
 from rich.table import Table
 
 from . import evaluate as evaluate_mod
@@ -118,11 +120,15 @@ class PlannedConfig:
 
 
 class Display:
-    """Progress for a person at a terminal, plain lines for a CI log; both on stderr."""
+    """Progress for a person at a terminal (a live rich progress bar), plain lines for a CI log;
+    both on stderr, so stdout stays clean for tools."""
 
     def __init__(self, console: Console | None = None) -> None:
         # The stream itself, not "whatever sys.stderr is": lm-eval's output is redirected meanwhile.
         self.console = console or Console(file=sys.stderr, highlight=False)
+        self._live: Progress | None = None
+        self._task: TaskID | None = None
+        self._description = ""
         self._last_share = -1.0
 
     def note(self, text: str) -> None:
@@ -131,24 +137,45 @@ class Display:
     def config_start(self, index: int, total: int, config: EvalConfig) -> None:
         self.console.rule(f"[{index}/{total}] {config.name} ({config.engine})", style="dim")
 
+    def _bar(self, description: str, total: float | None) -> None:
+        if not self.console.is_terminal:
+            return
+        if self._live is None:
+            self._live = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
+            self._live.start()
+        if self._task is None or self._description != description:
+            if self._task is not None:
+                self._live.remove_task(self._task)
+            self._task, self._description = self._live.add_task(description, total=total), description
+
     def waiting(self, elapsed_s: float) -> None:
-        if self.console.is_terminal:
-            self.console.print(f"  starting server ... {elapsed_s:5.1f} s", end="\r", markup=False)
+        self._bar("starting server", None)
+
+    def eval_start(self) -> None:
+        self._last_share = -1.0
+        self._bar("preparing the evaluation", None)
 
     def progress(self, answered: int, requested: int) -> None:
         if requested <= 0:
             return
-        share = answered / requested
         if self.console.is_terminal:
-            self.console.print(f"  evaluating: {answered}/{requested} answered", end="\r", markup=False)
-        elif share >= self._last_share + 0.25 or answered == requested:
+            self._bar("evaluating", requested)
+            assert self._live is not None and self._task is not None
+            self._live.update(self._task, completed=answered, total=requested)
+            return
+        share = answered / requested
+        if share >= self._last_share + 0.25 or answered == requested:
             self._last_share = share
             self.note(f"  evaluating: {answered}/{requested} answered")
 
-    def eval_start(self) -> None:
-        self._last_share = -1.0
+    def stop_live(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live, self._task = None, None
 
     def verdict(self, record: RunRecord) -> None:
+        self.stop_live()
         style = {PASS: "green", FAIL: "red", ERROR: "yellow"}.get(record.verdict, "")
         total = record.timings.get("total_s") or 0.0
         self.console.print(f"  [bold {style}]{record.verdict}[/] {record.name} ({total:.1f} s): ", end="")
@@ -160,6 +187,7 @@ class Display:
             self.console.print("    " + record.log_tail.replace("\n", "\n    "), markup=False, style="dim")
 
     def summary(self, records: Sequence[RunRecord]) -> None:
+        self.stop_live()
         frame = summary_frame(records).drop(columns=["metric", "reason"])  # in summary.md; too wide here
         table = Table(title="quantgate summary", show_lines=False)
         for column in frame.columns:
@@ -248,10 +276,48 @@ def plan(paths: Sequence[str | Path], options: RunOptions) -> list[PlannedConfig
     return [planned[name] for name in order]
 
 
+def local_gpus() -> list[tuple[str, str]]:
+    """(name, compute capability) of each GPU nvidia-smi sees; none without nvidia-smi. Asked of
+    the driver, not of torch: this venv's torch may be a CPU build next to vLLM's CUDA one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [line.rsplit(",", 1) for line in out.stdout.splitlines() if "," in line] if out.returncode == 0 else []
+    return [(name.strip(), cap.strip()) for name, cap in rows]
+
+
+def unmet_requirements(config: EvalConfig, gpus: list[tuple[str, str]]) -> str | None:
+    """Why `config.requires` does not hold on a machine with `gpus`, or None."""
+    req = config.requires
+    if req.gpus == 0 and req.device is None and req.min_compute_capability is None:
+        return None
+    found = f"this machine has {len(gpus)} GPU(s)" + (f" ({', '.join(f'{n} {c}' for n, c in gpus)})" if gpus else "")
+    if len(gpus) < max(req.gpus, 1):
+        return f"requires {max(req.gpus, 1)} GPU(s); {found}"
+    if req.device and not all(req.device.lower() in name.lower() for name, _ in gpus):
+        return f"requires device {req.device}; {found}"
+    if req.min_compute_capability:
+        need = tuple(int(x) for x in req.min_compute_capability.split("."))
+        if any(tuple(int(x) for x in cap.split(".")) < need for _, cap in gpus):
+            return f"requires compute capability >= {req.min_compute_capability}; {found}"
+    return None
+
+
 def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
               shared: dict[str, RunRecord]) -> PlannedConfig | None:
     model = resolve_model(config)
     command = None
+    req = config.requires
+    if options.server_url is None and (req.gpus or req.device or req.min_compute_capability):
+        unmet = unmet_requirements(config, local_gpus())
+        if unmet:
+            problems.append(f"{config.source}: requires: {unmet}. Run it on a machine that has them "
+                            "(`quantgate pipeline` routes it), or evaluate a server running there with --server-url")
+            return None
     if options.server_url is None:
         try:
             command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command)

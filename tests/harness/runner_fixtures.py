@@ -92,15 +92,16 @@ def run_cli(*args: str | Path, timeout: float = 120, cwd: Path | None = None) ->
     return CliRun(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
 
 
-def run_in_process(paths: list[Path], out: Path, **options: Any) -> tuple[int, str]:
-    """`quantgate run` through `run_configs` in this process (servers are still processes)."""
+def run_in_process(paths: list[Path], out: Path, terminal: bool = False, **options: Any) -> tuple[int, str]:
+    """`quantgate run` through `run_configs` in this process (servers are still processes);
+    `terminal` draws the live progress display a person at a terminal gets."""
     from rich.console import Console
 
     from quantgate.harness.runner import Display, RunOptions, run_configs
 
     sink = io.StringIO()
     code = run_configs([str(p) for p in paths], RunOptions(output_dir=out, **options),
-                       Display(Console(file=sink, width=200)))
+                       Display(Console(file=sink, width=200, force_terminal=terminal)))
     return code, sink.getvalue()
 
 

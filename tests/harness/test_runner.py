@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -94,11 +95,12 @@ def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: 
     assert code == 1
 
 
-def test_limit_overrides_num_questions(tmp_path: Path, gsm8k_dir: Path) -> None:
+def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "lim", gsm8k_dir, num_questions=30)
-    code, _ = run_in_process([config], tmp_path / "out", limit=5)
+    code, output = run_in_process([config], tmp_path / "out", terminal=True, limit=5)
     result = load_json(tmp_path / "out" / "lim" / "result.json")
-    assert code == 0 and result["metrics"]["n"] == 5
+    assert code == 0 and result["metrics"]["n"] == 5, output
+    assert "evaluating" in output and "/5" in output
 
 
 def test_any_error_makes_the_run_exit_2_and_every_config_has_a_result(tmp_path: Path,
@@ -181,3 +183,18 @@ def test_random_configs_exit_3_with_a_located_message_or_run(tmp_path: Path, dat
         assert output.startswith(f"error: {path}"), output
     else:
         assert valid and code == 2, output
+
+
+def test_requirements_are_checked_against_the_gpus_present() -> None:
+    from quantgate.harness.config import Requires
+    from quantgate.harness.runner import unmet_requirements
+
+    def config(**requires):
+        return SimpleNamespace(requires=Requires(**requires))
+
+    h100s = [("NVIDIA H100 80GB HBM3", "9.0")] * 2
+    assert unmet_requirements(config(), []) is None
+    assert unmet_requirements(config(gpus=2, device="h100", min_compute_capability="9.0"), h100s) is None
+    assert "requires 2 GPU(s); this machine has 0" in unmet_requirements(config(gpus=2), [])
+    assert "requires device a100" in unmet_requirements(config(gpus=1, device="a100"), h100s)
+    assert "compute capability >= 10.0" in unmet_requirements(config(min_compute_capability="10.0"), h100s)
