@@ -142,6 +142,23 @@ def test_seeded_sampling_repeats(client: TestClient) -> None:
     assert runs[0]["choices"][0]["text"] == runs[1]["choices"][0]["text"]
 
 
+def test_tiny_temperatures_do_not_break_the_batch(client: TestClient) -> None:
+    """A denormal temperature overflows logits / T; it must behave as greedy, and it must not
+    fail the other requests stepping in the same batch."""
+    greedy = complete(client, prompt="Sam", max_tokens=4, temperature=0)["choices"][0]["text"]
+
+    async def together() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            return await asyncio.gather(*(
+                http.post("/v1/completions", json={"prompt": "Sam", "max_tokens": 4, "temperature": t})
+                for t in (1e-300, 5e-324, 0.0, 1.0)))
+
+    responses = client.portal.call(together)
+    assert [r.status_code for r in responses] == [200] * 4, [r.text for r in responses]
+    assert [r.json()["choices"][0]["text"] for r in responses[:3]] == [greedy] * 3
+
+
 def test_stop_string_cuts_the_text(client: TestClient) -> None:
     free = complete(client, prompt="Maya counts", max_tokens=12, temperature=0)["choices"][0]["text"]
     candidates = [free[i:i + 2] for i in range(1, len(free) - 2) if free[i:i + 2].strip()]
