@@ -244,7 +244,8 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     }
     if w.strategy not in strategies:
         raise ModelConfigError(
-            f"{source}: weight strategy {w.strategy.value!r} is not supported (block, channel or tensor)"
+            f"{source}: weight strategy {getattr(w.strategy, 'value', w.strategy)!r} is not supported "
+            "(block, channel or tensor)"
         )
     scheme = strategies[w.strategy]
     block = tuple(w.block_structure) if scheme is Scheme.FP8_BLOCK else None

@@ -1,0 +1,69 @@
+"""config.json -> ModelConfig / QuantConfig, for both FP8 formats and the errors users can cause."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantgate.engine.config import ModelConfig, ModelConfigError, parse_quant_config
+from quantgate.kernels import Scheme
+
+BASE = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "dtype": "bfloat16"}
+
+
+def _ct(strategy: str, **weights) -> dict:
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"g": {"targets": ["Linear"],
+                                    "weights": {"num_bits": 8, "type": "float", "strategy": strategy, **weights},
+                                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True,
+                                                          "strategy": "token"}}},
+            "ignore": ["lm_head", "re:.*mlp\\.gate$"]}
+
+
+def test_dense_fields_and_defaults():
+    cfg = ModelConfig.from_dict(dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+    assert (cfg.head_dim, cfg.rope_theta, cfg.quant, cfg.is_moe) == (16, 5e5, None, False)
+
+
+def test_moe_layers_follow_sparse_step_and_mlp_only_layers():
+    cfg = ModelConfig.from_dict(dict(BASE, architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=4,
+                                     num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                     decoder_sparse_step=2, mlp_only_layers=[3]))
+    assert cfg.num_experts == 8 and [cfg.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
+
+
+def test_native_fp8_block_and_tensor():
+    block = parse_quant_config({"quant_method": "fp8", "weight_block_size": [128, 128],
+                                "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "mlp.gate"]})
+    assert (block.scheme, block.scale_name, block.block_size) == (Scheme.FP8_BLOCK, "weight_scale_inv", (128, 128))
+    assert block.scheme_for("model.layers.0.mlp.gate") is Scheme.UNQUANTIZED
+    assert block.scheme_for("model.layers.0.mlp.gate_proj") is Scheme.FP8_BLOCK
+    tensor = parse_quant_config({"quant_method": "fp8", "activation_scheme": "static",
+                                 "ignored_layers": ["model.layers.1.self_attn.o_proj"]})
+    assert (tensor.scheme, tensor.scale_name, tensor.static_input_scale) == (Scheme.FP8_TENSOR, "weight_scale", True)
+    assert tensor.is_ignored("model.layers.1.self_attn.o_proj")
+    assert not tensor.is_ignored("model.layers.11.self_attn.o_proj")
+
+
+@pytest.mark.parametrize("strategy,scheme", [("block", Scheme.FP8_BLOCK), ("channel", Scheme.FP8_CHANNEL),
+                                             ("tensor", Scheme.FP8_TENSOR)])
+def test_compressed_tensors_strategies_and_regex_ignore(strategy, scheme):
+    extra = {"block_structure": [128, 128]} if strategy == "block" else {}
+    qc = parse_quant_config(_ct(strategy, **extra))
+    assert (qc.scheme, qc.scale_name, qc.fmt) == (scheme, "weight_scale", "compressed-tensors")
+    assert qc.is_ignored("model.layers.3.mlp.gate") and not qc.is_ignored("model.layers.3.mlp.gate_proj")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"architectures": ["MistralForCausalLM"]}, "not supported by the built-in engine"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"dtype": "int8"}, "dtype 'int8'"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
+    ({"quantization_config": _ct("group", group_size=128)}, "weight strategy 'group'"),
+    ({"vocab_size": None}, None),
+])
+def test_unsupported_configs_name_the_field(change, message):
+    raw = {k: v for k, v in dict(BASE, **change).items() if v is not None}
+    with pytest.raises(ModelConfigError, match=message or "missing required field 'vocab_size'"):
+        ModelConfig.from_dict(raw)
