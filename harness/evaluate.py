@@ -343,6 +343,8 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
             task.set_config(key="gen_prefix", value=settings.gen_prefix)
         error: str | None = None
         results: dict | None = None
+        server_said = _LastRefusal()
+        logging.getLogger("lm_eval").addHandler(server_said)
         try:
             results = evaluate(lm=lm, task_dict=loaded, limit=settings.limit, log_samples=True,
                                apply_chat_template=settings.use_chat_completions,
@@ -350,7 +352,8 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
         except RequestTimedOut as exc:
             error = f"request timed out: {exc}"
         except Exception as exc:  # lm-eval aborts on the first request that fails after its retries
-            error = f"request failed after lm-eval's retries: {_describe(exc)}"
+            error = _failure(exc, server_said.text)
+            logging.getLogger("lm_eval").exception("quantgate: the evaluation stopped")
     eval_s = time.perf_counter() - started
     if results is not None:
         logged = results["samples"][settings.task]
@@ -374,9 +377,31 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     )
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or exc.__class__.__name__
-    return f"{exc.__class__.__name__}: {text}" if exc.__class__.__name__ not in text else text
+class _LastRefusal(logging.Handler):
+    """Keeps the last error body a server sent: lm-eval logs it, then raises only the status."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.text: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        for marker in ("Response text: ", "error message: "):
+            if "API request failed" in message and marker in message:
+                self.text = message.split(marker, 1)[1].removesuffix(". Retrying...").strip()
+
+
+def _failure(exc: BaseException, server_said: str | None) -> str:
+    """Why the evaluation stopped: a request that kept failing, or (rarely) something else."""
+    import aiohttp
+    import requests
+
+    text = str(exc) or type(exc).__name__
+    text = text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}"
+    if isinstance(exc, (aiohttp.ClientError, requests.RequestException, ConnectionError)):
+        said = f" (the server said: {server_said[:500]})" if server_said else ""
+        return f"request failed after lm-eval's retries: {text}{said}"
+    return f"lm-eval stopped: {text} (traceback in lm_eval.log)"
 
 
 def _score_answered(task: Any, answers: dict[str, str]) -> list[dict[str, Any]]:

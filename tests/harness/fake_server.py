@@ -138,7 +138,7 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            if self.path != "/v1/completions":
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             if body.get("model") != engine.served:
@@ -161,11 +161,19 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(args.error_status, {"error": {"message": "injected failure", "type": "server_error"}})
                 return
             time.sleep(args.latency)
+            usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            if self.path == "/v1/chat/completions":  # the last user turn holds the question
+                question = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+                message = {"role": "assistant", "content": engine.text_for(question)}
+                self._send(200, {"id": f"chat-{seen}", "object": "chat.completion", "model": engine.served,
+                                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                                 "usage": usage})
+                return
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = [{"index": i, "text": engine.text_for(p), "finish_reason": "stop", "logprobs": None}
                        for i, p in enumerate(prompts)]
             self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": engine.served,
-                             "choices": choices, "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+                             "choices": choices, "usage": usage})
 
     return Handler
 

@@ -97,11 +97,19 @@ def test_concurrency_one_uses_the_synchronous_path(tmp_path: Path, gsm8k_dir: Pa
     assert outcome.metrics["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.5, 6))
 
 
+def test_chat_completions(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
+    server = serve(accuracy=0.5)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, use_chat_completions=True))
+    assert outcome.error is None and outcome.answered == 6
+    assert outcome.metrics["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.5, 6))
+
+
 def test_http_errors_are_never_scored_and_answers_so_far_are_kept(tmp_path: Path, gsm8k_dir: Path,
                                                                   serve) -> None:
     server = serve(error_after=5)
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=12, max_concurrency=1))
     assert outcome.error is not None and "500" in outcome.error
+    assert "injected failure" in outcome.error  # the server's own words, not only its status
     assert outcome.answered == 5 and len(outcome.samples) == 5
     assert all(s["correct"] for s in outcome.samples)  # the five answered ones, scored by the task's filters
     assert outcome.metrics["complete"] is False and outcome.metrics["n"] == 5
