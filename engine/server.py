@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+
+from quantgate.kernels import IncompatibleBufferError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -648,7 +650,12 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.post("/v1/reload_weights")
     async def reload_weights() -> dict[str, Any]:
         start = time.perf_counter()
-        await engine.reload_weights()
+        try:
+            await engine.reload_weights()
+        except (ValueError, IncompatibleBufferError) as exc:  # the files on disk no longer fit the loaded model
+            raise APIError(409, f"reload from {loaded.path} failed: {exc}. Weights read before the failure are "
+                           "already in place: restore the checkpoint and reload again, or restart the server for "
+                           "a different model", type="conflict", code="reload_failed") from None
         return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}
 
     @app.post("/tokenize", response_model=TokenizeResponse)

@@ -339,6 +339,30 @@ def test_reload_weights_keeps_answers(client: TestClient) -> None:
     assert complete(client, prompt="Quinn", max_tokens=5, temperature=0)["choices"][0]["text"] == before
 
 
+def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
+    model = build_tiny_qwen3(tmp_path / "model")
+    original = (model / "model.safetensors").read_bytes()
+    loaded = load_model(model, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
+    try:
+        with make_client((loaded, async_engine)) as c:
+            before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
+            from transformers import Qwen3Config, Qwen3ForCausalLM
+
+            wider = Qwen3Config.from_pretrained(model)
+            wider.intermediate_size = 192  # same tensor names, other shapes
+            Qwen3ForCausalLM(wider).save_pretrained(tmp_path / "wider")
+            shutil.copy(tmp_path / "wider" / "model.safetensors", model / "model.safetensors")
+            response = c.post("/v1/reload_weights")
+            assert response.status_code == 409, response.text
+            assert "does not match" in response.json()["error"]["message"]
+            (model / "model.safetensors").write_bytes(original)
+            assert c.post("/v1/reload_weights").status_code == 200
+            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+    finally:
+        async_engine.shutdown()
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)"
     found = re.search(r"^" + pattern + r"$", text, re.M)
