@@ -1,0 +1,212 @@
+"""`quantgate quantize` on random tiny Qwen3 and Qwen3-MoE checkpoints, for every scheme x format."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from quantgate.engine import quantize
+from quantgate.harness.cli import main as cli_main
+
+VARIANTS = [("fp8-block", "native"), ("fp8-block", "compressed-tensors"), ("fp8-channel", "compressed-tensors"),
+            ("fp8-tensor", "native"), ("fp8-tensor", "compressed-tensors")]
+FP8_MANTISSA_STEP = 2.0**-3  # e4m3: relative spacing of normal values
+FP8_SUBNORMAL_STEP = 2.0**-9  # e4m3: spacing below the smallest normal, in units of the scale
+
+
+def _save(model: torch.nn.Module, folder: Path) -> Path:
+    model.to(torch.bfloat16).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text('{"stand-in": true}\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dense_src(tmp_path_factory) -> Path:
+    """Untied lm_head (so it is in the checkpoint) and an intermediate size that is not a multiple of 128."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(1)
+    config = Qwen3Config(vocab_size=192, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
+    return _save(Qwen3ForCausalLM(config), tmp_path_factory.mktemp("dense") / "src")
+
+
+@pytest.fixture(scope="module")
+def moe_src(tmp_path_factory) -> Path:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen3MoeConfig(vocab_size=192, hidden_size=256, intermediate_size=256, moe_intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=True)
+    return _save(Qwen3MoeForCausalLM(config), tmp_path_factory.mktemp("moe") / "src")
+
+
+def _expected_scale_shape(scheme: str, fmt: str, n: int, k: int) -> tuple[int, ...]:
+    if scheme == "fp8-block":
+        return (math.ceil(n / 128), math.ceil(k / 128))
+    if scheme == "fp8-channel":
+        return (n, 1)
+    return () if fmt == "native" else (1,)
+
+
+def _elementwise_scale(scale: torch.Tensor, scheme: str, n: int, k: int) -> torch.Tensor:
+    if scheme == "fp8-block":
+        return scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    return scale.reshape(-1, 1) if scheme == "fp8-channel" else scale.reshape(1, 1)
+
+
+@pytest.mark.parametrize("scheme,fmt", VARIANTS)
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_tensors_config_and_accuracy(model, scheme, fmt, dense_src, moe_src, tmp_path) -> None:
+    src = dense_src if model == "dense" else moe_src
+    dst = tmp_path / "dst"
+    assert cli_main(["quantize", str(src), str(dst), "--scheme", scheme, "--format", fmt]) == 0
+    before = load_file(str(src / "model.safetensors"))
+    after = load_file(str(dst / "model.safetensors"))
+    scale_name = "weight_scale_inv" if (scheme, fmt) == ("fp8-block", "native") else "weight_scale"
+
+    quantized = [n for n in before if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+    assert len(quantized) == (2 * (4 + 3) if model == "dense" else 2 * (4 + 8 * 3))
+    for name in quantized:
+        w, q = before[name].double(), after[name]
+        scale = after[name[: -len("weight")] + scale_name]
+        n, k = w.shape
+        assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
+        assert scale.dtype == torch.float32 and tuple(scale.shape) == _expected_scale_shape(scheme, fmt, n, k)
+        s = _elementwise_scale(scale.double(), scheme, n, k)
+        deq = q.double() * s
+        # Round-to-nearest error of e4m3, plus float32 slack from computing w / scale.
+        bound = (w.abs() * FP8_MANTISSA_STEP / 2 + s * FP8_SUBNORMAL_STEP / 2) * (1 + 1e-6)
+        assert bool(((deq - w).abs() <= bound).all()), name
+        if scheme == "fp8-tensor":
+            assert torch.allclose(s.amax() * 448, w.abs().amax(), rtol=1e-6)
+
+    kept = set(before) - set(quantized)
+    assert all(after[n].dtype == before[n].dtype and torch.equal(after[n], before[n]) for n in kept)
+    assert set(after) == set(before) | {n[: -len("weight")] + scale_name for n in quantized}
+
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    routers = [f"model.layers.{i}.mlp.gate" for i in range(2)] if model == "moe" else []
+    if fmt == "native":
+        assert qc["quant_method"] == "fp8" and qc["activation_scheme"] == "dynamic"
+        assert qc["modules_to_not_convert"] == ["lm_head", *routers]
+        assert qc.get("weight_block_size") == ([128, 128] if scheme == "fp8-block" else None)
+    else:
+        assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "float-quantized"
+        assert qc["ignore"] == ["lm_head", *routers]
+        group = qc["config_groups"]["group_0"]
+        strategy = {"fp8-block": ("block", "group"), "fp8-channel": ("channel", "token"), "fp8-tensor": ("tensor", "tensor")}
+        assert (group["weights"]["strategy"], group["input_activations"]["strategy"]) == strategy[scheme]
+        assert group["input_activations"]["dynamic"] is True and group["weights"]["type"] == "float"
+    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert (dst / "generation_config.json").read_bytes() == (src / "generation_config.json").read_bytes()
+
+
+@pytest.mark.parametrize("scheme,fmt", [("fp8-block", "native"), ("fp8-channel", "compressed-tensors")])
+def test_same_bytes_twice(scheme, fmt, moe_src, tmp_path) -> None:
+    for out in ("a", "b"):
+        quantize.quantize_checkpoint(moe_src, tmp_path / out, scheme, fmt)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def _assert_linear_matches(loaded: torch.nn.Module, tensors: dict, name: str, block) -> None:
+    """A linear transformers keeps compressed holds our fp8 bytes and our scale (cast to its
+    parameter dtype); one it decompressed holds our dequantized weight."""
+    from quantgate.kernels import quant
+
+    module = loaded.get_submodule(name)
+    weight, scale = tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"]
+    if module.weight.dtype == torch.float8_e4m3fn:
+        assert torch.equal(module.weight.view(torch.uint8), weight.view(torch.uint8))
+        assert torch.equal(module.weight_scale.reshape(-1), scale.to(module.weight_scale.dtype).reshape(-1))
+    else:
+        assert torch.equal(module.weight.to(torch.bfloat16), quant.dequantize_weight(weight, scale, block, torch.bfloat16))
+
+
+def _load_with_transformers(folder: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("model,scheme", [
+    ("dense", "fp8-channel"), ("dense", "fp8-tensor"), ("moe", "fp8-channel"), ("moe", "fp8-tensor"),
+    pytest.param("moe", "fp8-block", marks=pytest.mark.xfail(
+        strict=True, reason="transformers 5.x folds FP8 expert scales without expanding 128x128 blocks "
+                            "(CompressedTensorsDequantize size mismatch); dense block checkpoints load")),
+])
+def test_transformers_loads_compressed_tensors_output(model, scheme, dense_src, moe_src, tmp_path, seed) -> None:
+    """The external consumer: transformers' compressed-tensors integration decompresses our
+    weights to exactly our dequantized values, offline on CPU."""
+    src = dense_src if model == "dense" else moe_src
+    dst = tmp_path / "ct"
+    quantize.quantize_checkpoint(src, dst, scheme, "compressed-tensors")
+    loaded = _load_with_transformers(dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    block = (128, 128) if scheme == "fp8-block" else None
+    _assert_linear_matches(loaded, tensors, "model.layers.1.self_attn.o_proj", block)
+    if model == "moe":
+        from quantgate.kernels import quant
+
+        up = quant.dequantize_weight(tensors["model.layers.0.mlp.experts.5.up_proj.weight"],
+                                     tensors["model.layers.0.mlp.experts.5.up_proj.weight_scale"], block, torch.bfloat16)
+        assert torch.equal(loaded.model.layers[0].mlp.experts.gate_up_proj[5, 128:], up)
+    ids = torch.randint(0, 192, (1, 16))
+    with torch.no_grad():
+        assert torch.isfinite(loaded(ids).logits).all()
+
+
+def test_transformers_loads_compressed_tensors_block_with_tiled_dims(tmp_path, seed) -> None:
+    """Block FP8 through transformers needs K % 128 == 0 (compressed-tensors' 1x128 activation
+    groups), as in the shipped models; dense_src's K=320 exercises partial blocks instead."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=192, hidden_size=256, intermediate_size=384, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    torch.manual_seed(seed)
+    src = _save(Qwen3ForCausalLM(config), tmp_path / "src")
+    quantize.quantize_checkpoint(src, tmp_path / "ct", "fp8-block", "compressed-tensors")
+    loaded = _load_with_transformers(tmp_path / "ct")
+    tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    _assert_linear_matches(loaded, tensors, "model.layers.0.mlp.down_proj", (128, 128))
+
+
+def test_user_errors_exit_3_with_the_cause_and_the_fix(dense_src, tmp_path, capsys) -> None:
+    def run(*argv: str) -> str:
+        assert cli_main(["quantize", *argv]) == 3
+        return capsys.readouterr().err
+
+    assert "does not exist" in run(str(tmp_path / "nope"), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native")
+    (tmp_path / "empty").mkdir()
+    assert "not a Hugging Face model folder" in run(str(tmp_path / "empty"), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native")
+    (tmp_path / "exists").mkdir()
+    assert "--force" in run(str(dense_src), str(tmp_path / "exists"), "--scheme", "fp8-block", "--format", "native")
+    assert "fp8-block, fp8-channel, fp8-tensor" in run(str(dense_src), str(tmp_path / "d"), "--scheme", "int4", "--format", "native")
+    assert "native, compressed-tensors" in run(str(dense_src), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "gguf")
+    assert "--format compressed-tensors" in run(str(dense_src), str(tmp_path / "d"), "--scheme", "fp8-channel", "--format", "native")
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (other / "model.safetensors").write_bytes((dense_src / "model.safetensors").read_bytes())
+    assert "Qwen3ForCausalLM" in run(str(other), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native")
+    fp8 = tmp_path / "fp8"
+    quantize.quantize_checkpoint(dense_src, fp8, "fp8-tensor", "native")
+    assert "already quantized" in run(str(fp8), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native")
+    assert not (tmp_path / "d").exists()
+
+
+def test_force_replaces_an_existing_destination(dense_src, tmp_path) -> None:
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "stale.txt").write_text("old")
+    assert cli_main(["quantize", str(dense_src), str(dst), "--scheme", "fp8-tensor", "--format", "native", "--force"]) == 0
+    assert not (dst / "stale.txt").exists() and (dst / "model.safetensors").is_file()
