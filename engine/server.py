@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+from tokenizers import Tokenizer
 
 from quantgate.kernels import IncompatibleBufferError
 from fastapi.exceptions import RequestValidationError
@@ -139,15 +140,24 @@ class OpenAIServer:
         self.settings = settings
         self.metrics = metrics
         self.vocab_size = int(loaded.model_config.vocab_size)
+        self.max_token_bytes = _max_token_bytes(loaded.tokenizer)
         self.chat_template = ChatTemplate.from_model_dir(loaded.path)
 
     # -- text <-> tokens (the folder's tokenizer.json through `tokenizers`; a folder may ship none)
 
-    def encode(self, text: str, add_special_tokens: bool, param: str) -> TokenIds:
+    async def encode(self, text: str, add_special_tokens: bool, param: str) -> TokenIds:
+        """Token ids of `text`, off the event loop (encode_batch releases the GIL, so other
+        clients keep streaming); a text that cannot fit max_model_len is refused untokenized."""
         if self.tokenizer is None:
             raise APIError(400, f"this model folder has no tokenizer, so {param} cannot be text; "
                            "send the prompt as token ids to /v1/completions", param=param)
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        limit = self.settings.max_model_len
+        if self.max_token_bytes and len(text.encode()) > limit * self.max_token_bytes:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the {param} text "
+                           f"({len(text.encode())} bytes) is longer than any {limit} tokens can be. "
+                           "Shorten it.", param=param, code="context_length_exceeded")
+        encoded = await asyncio.to_thread(self.tokenizer.encode_batch, [text], add_special_tokens=add_special_tokens)
+        return encoded[0].ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -174,10 +184,10 @@ class OpenAIServer:
             raise APIError(400, f"token id {bad} is out of range: the vocabulary has {self.vocab_size} tokens "
                            f"(ids 0..{self.vocab_size - 1})", param=param)
 
-    def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
+    async def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
              params: Callable[[int], SamplingParams], param: str) -> _Job:
         if isinstance(prompt, str):
-            text, ids = prompt, self.encode(prompt, add_special_tokens=True, param=param)
+            text, ids = prompt, await self.encode(prompt, add_special_tokens=True, param=param)
         else:
             self.check_token_ids(prompt, param)
             text, ids = self.decode(prompt), list(prompt)
@@ -259,7 +269,7 @@ class OpenAIServer:
 
     # -- /v1/completions
 
-    def completion_jobs(self, req: CompletionRequest) -> list[_Job]:
+    async def completion_jobs(self, req: CompletionRequest) -> list[_Job]:
         base = f"cmpl-{uuid.uuid4().hex}"
         prompts = req.prompts()
 
@@ -270,7 +280,7 @@ class OpenAIServer:
                 prompt_logprobs=req.echo and req.logprobs is not None, ignore_eos=req.ignore_eos)
 
         max_tokens = _or(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
-        return [self._job(base if len(prompts) == 1 else f"{base}-{i}", i, p, max_tokens, params, "prompt")
+        return [await self._job(base if len(prompts) == 1 else f"{base}-{i}", i, p, max_tokens, params, "prompt")
                 for i, p in enumerate(prompts)]
 
     def completion_logprobs(self, echoed: _Job | None, prompt_logprobs: Sequence[Any], token_ids: Sequence[int],
@@ -352,9 +362,9 @@ class OpenAIServer:
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
 
-    def chat_job(self, req: ChatCompletionRequest) -> _Job:
+    async def chat_job(self, req: ChatCompletionRequest) -> _Job:
         text = self.render_chat(req)
-        ids = self.encode(text, add_special_tokens=False, param="messages")  # the template wrote the special tokens
+        ids = await self.encode(text, add_special_tokens=False, param="messages")  # the template wrote the special tokens
 
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
@@ -362,7 +372,7 @@ class OpenAIServer:
                 seed=req.seed, stop=list(req.stop or []),
                 logprobs=_or(req.top_logprobs, 0) if req.logprobs else None, ignore_eos=req.ignore_eos)
 
-        return self._job(f"chatcmpl-{uuid.uuid4().hex}", 0, ids, req.requested_max_tokens, params, "messages")
+        return await self._job(f"chatcmpl-{uuid.uuid4().hex}", 0, ids, req.requested_max_tokens, params, "messages")
 
     def chat_logprobs(self, req: ChatCompletionRequest, token_ids: list[int], logprobs: list[float],
                       tops: list[dict[int, float]]) -> ChatLogprobs | None:
@@ -418,14 +428,14 @@ class OpenAIServer:
 
     # -- vLLM's tokenizer endpoints (lm-eval's remote tokenizer uses them)
 
-    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.model_name(req.model)
         if req.messages is not None:
             text = self.render_chat(ChatCompletionRequest(messages=req.messages,
                                                           add_generation_prompt=req.add_generation_prompt))
-            ids = self.encode(text, add_special_tokens=False, param="messages")
+            ids = await self.encode(text, add_special_tokens=False, param="messages")
         else:
-            ids = self.encode(req.prompt, add_special_tokens=req.add_special_tokens, param="prompt")
+            ids = await self.encode(req.prompt, add_special_tokens=req.add_special_tokens, param="prompt")
         return TokenizeResponse(count=len(ids), max_model_len=self.settings.max_model_len, tokens=ids)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
@@ -462,6 +472,14 @@ def _prompt_entry(entry: Any) -> tuple[float | None, dict[int, float] | None]:
         return None, None
     lp, top = entry
     return (None if lp is None else _finite(lp)), top
+
+
+def _max_token_bytes(tokenizer: Tokenizer | None) -> int | None:
+    """The most UTF-8 bytes of text one token can stand for, or None when unbounded (a model with
+    an unknown token may map any run of unknown text to it)."""
+    if tokenizer is None or json.loads(tokenizer.to_str()).get("model", {}).get("unk_token") is not None:
+        return None
+    return max((len(token.encode()) for token in tokenizer.get_vocab(with_added_tokens=True)), default=None)
 
 
 def _response_id(jobs: Sequence[_Job]) -> str:
@@ -630,7 +648,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
     async def completions(req: CompletionRequest, raw: Request) -> Response:
         # Checked before a stream starts, so a bad request is a 4xx, not an error event after a 200.
-        model, jobs = server.model_name(req.model), server.completion_jobs(req)
+        model, jobs = server.model_name(req.model), await server.completion_jobs(req)
         if req.stream:
             return StreamingResponse(server.stream_completions(req, model, jobs), media_type="text/event-stream")
         return _json(await _unless_disconnected(raw, server.completions(req, model, jobs)))
@@ -638,7 +656,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={400: {"model": ErrorResponse}})
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
-        model, job = server.model_name(req.model), server.chat_job(req)
+        model, job = server.model_name(req.model), await server.chat_job(req)
         if req.stream:
             return StreamingResponse(server.stream_chat(req, model, job), media_type="text/event-stream")
         return _json(await _unless_disconnected(raw, server.chat(req, model, job)))
@@ -660,7 +678,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     @app.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
-        return server.tokenize(req)
+        return await server.tokenize(req)
 
     @app.post("/detokenize", response_model=DetokenizeResponse)
     async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:

@@ -457,6 +457,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
     ({"prompt": LONG}, 400, "prompt"),
+    ({"prompt": "7" * 2_000_000}, 400, "prompt"),  # refused before tokenization
     ({"prompt": "x", "max_tokens": MAX_MODEL_LEN}, 400, "prompt"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
@@ -539,6 +540,13 @@ def test_malformed_bodies(client: TestClient, path: str, raw: bytes) -> None:
     response = client.post(path, content=raw, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_text_too_long_for_any_tokenization_is_refused_untokenized(client: TestClient) -> None:
+    response = client.post("/v1/completions", json={"prompt": "Ava " * 500_000})
+    assert_openai_error(response, 400, "prompt")
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert "longer than any" in response.json()["error"]["message"]
 
 
 def test_unknown_routes_and_methods(client: TestClient) -> None:
