@@ -489,6 +489,10 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.interrupted = exc.signal_name
         record.reason = f"interrupted by {exc.signal_name}: the server was torn down; no verdict"
         raise
+    except Exception as exc:  # a bug here must not cost the other configs their runs, nor leak a server
+        record.reason = f"quantgate internal error: {type(exc).__name__}: {exc} (please report it, with the " \
+                        "traceback above)"
+        display.console.print_exception()
     finally:
         with guard.shield():
             _finish(record, item, server, outcome, run_dir, started)

@@ -106,7 +106,7 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
     else:
         raise ServerCommandError(f"unknown engine {engine!r}; use builtin or vllm")
     try:
-        preferred = int(port) if port is not None else None
+        preferred = int(port) or None if port is not None else None  # --port 0: any free port
     except ValueError:
         raise ServerCommandError(f"server_args: --port {port!r} is not a number") from None
     connect_host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else host

@@ -198,3 +198,27 @@ def test_requirements_are_checked_against_the_gpus_present() -> None:
     assert "requires 2 GPU(s); this machine has 0" in unmet_requirements(config(gpus=2), [])
     assert "requires device a100" in unmet_requirements(config(gpus=1, device="a100"), h100s)
     assert "compute capability >= 10.0" in unmet_requirements(config(min_compute_capability="10.0"), h100s)
+
+
+def test_an_internal_error_is_recorded_and_the_next_config_still_runs(tmp_path: Path, gsm8k_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import runner
+
+    real_gate = runner.evaluate_gate
+    calls = iter([RuntimeError("gate exploded"), None])
+
+    def flaky_gate(*args, **kwargs):
+        problem = next(calls)
+        if problem is not None:
+            raise problem
+        return real_gate(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_gate", flaky_gate)
+    first = write_config(tmp_path, "first", gsm8k_dir)
+    second = write_config(tmp_path, "second", gsm8k_dir)
+    code, output = run_in_process([first, second], tmp_path / "out")
+    broken = load_json(tmp_path / "out" / "first" / "result.json")
+    assert code == 2 and broken["verdict"] == "ERROR"
+    assert "internal error: RuntimeError: gate exploded" in broken["reason"] and "Traceback" in output
+    assert not pid_alive(broken["server"]["pid"])
+    assert load_json(tmp_path / "out" / "second" / "result.json")["verdict"] == "PASS"
