@@ -83,7 +83,7 @@ class Recipe:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     max_steps: int = 20_000
-    pool_problems: int = 400_000
+    pool_problems: int = 600_000
     num_fewshot: int = 5
     eval_questions: int = 200
     final_eval_questions: int = 1000
@@ -128,7 +128,7 @@ def log(name: str, msg: str) -> None:
 # ---------------------------------------------------------------- data
 
 
-def _pool_chunk(args: tuple[int, int, frozenset[str], str]) -> tuple[list[int], list[int], list[int]]:
+def _pool_chunk(args: tuple[int, int, frozenset[str], str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     start, stop, exclude, tokenizer_file = args
     from tokenizers import Tokenizer
 
@@ -139,16 +139,16 @@ def _pool_chunk(args: tuple[int, int, frozenset[str], str]) -> tuple[list[int], 
     # shot has inside a longer prompt: "\n\n" before text splits differently than at the end.
     encs = tok.encode_batch([fewshot.format_example(d) + "Question:" for d in docs])
     ids: list[int] = []
-    mask: list[int] = []
+    mask: list[bool] = []
     lengths: list[int] = []
+    body_start = len("Question:")
     for doc, enc in zip(docs, encs):
-        body_start = len("Question:")
         body_end = len(fewshot.doc_to_text(doc))
         n = len(enc.ids) - 2  # drop the trailing "Question", ":"
         ids.extend(enc.ids[:n])
-        mask.extend(int(not (body_start <= a < body_end)) for a, _ in enc.offsets[:n])
+        mask.extend(not (body_start <= a < body_end) for a, _ in enc.offsets[:n])
         lengths.append(n)
-    return ids, mask, lengths
+    return np.array(ids, dtype=np.int16), np.array(mask, dtype=np.bool_), np.array(lengths, dtype=np.int64)
 
 
 @dataclasses.dataclass
@@ -169,9 +169,7 @@ class Pool:
                 parts = pool.map(_pool_chunk, tasks)
         else:
             parts = [_pool_chunk(t) for t in tasks]
-        ids = np.fromiter((i for p in parts for i in p[0]), dtype=np.int16)
-        mask = np.fromiter((m for p in parts for m in p[1]), dtype=np.bool_)
-        lengths = np.fromiter((n for p in parts for n in p[2]), dtype=np.int64)
+        ids, mask, lengths = (np.concatenate([p[i] for p in parts]) for i in range(3))
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         return cls(ids, mask, starts, lengths)
 
@@ -339,6 +337,13 @@ def save_hf_folder(model: torch.nn.Module, folder: Path, tokenizer_dir: Path) ->
     if hasattr(config, "output_router_logits"):
         config.output_router_logits = False
     config.save_pretrained(folder)
+    # transformers 5 writes `num_local_experts`; released Qwen3-MoE checkpoints (and readers built
+    # on transformers 4.x) use `num_experts`, which transformers 5 maps back by its attribute map.
+    config_file = folder / "config.json"
+    fields = json.loads(config_file.read_text())
+    if "num_local_experts" in fields:
+        fields["num_experts"] = fields.pop("num_local_experts")
+        config_file.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
     GenerationConfig(bos_token_id=None, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(folder)
     state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
     save_file(per_expert_state_dict(state, config.tie_word_embeddings), str(folder / "model.safetensors"),
@@ -578,7 +583,8 @@ def train_both(args: argparse.Namespace, t_start: float) -> int:
             "MB": round(lg["files"]["model.safetensors"]["bytes"] / 1e6, 2), "wall_s": lg["wall_s"],
             "exit": codes[kind],
         })
-    (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    summary = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": rows}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\n{'model':<16} {'params':>7} {'steps':>6} {'ms/step':>8} {'chosen':>7} {'acc@eval':>8} "
           f"{'acc@test':>8} {'n':>5} {'invalid':>7} {'range':>5} {'MB':>6} {'wall s':>7} {'exit':>4}")
     for row in rows:
