@@ -355,7 +355,8 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
             return
     item.baseline_name = base.name
     cached = options.output_dir / base.name / "result.json"
-    if base.source not in by_source and _usable_cache(cached, base, config.gate.mode):
+    limit = options.limit if options.limit is not None else base.num_questions
+    if base.source not in by_source and _usable_cache(cached, base, config.gate.mode, limit):
         item.baseline_result = cached
         return
     if options.server_url is not None:
@@ -365,12 +366,14 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
     run_first(base)
 
 
-def _usable_cache(path: Path, base: EvalConfig, mode: str) -> bool:
+def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) -> bool:
+    """A cached baseline counts when it is of this very config file, on the same questions."""
     try:
         data = load_result(path)
     except (OSError, ValueError):
         return False
-    fresh = (data.get("config") or {}).get("sha256") == base.sha256
+    fresh = (data.get("config") or {}).get("sha256") == base.sha256 and \
+        (data.get("evaluation") or {}).get("limit", "missing") == limit
     measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
     has_samples = mode != "paired" or load_samples(path) is not None
     return fresh and measured and has_samples
@@ -475,6 +478,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         report, where = _kernel_report(config, server)
         display.eval_start()
         settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit)
+        record.evaluation = {"limit": settings.limit}
         outcome = run_eval(settings, on_progress=display.progress)
         if report is None and config.engine == "vllm" and isinstance(server, LaunchedServer):
             report, where = _kernel_report(config, server)  # choices logged after the first request
@@ -518,8 +522,8 @@ def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outco
 
 def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) -> None:
     record.metrics = outcome.metrics
-    record.evaluation = {"requested": outcome.requested, "answered": outcome.answered, "error": outcome.error,
-                         "complete": outcome.error is None and not interrupted}
+    record.evaluation = {**(record.evaluation or {}), "requested": outcome.requested, "answered": outcome.answered,
+                         "error": outcome.error, "complete": outcome.error is None and not interrupted}
     record.task = {"file": str(outcome.task_file), "sha256": outcome.task_sha256}
     record.dataset = {"sha256": outcome.dataset_sha256}
     record.timings["eval_s"] = round(outcome.eval_s, 3)

@@ -143,6 +143,8 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     stamp = base_result.stat().st_mtime_ns
     code, output = run_in_process([candidate], tmp_path / "out")
     assert code == 1 and "[1/1] cand" in output and base_result.stat().st_mtime_ns == stamp
+    code, output = run_in_process([candidate], tmp_path / "out", limit=6)  # other questions: not comparable
+    assert "[1/2] base" in output and load_json(base_result)["metrics"]["n"] == 6
 
 
 def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir: Path) -> None:
