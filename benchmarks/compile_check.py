@@ -11,6 +11,7 @@ Exit status 1 if a variant that should compile for a target does not.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -20,12 +21,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+# Real targets even when called from a shell set up for CPU tests (read when kernels are defined).
+os.environ.pop("TRITON_INTERPRET", None)
 
-from quantgate.kernels.triton import act_quant, fp8_block_gemm, w8a16_gemm
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from quantgate.kernels.triton import act_quant, fp8_block_gemm, w8a16_gemm  # noqa: E402
 
 _PTR_TYPES = {torch.float8_e4m3fn: "*fp8e4nv", torch.bfloat16: "*bf16", torch.float16: "*fp16",
               torch.float32: "*fp32", torch.int32: "*i32"}
@@ -122,30 +126,34 @@ def variants() -> list[Variant]:
     return out
 
 
+def _compile_job(job: tuple[str, int]) -> dict:
+    name, capability = job
+    variant = next(v for v in variants() if v.name == name)
+    return {"variant": name, "capability": capability, **compile_variant(variant, capability)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, nargs="+", default=[80, 89, 90], help="compute capabilities, e.g. 80 90")
     parser.add_argument("--only", default="", help="substring filter on variant names")
     parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel compilations")
     args = parser.parse_args(argv)
-    os.environ.pop("TRITON_INTERPRET", None)
+    jobs = [(v, cap) for v in variants() if args.only in v.name for cap in args.targets if cap >= v.min_capability]
+    # Compilations are independent; one process each keeps ptxas and the MLIR passes in parallel.
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(_compile_job, [(v.name, cap) for v, cap in jobs]))
     report, failed = [], 0
     print(f"{'variant':<62} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma")
-    for v in variants():
-        if args.only not in v.name:
-            continue
-        for cap in args.targets:
-            if cap < v.min_capability:
-                continue
-            row = {"variant": v.name, "capability": cap, **compile_variant(v, cap)}
-            report.append(row)
-            failed += not row["ok"]
-            if row["ok"]:
-                mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
-                print(f"{v.name:<62} {cap:>3} {'yes':>3} {row['registers']:>5} {row['spill_bytes']:>6} "
-                      f"{row['shared_bytes']:>7} {mma}")
-            else:
-                print(f"{v.name:<62} {cap:>3}  NO {row['error']}")
+    for (v, cap), row in zip(jobs, results):
+        report.append(row)
+        failed += not row["ok"]
+        if row["ok"]:
+            mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
+            print(f"{v.name:<62} {cap:>3} {'yes':>3} {row['registers']:>5} {row['spill_bytes']:>6} "
+                  f"{row['shared_bytes']:>7} {mma}")
+        else:
+            print(f"{v.name:<62} {cap:>3}  NO {row['error']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"{len(report) - failed}/{len(report)} variants compiled")

@@ -50,7 +50,8 @@ CONFIGS: tuple[tuple[int, W8A16Config], ...] = (
     (1, W8A16Config(1, 64, use_dot=False, num_warps=4, num_stages=3)),
     (16, W8A16Config(16, 64, use_dot=True, num_warps=4, num_stages=3)),
     (64, W8A16Config(64, 64, use_dot=True, num_warps=4, num_stages=3)),
-    (1 << 62, W8A16Config(128, 128, use_dot=True, num_warps=8, num_stages=3)),
+    # 64x128 is the largest tile that does not spill on sm_80 (mma.sync keeps operands in registers).
+    (1 << 62, W8A16Config(64, 128, use_dot=True, num_warps=4, num_stages=3)),
 )
 SPLIT_K_MAX_M_TILES = 1
 MIN_BLOCK_N = 32
@@ -173,7 +174,8 @@ def _w8a16_gemm_kernel(
             else:
                 acc2 += part2
         else:
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            # Block scales change every K tile: its four dots go to `part`, scaled once.
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
             for p in tl.static_range(4):
                 if EVEN_K:
                     x = tl.load(x_ptrs + p * 32)
@@ -185,7 +187,7 @@ def _w8a16_gemm_kernel(
             if GROUPWISE:
                 acc += part * s[None, :]
             else:
-                acc += part
+                acc = part
         w_ptrs += 32 * N
         x_ptrs += 128
     if OUT == 0:
