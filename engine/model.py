@@ -50,6 +50,23 @@ class ForwardBatch:
     def num_decode(self) -> int:
         return self.decode_slots.shape[0]
 
+    def decode_attention_inputs(self) -> DecodeAttentionInputs:
+        """The same for every layer, so the model computes it once per forward (inside a graph too)."""
+        rows, lens = None, self.decode_lens
+        if self.decode_slot_range is not None:
+            first, end = self.decode_slot_range
+            if end - first != self.num_decode:  # slots in order: a full range is exactly these sequences
+                rows = self.decode_slots - first
+                lens = torch.ones(end - first, dtype=lens.dtype, device=lens.device).index_copy_(0, rows, lens)
+        keys = torch.arange(self.decode_kv_len, device=lens.device)
+        return DecodeAttentionInputs(rows, (keys[None, :] < lens[:, None])[:, None, None, :])
+
+
+@dataclass
+class DecodeAttentionInputs:
+    rows: torch.Tensor | None  # row of each sequence in the slot range; None: the rows are the sequences
+    mask: torch.Tensor  # [rows, 1, 1, decode_kv_len] keys each row may attend to
+
 
 LinearFactory = Callable[[str, int, int, bool], QuantLinear]
 MoEFactory = Callable[[str], FusedMoE]
@@ -71,7 +88,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
         self.rotary = [rotary]  # shared; a list keeps it out of this module's children
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, decode: DecodeAttentionInputs | None,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
@@ -87,28 +105,22 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             out[rows] = o[0].transpose(0, 1)
         if batch.num_decode:
-            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], batch, k_cache, v_cache)
+            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], batch, decode, k_cache,
+                                                           v_cache)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
-    def _decode(self, q: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
-        kv_len, slot_range = batch.decode_kv_len, batch.decode_slot_range
-        if slot_range is not None:
-            first, end = slot_range
-            keys, values = k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len]
-        if slot_range is not None and end - first == q.shape[0]:
-            # Decode rows are in slot order, so a full range is exactly these sequences.
-            rows, lens, qr = None, batch.decode_lens, q
-        elif slot_range is not None:
-            rows = batch.decode_slots - first
-            lens = torch.ones(end - first, dtype=batch.decode_lens.dtype, device=q.device)  # idle slots: 1 key
-            lens[rows] = batch.decode_lens
-            qr = q.new_zeros(end - first, self.num_heads, self.head_dim)
-            qr[rows] = q
-        else:
+    def _decode(self, q: torch.Tensor, batch: ForwardBatch, inputs: DecodeAttentionInputs, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        kv_len = batch.decode_kv_len
+        if batch.decode_slot_range is None:
             keys, values = k_cache[batch.decode_slots, :, :kv_len], v_cache[batch.decode_slots, :, :kv_len]
-            rows, lens, qr = None, batch.decode_lens, q
-        mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(qr[:, :, None], keys, values, attn_mask=mask, scale=self.scale,
+        else:
+            span = slice(*batch.decode_slot_range)
+            keys, values = k_cache[span, :, :kv_len], v_cache[span, :, :kv_len]
+        rows = inputs.rows
+        if rows is not None:  # queries of the range's idle slots are zeros; their output is dropped
+            q = q.new_zeros(inputs.mask.shape[0], self.num_heads, self.head_dim).index_copy_(0, rows, q)
+        o = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=inputs.mask, scale=self.scale,
                                            enable_gqa=True)[:, :, 0]
         return o if rows is None else o[rows]
 
@@ -150,8 +162,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor):
-        x = x + self.self_attn(self.input_layernorm(x), batch, k_cache, v_cache)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, decode: DecodeAttentionInputs | None,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, decode, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -178,7 +191,8 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
         x = self.model.embed_tokens(batch.input_ids)
+        decode = batch.decode_attention_inputs() if batch.num_decode else None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, kv.k[i], kv.v[i])
+            x = layer(x, batch, decode, kv.k[i], kv.v[i])
         x = self.model.norm(x[batch.logits_indices])
         return self.lm_head(x).float()
