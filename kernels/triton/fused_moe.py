@@ -55,9 +55,8 @@ class FusedMoEConfig:
 FP8_CONFIGS: tuple[tuple[int, FusedMoEConfig], ...] = (
     (32, FusedMoEConfig(16, GemmTile(128, 128, 4, 4), GemmTile(64, 128, 4, 4))),
     (128, FusedMoEConfig(16, GemmTile(128, 128, 4, 3), GemmTile(128, 128, 4, 3))),
-    (512, FusedMoEConfig(32, GemmTile(128, 128, 4, 3), GemmTile(128, 128, 4, 3))),
-    (4096, FusedMoEConfig(64, GemmTile(128, 128, 8, 3, 8), GemmTile(128, 128, 4, 4, 8))),
-    (1 << 62, FusedMoEConfig(128, GemmTile(128, 128, 8, 3, 8), GemmTile(128, 128, 8, 3, 8))),
+    (512, FusedMoEConfig(32, GemmTile(128, 128, 8, 3), GemmTile(128, 128, 4, 3))),
+    (1 << 62, FusedMoEConfig(64, GemmTile(128, 128, 8, 3, 8), GemmTile(128, 128, 4, 4, 8))),
 )
 BF16_CONFIGS: tuple[tuple[int, FusedMoEConfig], ...] = (
     (32, FusedMoEConfig(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 4))),
@@ -130,24 +129,27 @@ def _gate_up_kernel(
     pid_m, pid_n = _program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + rn[None, :]
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         if not QUANT_OUT:
             # Unused rows hold zeros, so a per-tensor amax over the whole buffer sees only real rows.
-            tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty),
-                     mask=(rn < I)[None, :])
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + rn[None, :],
+                     tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=(rn < I)[None, :])
         return
 
     slots = tl.load(sorted_slots_ptr + rows)
     live = slots < num_slots
-    tokens = tl.where(live, slots // top_k, 0).to(tl.int64)
+    tokens = tl.where(live, slots // top_k, 0)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     rn_in = rn % I  # wrapped columns keep loads in bounds; the store masks them
     rk = tl.arange(0, BLOCK_K)
 
-    a_ptrs = a_ptr + tokens[:, None] * stride_am + rk[None, :]
-    wg_ptrs = w_ptr + expert * stride_we + rn_in[None, :].to(tl.int64) * stride_wn + rk[:, None]
-    wu_ptrs = wg_ptrs + I * stride_wn
+    # Loop-invariant int32 offsets from scalar bases that advance along K: one offset tensor
+    # per operand stays live instead of 64-bit pointer tensors (registers, no spills).
+    a_base = a_ptr
+    a_offs = tokens[:, None] * stride_am + rk[None, :]
+    w_base = w_ptr + expert * stride_we
+    w_offs = rn_in[None, :] * stride_wn + rk[:, None]
+    w_up = I * stride_wn
     sg_ptrs = w_scale_ptr + expert * stride_wse + (rn_in // W_ROWS_PER_SCALE) * stride_wsn
     su_ptrs = sg_ptrs + up_scale_offset
 
@@ -155,14 +157,14 @@ def _gate_up_kernel(
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a = tl.load(a_ptrs, mask=live[:, None], other=0.0)
-            bg = tl.load(wg_ptrs)
-            bu = tl.load(wu_ptrs)
+            a = tl.load(a_base + a_offs, mask=live[:, None], other=0.0)
+            bg = tl.load(w_base + w_offs)
+            bu = tl.load(w_base + w_up + w_offs)
         else:
             in_k = rk < K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=live[:, None] & in_k[None, :], other=0.0)
-            bg = tl.load(wg_ptrs, mask=in_k[:, None], other=0.0)
-            bu = tl.load(wu_ptrs, mask=in_k[:, None], other=0.0)
+            a = tl.load(a_base + a_offs, mask=live[:, None] & in_k[None, :], other=0.0)
+            bg = tl.load(w_base + w_offs, mask=in_k[:, None], other=0.0)
+            bu = tl.load(w_base + w_up + w_offs, mask=in_k[:, None], other=0.0)
         if A_SCALES == 1:
             a_s = tl.load(a_scale_ptr + tokens * stride_asm + kt * stride_asg)[:, None]
             acc_g += tl.dot(a, bg) * (a_s * tl.load(sg_ptrs + kt * stride_wsk)[None, :])
@@ -173,9 +175,8 @@ def _gate_up_kernel(
         else:
             acc_g = tl.dot(a, bg, acc_g)
             acc_u = tl.dot(a, bu, acc_u)
-        a_ptrs += BLOCK_K
-        wg_ptrs += BLOCK_K
-        wu_ptrs += BLOCK_K
+        a_base += BLOCK_K
+        w_base += BLOCK_K
     if A_SCALES == 2:
         a_s = tl.load(a_scale_ptr + tokens * stride_asm)[:, None]
         acc_g = acc_g * (a_s * tl.load(sg_ptrs)[None, :])
@@ -183,6 +184,7 @@ def _gate_up_kernel(
 
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     in_n = (rn < I)[None, :]
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + rn[None, :]
     if QUANT_OUT:
         h = tl.where(in_n, h, 0.0)
         scale = _scale_from_amax(tl.max(tl.abs(h), axis=1))
@@ -215,19 +217,21 @@ def _down_kernel(
     rn_in = rn % N
     rk = tl.arange(0, BLOCK_K)
 
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + rk[None, :]
-    w_ptrs = w_ptr + expert * stride_we + rn_in[None, :].to(tl.int64) * stride_wn + rk[:, None]
+    a_base = a_ptr
+    a_offs = rows[:, None] * stride_am + rk[None, :]
+    w_base = w_ptr + expert * stride_we
+    w_offs = rn_in[None, :] * stride_wn + rk[:, None]
     s_ptrs = w_scale_ptr + expert * stride_wse + (rn_in // W_ROWS_PER_SCALE) * stride_wsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a = tl.load(a_ptrs, mask=live[:, None], other=0.0)
-            b = tl.load(w_ptrs)
+            a = tl.load(a_base + a_offs, mask=live[:, None], other=0.0)
+            b = tl.load(w_base + w_offs)
         else:
             in_k = rk < K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=live[:, None] & in_k[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
+            a = tl.load(a_base + a_offs, mask=live[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(w_base + w_offs, mask=in_k[:, None], other=0.0)
         if A_SCALES == 1:
             a_s = tl.load(a_scale_ptr + rows * stride_asm + kt * stride_asg)
             acc += tl.dot(a, b) * (a_s[:, None] * tl.load(s_ptrs + kt * stride_wsk)[None, :])
@@ -235,8 +239,8 @@ def _down_kernel(
             acc += tl.dot(a, b)
         else:
             acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        a_base += BLOCK_K
+        w_base += BLOCK_K
     if A_SCALES == 2:
         acc = acc * (tl.load(a_scale_ptr + rows * stride_asm)[:, None] * tl.load(s_ptrs)[None, :])
 
@@ -294,6 +298,12 @@ def _stride(t: torch.Tensor | None, dim: int) -> int:
     return 0 if t is None or t.dim() <= dim else t.stride(dim)
 
 
+def _check_offsets(x: torch.Tensor, rows: int, w13: torch.Tensor) -> None:
+    """The kernels index activations and one expert's weights with int32 offsets."""
+    if max(x.numel(), rows * w13.shape[1], w13[0].numel()) >= 2**31:
+        raise ValueError(f"MoE call too large for int32 offsets ({x.shape[0]} tokens): split the batch")
+
+
 def _sum_slots(slot_out: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
     if top_k == 1:
         return slot_out
@@ -322,6 +332,7 @@ def fused_moe_fp8(
     num_slots = topk_ids.numel()
     align = moe_align_block_size(topk_ids, num_experts, config.block_m, cursor)
     rows = align[0].numel()
+    _check_offsets(x, rows, w13)
 
     if activation == "group":
         xq, xs = act_quant.quantize_per_token_group(x, GROUP)
@@ -359,6 +370,7 @@ def fused_moe_unquantized(
         return out
     num_slots = topk_ids.numel()
     align = moe_align_block_size(topk_ids, w13.shape[0], config.block_m, cursor)
+    _check_offsets(x, align[0].numel(), w13)
     h = torch.empty((align[0].numel(), w13.shape[1] // 2), dtype=x.dtype, device=x.device)
     _launch_gate_up(x, None, A_UNSCALED, w13, None, h, None, align, num_slots, top_k, config)
     slot_out = torch.empty((num_slots, x.shape[1]), dtype=x.dtype, device=x.device)

@@ -27,7 +27,7 @@ from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 CONFIGS: tuple[tuple[int, FusedMoEConfig], ...] = (
     (32, FusedMoEConfig(16, GemmTile(32, GROUP_K, 4, 4), GemmTile(64, GROUP_K, 4, 4))),
     (256, FusedMoEConfig(16, GemmTile(64, GROUP_K, 4, 3), GemmTile(64, GROUP_K, 4, 3))),
-    (1 << 62, FusedMoEConfig(64, GemmTile(64, GROUP_K, 4, 3, 8), GemmTile(128, GROUP_K, 8, 3, 8))),
+    (1 << 62, FusedMoEConfig(64, GemmTile(32, GROUP_K, 8, 3, 8), GemmTile(128, GROUP_K, 8, 3, 8))),
 )
 
 
