@@ -55,7 +55,8 @@ class TritonBlockFp8LinearKernel(LinearKernel):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         groupwise = cfg.scheme is Scheme.FP8_BLOCK
-        xq, xs = quantize_per_token_group(x2, _GROUP_K) if groupwise else quantize_per_token(x2)
+        # Column-major group scales: the GEMM reads one contiguous column of them per K step.
+        xq, xs = quantize_per_token_group(x2, _GROUP_K, column_major_scales=True) if groupwise else quantize_per_token(x2)
         out = w8a8_gemm(xq, xs, layer.weight, getattr(layer, cfg.scale_name), x.dtype, groupwise=groupwise,
                         scale_block_n=cfg.block_size[0] if groupwise else 1, bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)

@@ -99,7 +99,11 @@ def _w8a8_gemm_kernel(
     a_ptrs = a_ptr + rm_in[:, None] * stride_am + (k_first * BLOCK_K + rk)[None, :]
     b_ptrs = b_ptr + rn_in[None, :] * stride_bn + (k_first * BLOCK_K + rk)[:, None]
     a_scale_ptrs = a_scale_ptr + rm_in * stride_asm
-    b_scale_ptrs = b_scale_ptr + (rn_in // SCALE_BLOCK_N) * stride_bsn
+    if SCALE_BLOCK_N % BLOCK_N == 0:
+        # The tile lies in one weight scale block: one scale per K step, not one per column.
+        b_scale_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BLOCK_N) * stride_bsn
+    else:
+        b_scale_ptrs = b_scale_ptr + (rn_in // SCALE_BLOCK_N) * stride_bsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(k_first, k_last):
@@ -113,7 +117,10 @@ def _w8a8_gemm_kernel(
         if GROUPWISE:
             a_s = tl.load(a_scale_ptrs + kt * stride_asg)
             b_s = tl.load(b_scale_ptrs + kt * stride_bsg)
-            acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+            if SCALE_BLOCK_N % BLOCK_N == 0:
+                acc += tl.dot(a, b) * (a_s * b_s)[:, None]
+            else:
+                acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
         else:
             acc += tl.dot(a, b)
         a_ptrs += BLOCK_K
@@ -141,7 +148,8 @@ def w8a8_gemm(
 ) -> torch.Tensor:
     """a [M, K] fp8 (unit K stride), b [N, K] fp8 contiguous -> out [M, N] in out_dtype.
 
-    groupwise: a_scale [M, ceil(K/128)] (any strides), b_scale [ceil(N/scale_block_n), ceil(K/128)].
+    groupwise: a_scale [M, ceil(K/128)] (any strides; column-major reads coalesced),
+    b_scale [ceil(N/scale_block_n), ceil(K/128)].
     per channel: a_scale [M, 1] (or [M]), b_scale [N] (or [N, 1]).
     `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M; `config` and
     `split_k` override the table (benchmarks use them to sweep).

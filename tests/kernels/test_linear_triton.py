@@ -31,6 +31,15 @@ def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
     assert case.layer.workspace.eq(0).all()  # split-K counters are back to zero
 
 
+def test_weight_blocks_narrower_than_the_column_tile(seed):
+    # 64-row weight blocks under a 128-column tile: per-column weight scales in the K loop.
+    case = make_case(200, 300, Scheme.FP8_BLOCK, block=(64, 128), device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(70, 300, device=DEVICE).half()
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a8(case, x)) < 1e-3
+
+
 @pytest.mark.parametrize("split_k", [2, 4])
 def test_split_k_sums_every_slice_once(seed, split_k):
     from quantgate.kernels.triton.act_quant import quantize_per_token_group
