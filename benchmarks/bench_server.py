@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['generated_tokens_per_s']:>10.0f} {r['requests_per_s']:>7.2f} {r['latency_p50_s']:>7.2f} {ratio:>7}")
     best = max((r["speedup_vs_concurrency_1"] or 0 for r in rows), default=0)
     if base and len(rows) > 1:
-        print(f"best speedup {best:.2f}x (target >= {TARGET_SPEEDUP}x: {'met' if best >= TARGET_SPEEDUP else 'NOT met'})")
+        verdict = "met" if best >= TARGET_SPEEDUP else "NOT met"
+        print(f"best speedup {best:.2f}x (target >= {TARGET_SPEEDUP}x: {verdict})")
     if args.out:
         (args.out / "bench_server.json").write_text(json.dumps(rows, indent=2))
     return 0

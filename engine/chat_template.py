@@ -18,7 +18,6 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 

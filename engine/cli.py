@@ -25,6 +25,7 @@ EXIT_USAGE = 3  # the command line or the model is wrong: never retried
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 LOG_LEVELS = ("debug", "info", "warning", "error")
+FOLDER_CONTENTS = "config.json, *.safetensors, tokenizer.json"
 
 log = logging.getLogger("quantgate.engine.serve")
 
@@ -61,7 +62,7 @@ def _int_in(low: int, high: int, what: str):
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")
+    parser.add_argument("model", help=f"Hugging Face model folder ({FOLDER_CONTENTS})")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_int_in(0, 65535, "--port"), default=8000,
                         help="port to listen on (default 8000; 0 picks a free one, printed in the ready line)")
@@ -118,9 +119,9 @@ def _check_model_dir(model: str) -> str | None:
     if not path.exists():
         return f"model folder {model} does not exist; pass the path of a Hugging Face model folder"
     if not path.is_dir():
-        return f"{model} is not a folder; pass a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)"
+        return f"{model} is not a folder; pass a Hugging Face model folder ({FOLDER_CONTENTS})"
     if not (path / "config.json").is_file():
-        return f"{model} has no config.json; pass a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)"
+        return f"{model} has no config.json; pass a Hugging Face model folder ({FOLDER_CONTENTS})"
     return None
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

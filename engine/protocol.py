@@ -11,7 +11,7 @@ silently served differently.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -34,7 +34,7 @@ def _unicode(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_unicode)]
 TokenIds = list[int]
-Prompt = Union[Text, list[Text], TokenIds, list[TokenIds]]
+Prompt = Text | list[Text] | TokenIds | list[TokenIds]
 
 # Shown instead of pydantic's per-union-member errors for fields that accept several shapes.
 UNION_HINTS = {

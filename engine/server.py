@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from tokenizers import Tokenizer
-
-from quantgate.kernels import IncompatibleBufferError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from tokenizers import Tokenizer
+
+from quantgate.kernels import IncompatibleBufferError
 
 from . import AsyncEngine, EngineDeadError, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
 from .chat_template import SPECIAL_TOKENS, ChatTemplate, ChatTemplateError
@@ -48,16 +48,16 @@ from .protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    ErrorInfo,
+    ErrorResponse,
     ModelCard,
     ModelList,
+    TokenIds,
     TokenizeRequest,
     TokenizeResponse,
     TokenLogprob,
-    TokenIds,
     TopLogprob,
     Usage,
 )
@@ -185,7 +185,7 @@ class OpenAIServer:
                            f"(ids 0..{self.vocab_size - 1})", param=param)
 
     async def _job(self, request_id: str, index: int, prompt: str | TokenIds, max_tokens: int | None,
-             params: Callable[[int], SamplingParams], param: str) -> _Job:
+                   params: Callable[[int], SamplingParams], param: str) -> _Job:
         if isinstance(prompt, str):
             text, ids = prompt, await self.encode(prompt, add_special_tokens=True, param=param)
         else:
@@ -320,7 +320,9 @@ class OpenAIServer:
 
     async def stream_completions(self, req: CompletionRequest, model: str, jobs: list[_Job]) -> AsyncIterator[str]:
         response_id, created = _response_id(jobs), int(time.time())
-        text_offsets: dict[int, int] = {}  # per choice: characters sent so far; absent until its first chunk
+        # Per choice, absent until its first chunk: where its next token starts, counted in token
+        # strings as the whole response counts them (a token inside a UTF-8 character has no text yet).
+        text_offsets: dict[int, int] = {}
         prompt_tokens = completion_tokens = 0
 
         async def events() -> AsyncIterator[str]:
@@ -330,11 +332,11 @@ class OpenAIServer:
                     echoed = job if req.echo and job.index not in text_offsets else None
                     text = (echoed.prompt_text if echoed else "") + out.new_text
                     logprobs = None
+                    start = text_offsets.setdefault(job.index, 0)
                     if req.logprobs is not None:
                         logprobs = self.completion_logprobs(echoed, out.prompt_logprobs or [], out.new_token_ids,
-                                                            out.token_logprobs or [], out.top_logprobs or [],
-                                                            text_offsets.get(job.index, 0))
-                    text_offsets[job.index] = text_offsets.get(job.index, 0) + len(text)
+                                                            out.token_logprobs or [], out.top_logprobs or [], start)
+                        text_offsets[job.index] = start + sum(len(token) for token in logprobs.tokens)
                     if out.finished:
                         prompt_tokens += out.num_prompt_tokens
                         completion_tokens += out.num_generated_tokens
@@ -363,8 +365,8 @@ class OpenAIServer:
             raise APIError(400, str(exc), param="messages") from None
 
     async def chat_job(self, req: ChatCompletionRequest) -> _Job:
-        text = self.render_chat(req)
-        ids = await self.encode(text, add_special_tokens=False, param="messages")  # the template wrote the special tokens
+        # The template wrote the special tokens itself.
+        ids = await self.encode(self.render_chat(req), add_special_tokens=False, param="messages")
 
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
@@ -380,7 +382,7 @@ class OpenAIServer:
             return None
         k = _or(req.top_logprobs, 0)
         content = []
-        for token_id, lp, top in zip(token_ids, logprobs, tops):
+        for token_id, lp, top in zip(token_ids, logprobs, tops, strict=True):
             best = sorted((top or {}).items(), key=lambda kv: -kv[1])[:k]
             content.append(TokenLogprob(
                 **_chat_token(self.token_text(token_id), lp),
@@ -424,7 +426,6 @@ class OpenAIServer:
 
         async for event in _sse_stream(events()):
             yield event
-
 
     # -- vLLM's tokenizer endpoints (lm-eval's remote tokenizer uses them)
 
@@ -508,7 +509,8 @@ async def _sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
             async for event in stream:
                 yield event
     except APIError as exc:
-        yield _sse({"error": ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code).model_dump()})
+        error = ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
+        yield _sse({"error": error.model_dump()})
     except InvalidRequestError as exc:
         yield _sse({"error": ErrorInfo(message=str(exc), type="invalid_request_error").model_dump()})
     except Exception as exc:
@@ -546,8 +548,7 @@ async def _unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            return None
-    return task.result()
+    return None if task.cancelled() else task.result()
 
 
 _TYPE_TAG = re.compile(r"[\[\](),]|^(str|int|float|bool)$")  # union members pydantic adds to a location

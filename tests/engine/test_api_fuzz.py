@@ -10,7 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .test_server import MAX_MODEL_LEN, NAME, client, engine, make_client, sse_events, tiny_model  # noqa: F401
+from . import test_server
+from .test_server import NAME, VOCAB_SIZE, sse_events
+
+# The served tiny model and its client, shared with test_server.py (module-scoped there and here).
+tiny_model, engine, client = test_server.tiny_model, test_server.engine, test_server.client
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -36,7 +40,7 @@ def mutated(valid: dict[str, st.SearchStrategy], required: dict[str, st.SearchSt
 
 
 texts = st.text(max_size=30)
-token_ids = st.lists(st.integers(min_value=0, max_value=959), min_size=1, max_size=12)
+token_ids = st.lists(st.integers(min_value=0, max_value=VOCAB_SIZE - 1), min_size=1, max_size=12)
 SAMPLING = {
     "model": st.sampled_from([NAME, "alias"]),
     "max_tokens": st.integers(min_value=1, max_value=24),
@@ -57,9 +61,10 @@ COMPLETION = SAMPLING | {
     "echo": st.booleans(),
     "best_of": st.just(1),
 }
+text_part = st.fixed_dictionaries({"type": st.just("text"), "text": texts})
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant"]),
-     "content": st.one_of(texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2))},
+     "content": st.one_of(texts, st.lists(text_part, max_size=2))},
     optional={"name": st.text(max_size=5)})
 CHAT = SAMPLING | {
     "messages": st.lists(message, min_size=1, max_size=3),

@@ -171,7 +171,8 @@ def test_openai_client_completions(client: openai.OpenAI) -> None:
                                        logprobs=2, echo=True)
     choice = result.choices[0]
     assert choice.text.startswith("Ava has 3 apples")
-    assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens) == len(choice.logprobs.top_logprobs)
+    assert choice.logprobs.token_logprobs[0] is None
+    assert len(choice.logprobs.tokens) == len(choice.logprobs.top_logprobs)
     assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
     stream = client.completions.create(model="tiny", prompt="Ava has 3 apples", max_tokens=5, temperature=0,
                                        stream=True)
