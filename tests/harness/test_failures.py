@@ -45,8 +45,8 @@ def test_server_dying_mid_evaluation_keeps_the_samples_so_far(tmp_path: Path, gs
     result = load_json(run_dir / "result.json")
     assert code == 2, output
     assert result["verdict"] == "ERROR" and "exited with status 3 during evaluation" in result["reason"]
-    assert result["evaluation"] == {"requested": 12, "answered": 4, "error": result["evaluation"]["error"],
-                                    "complete": False}
+    assert result["evaluation"] == {"limit": 12, "requested": 12, "answered": 4,
+                                    "error": result["evaluation"]["error"], "complete": False}
     assert len(_samples(run_dir)) == 4
     assert "dying mid-evaluation" in result["log_tail"]
 
