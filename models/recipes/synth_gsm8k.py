@@ -8,9 +8,10 @@ Problem i of a split is a pure function of (version, split, i): its RNG is seede
 string, which Python hashes with SHA-512, so files are byte-identical on every machine and
 the training stream can be generated in parallel chunks.
 
-Difficulty (v1) is set for a ~5M-parameter model with one token per digit: one factor of a
-product is 2..12 and the other at most 2-3 digits, divisions are exact with a divisor 2..12,
-sums and differences use up to 4-digit numbers, and no value is ever negative or fractional.
+Difficulty (v1) is set for a ~5M-parameter model with one token per digit: a product is a
+2-digit number times 2..12 or a 3-4 digit number times 2..9, divisions are exact with a
+divisor 2..12, sums and differences use up to 4-digit numbers, and no value is ever negative
+or fractional.
 
     python models/recipes/synth_gsm8k.py            # write models/data/synth-gsm8k-v1/
     python models/recipes/synth_gsm8k.py --check    # verify the shipped files
@@ -241,7 +242,7 @@ def t_fuel(r: random.Random) -> tuple[str, str]:
 def t_concert(r: random.Random) -> tuple[str, str]:
     w = Work()
     adults, kids = r.randint(20, 600), r.randint(10, 400)
-    pa, pk = r.randint(8, 12), r.randint(2, 7)
+    pa, pk = r.randint(5, 9), r.randint(2, 4)
     q = f"A concert sells {adults} adult tickets for {pa} dollars and {kids} child tickets for {pk} dollars."
     a = w.step(adults, "*", pa, f"Adult tickets bring {{calc}} dollars.")
     k = w.step(kids, "*", pk, f"Child tickets bring {{calc}} dollars.")
@@ -333,7 +334,7 @@ def t_warehouse(r: random.Random) -> tuple[str, str]:
 
 def t_running(r: random.Random) -> tuple[str, str]:
     n, w = r.choice(NAMES), Work()
-    laps, meters = _mul_factor(r), r.choice([200, 250, 300, 400, 500])
+    laps, meters = r.randint(2, 9), r.choice([200, 250, 300, 400, 500])
     q = f"{n} runs {laps} laps of a {meters} meter track."
     dist = w.step(laps, "*", meters, f"{n} runs {{calc}} meters.")
     if r.random() < 0.5:
@@ -386,7 +387,7 @@ def t_stamps(r: random.Random) -> tuple[str, str]:
 
 def t_juice(r: random.Random) -> tuple[str, str]:
     w = Work()
-    bottles, ml = _mul_factor(r), r.choice([150, 200, 250, 300, 330, 500])
+    bottles, ml = r.randint(2, 9), r.choice([150, 200, 250, 300, 330, 500])
     q = f"A shop fills {bottles} bottles with {ml} milliliters of juice each."
     used = w.step(bottles, "*", ml, f"The bottles hold {{calc}} milliliters.")
     vat = used + r.randint(100, 4000)
@@ -425,7 +426,7 @@ def t_bus(r: random.Random) -> tuple[str, str]:
 
 def t_recipe(r: random.Random) -> tuple[str, str]:
     n, w = r.choice(NAMES), Work()
-    grams, batches = r.randint(50, 450), _mul_factor(r)
+    grams, batches = r.randint(50, 450), r.randint(2, 9)
     q = f"A cake needs {grams} grams of flour. {n} bakes {batches} cakes."
     need = w.step(grams, "*", batches, f"{n} needs {{calc}} grams of flour.")
     bag = need + r.randint(100, 3000)
