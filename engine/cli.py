@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from quantgate.kernels import LINEAR_BACKENDS, MOE_BACKENDS, UnknownBackendError, normalize_backend
+from quantgate.kernels import LINEAR_BACKENDS, MOE_BACKENDS, Platform, UnknownBackendError, normalize_backend
 
 EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
 EXIT_USAGE = 3  # the command line or the model is wrong: never retried
@@ -155,6 +155,10 @@ def main(args: argparse.Namespace) -> int:
     problem = _check_model_dir(args.model)
     if problem:
         return _fail(problem, EXIT_USAGE)
+    try:
+        Platform.detect(args.device)
+    except RuntimeError as exc:  # --device cuda without a CUDA build or GPU
+        return _fail(str(exc), EXIT_USAGE)
     configure_logging(args.log_level)
     try:
         sock = bind_socket(args.host, args.port)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 from quantgate.harness.cli import main as cli_main
 
@@ -63,6 +64,13 @@ def test_missing_model_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert re.search(r"model folder .*nope does not exist", error_line(capsys.readouterr().err))
     assert cli_main(["serve", str(tmp_path)]) == 3
     assert "has no config.json" in error_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_cuda(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli_main(["serve", str(model_dir), "--device", "cuda"]) == 3
+    assert re.search(r"--device cuda was requested but torch sees no CUDA device.*--device cpu",
+                     error_line(capsys.readouterr().err))
 
 
 def test_help_lists_the_vllm_flags(capsys: pytest.CaptureFixture) -> None:
