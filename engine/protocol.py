@@ -72,6 +72,11 @@ class _SamplingRequest(_Strict):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length outputs for benchmarks
+    # vLLM's sampling extensions (lm-eval passes gen_kwargs through): only their neutral values.
+    top_k: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=INT64_MAX)
+    min_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
 
     @field_validator("n")
     @classmethod
@@ -85,6 +90,16 @@ class _SamplingRequest(_Strict):
     def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
         if value:
             raise _unsupported(f"{info.field_name} is not supported; leave it unset or 0")
+        return value
+
+    @field_validator("top_k", "min_p", "repetition_penalty", "min_tokens")
+    @classmethod
+    def _neutral_extension(cls, value: float | None, info: ValidationInfo) -> float | None:
+        neutral = {"top_k": (None, 0, -1), "min_p": (None, 0.0), "repetition_penalty": (None, 1.0),
+                   "min_tokens": (None, 0)}[info.field_name]
+        if value not in neutral:
+            raise _unsupported(f"{info.field_name}={value} is not supported; leave it unset "
+                               f"(or {neutral[-1]}, which changes nothing)")
         return value
 
     @field_validator("logit_bias")

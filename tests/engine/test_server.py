@@ -105,6 +105,12 @@ def test_completion_shape_and_usage(client: TestClient) -> None:
         assert usage["completion_tokens"] == 5
 
 
+def test_neutral_extension_values_are_accepted(client: TestClient) -> None:
+    body = complete(client, prompt="a", max_tokens=2, temperature=0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
+                    min_tokens=0, user="ci", presence_penalty=0.0)
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
 def test_alias_name_and_missing_model_are_accepted(client: TestClient) -> None:
     for model in ("alias", None):
         response = client.post("/v1/completions", json={"model": model, "prompt": "a", "max_tokens": 1})
@@ -475,6 +481,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),
     ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ({"prompt": "x", "suffix": "y"}, 400, "suffix"),
+    ({"prompt": "x", "top_k": 40}, 400, "top_k"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
     ({"prompt": ""}, 400, "prompt"),
     ({"prompt": []}, 400, "prompt"),
     ({"prompt": [[]]}, 400, "prompt"),
