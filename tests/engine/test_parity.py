@@ -78,8 +78,16 @@ def test_greedy_outputs_of_20_prompts_equal_transformers(which, request, seed):
     for i, p in enumerate(prompts):  # more requests than slots: they join as others finish
         engine.add_request(str(i), p, SamplingParams(max_tokens=12, temperature=0))
     outputs = run_to_completion(engine)
-    for i, p in enumerate(prompts):
-        ours = [t for out in outputs[str(i)] for t in out.new_token_ids]
-        with torch.no_grad():
-            ref = hf.generate(_ints([p]), max_new_tokens=12, do_sample=False, eos_token_id=0, pad_token_id=0)
-        assert ours == ref[0, len(p):].tolist(), f"prompt {i}"
+    ours = [[t for out in outputs[str(i)] for t in out.new_token_ids] for i in range(len(prompts))]
+    assert ours == _hf_greedy(hf, prompts, 12)
+
+
+def _hf_greedy(hf, prompts: list[list[int]], max_new_tokens: int, eos: int = 0) -> list[list[int]]:
+    """transformers' greedy generation of all prompts in one left-padded batch, cut after EOS."""
+    width = max(len(p) for p in prompts)
+    ids = _ints([[eos] * (width - len(p)) + p for p in prompts])
+    mask = _ints([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                          eos_token_id=eos, pad_token_id=eos)[:, width:].tolist()
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
