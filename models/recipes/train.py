@@ -356,7 +356,9 @@ def check_reload(model: torch.nn.Module, folder: Path, tok, device: torch.device
     """Max |logit difference| between the in-memory bf16 model and transformers' reload of `folder`."""
     from transformers import AutoModelForCausalLM
 
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()
+    # The same expert kernel as the in-memory model, so any difference is the files' fault.
+    same_kernels = {"experts_implementation": "eager"} if hasattr(model.config, "num_experts_per_tok") else {}
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, **same_kernels).to(device).eval()
     ids = tok("Question: A bus has 12 people.\nAnswer: 12+3=<<12+3=15>>15", return_tensors="pt").input_ids.to(device)
     with torch.no_grad():
         a = model(ids).logits.float()
