@@ -40,6 +40,8 @@ def _scale_shape(scheme: Scheme, rows: int, cols: int, block: tuple[int, int] | 
 class KernelLayer(nn.Module):
     """A layer whose math is one kernel of the registry; see the module docstring for reloads."""
 
+    layer_config: LinearLayerConfig | MoELayerConfig
+
     def __init__(self, name: str, device: torch.device) -> None:
         super().__init__()
         self.module_name = name
@@ -100,7 +102,7 @@ class QuantLinear(KernelLayer):
     def __init__(self, name: str, config: LinearLayerConfig, device: torch.device) -> None:
         super().__init__(name, device)
         self.layer_config = config
-        self.bias: torch.Tensor | None = None
+        self.register_buffer("bias", None, persistent=False)
 
     def raw_specs(self) -> dict[str, Spec]:
         cfg = self.layer_config

@@ -28,7 +28,7 @@ def dense_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dense_tied_dir(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("dense_tied"), seed=2, tie_word_embeddings=True)
+    return write_model(tmp_path_factory.mktemp("dense_tied"), seed=2, tie_word_embeddings=True, attention_bias=True)
 
 
 @pytest.fixture(scope="session")
