@@ -74,6 +74,12 @@ class KernelLayer(nn.Module):
                 f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
                 f"it is quantized), found {tensor.dtype}; add it to the ignore list or re-quantize the checkpoint"
             )
+        if dtype != FP8 and tensor.dtype == FP8:
+            raise CheckpointError(
+                f"{source}: {self.module_name} is stored in FP8 but runs unquantized (lm_head and the MoE router "
+                "always do; other modules when quantization_config ignores them); re-quantize the checkpoint "
+                "leaving it in the model dtype, or fix the config's ignore list"
+            )
         tensor = tensor.to(device=self.device, dtype=dtype)
         current = getattr(self, name, None)
         if self._processed_once and name not in processed_names(self):

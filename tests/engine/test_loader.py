@@ -98,3 +98,12 @@ def test_reload_reads_new_weights_into_the_same_storage(tmp_path, variant):
     assert not torch.equal(reloaded, first)
     assert torch.equal(reloaded, _logits(load_model(new, device="cpu", linear_backend="emulation"
                                                     if variant != "fp32" else "auto"), prompt))
+
+
+def test_fp8_tensors_of_a_module_the_config_leaves_unquantized_are_an_error(dense_dir, tmp_path):
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", Scheme.FP8_TENSOR, "compressed-tensors")
+    config = json.loads((q_dir / "config.json").read_text())
+    config["quantization_config"]["ignore"].append("model.layers.0.mlp.up_proj")
+    (q_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="model.layers.0.mlp.up_proj is stored in FP8 but runs unquantized"):
+        load_model(q_dir, device="cpu")
