@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenizers import Tokenizer
 
 from quantgate.kernels import IncompatibleBufferError
@@ -626,16 +627,6 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         log.exception("request failed")
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="internal_error").response()
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        key = settings.api_key
-        if key and request.url.path.startswith(PROTECTED_PATHS):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
-                                "with the key given to --api-key", code="invalid_api_key").response()
-        return await call_next(request)
-
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -695,8 +686,30 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     endpoints = [route for route in app.routes if route.path.startswith((*PROTECTED_PATHS, "/health", "/metrics"))]
     routes.extend(f"{sorted(route.methods)[0]} {route.path}" for route in endpoints)
+    if settings.api_key:
+        app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
+    # Added last, so it is outermost: it also counts the 401s.
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
     return app
+
+
+class BearerAuthMiddleware:
+    """--api-key: `Authorization: Bearer <key>` on PROTECTED_PATHS, else an OpenAI-style 401
+    (a pure ASGI middleware, so streamed responses pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PATHS):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                refusal = APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
+                                   "with the key given to --api-key", code="invalid_api_key")
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _json(result: Any) -> Response:

@@ -408,6 +408,7 @@ def test_api_key(engine) -> None:
             assert c.post("/v1/completions", json={"prompt": "a"}, headers=headers).status_code == 401
         assert c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        assert metric(c.get("/metrics").text, "quantgate_requests_total", 'endpoint="/v1/models",status="401"') == 3
 
 
 # ---- many clients -----------------------------------------------------------------------------------
