@@ -182,21 +182,24 @@ class Pool:
             return cls(z["ids"], z["mask"], z["starts"], z["lengths"])
 
     def batch(self, step: int, seed: int, batch_size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch `step`: a pure function of (seed, step). Sequences are whole shots, right-padded."""
+        """Batch `step`: a pure function of (seed, step). Each row is the longest prefix of its
+        random shots that fits in `seq_len`, right-padded; vectorized to keep the GPU fed."""
         rng = np.random.default_rng([seed, step])
+        draws = seq_len // int(self.lengths.min()) + 1
+        shots = rng.integers(len(self.lengths), size=(batch_size, draws))
+        ends = np.cumsum(self.lengths[shots], axis=1)
+        keep = ends <= seq_len  # a prefix of each row: lengths are positive
+        row = np.nonzero(keep)[0]
+        shot = shots[keep]
+        n = self.lengths[shot]
+        within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # token index inside its shot
+        src = np.repeat(self.starts[shot], n) + within
+        dst_row = np.repeat(row, n)
+        dst_col = np.repeat(ends[keep] - n, n) + within
         ids = np.zeros((batch_size, seq_len), dtype=np.int64)
         labels = np.full((batch_size, seq_len), IGNORE_INDEX, dtype=np.int64)
-        for row in range(batch_size):
-            pos = 0
-            while True:
-                k = int(rng.integers(len(self.lengths)))
-                n = int(self.lengths[k])
-                if pos + n > seq_len:
-                    break
-                s = int(self.starts[k])
-                ids[row, pos:pos + n] = self.ids[s:s + n]
-                labels[row, pos:pos + n] = np.where(self.mask[s:s + n], self.ids[s:s + n], IGNORE_INDEX)
-                pos += n
+        ids[dst_row, dst_col] = self.ids[src]
+        labels[dst_row, dst_col] = np.where(self.mask[src], self.ids[src], IGNORE_INDEX)
         return torch.from_numpy(ids), torch.from_numpy(labels)
 
 
