@@ -49,7 +49,8 @@ def write_random_checkpoint(path: Path, shape: dict, dtype: torch.dtype, fp8_blo
     def randn(*size: int, std: float = 0.02) -> torch.Tensor:
         return (torch.randn(*size, generator=gen, device=device) * std).to(dtype)
 
-    tensors = {"model.embed_tokens.weight": randn(shape["vocab_size"], h), "model.norm.weight": torch.ones(h, dtype=dtype)}
+    tensors = {"model.embed_tokens.weight": randn(shape["vocab_size"], h),
+               "model.norm.weight": torch.ones(h, dtype=dtype)}
     for layer in range(shape["num_hidden_layers"]):
         p = f"model.layers.{layer}"
         linears = {
@@ -180,7 +181,8 @@ def decode(args: argparse.Namespace) -> list[dict]:
             if device == "cuda":
                 torch.cuda.empty_cache()
     by = {(r["variant"], r["graphs"]): r["decode_tokens_per_s"] for r in rows}
-    print(f"\ndecode tokens/s at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt")
+    print(f"\ndecode tokens/s at batch 1, {args.shape}, {args.gen_tokens} tokens after a "
+          f"{args.prompt_len}-token prompt")
     print(f"{'variant':>10} {'graphs':>7} {'tok/s':>9}  kernels")
     for r in rows:
         print(f"{r['variant']:>10} {str(r['graphs']):>7} {r['decode_tokens_per_s']:>9.1f}  {', '.join(r['kernels'])}")
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--shape", choices=sorted(SHAPES), default="tiny" if p is t else "qwen3-1.7b")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
         p.add_argument("--device", default="cpu" if p is t else "auto")
-        p.add_argument("--linear-backend", default="auto", help="backend for the FP8 layers (e.g. triton, torch, marlin)")
+        p.add_argument("--linear-backend", default="auto",
+                       help="backend for the FP8 layers (e.g. triton, torch, marlin)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--out", type=Path, help="directory for results JSON")
     args = parser.parse_args(argv)

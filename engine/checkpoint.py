@@ -24,7 +24,7 @@ class Checkpoint:
         self.path = Path(path)
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
-            raise CheckpointError(f"{self.path} has no *.safetensors files (only safetensors checkpoints are supported)")
+            raise CheckpointError(f"{self.path} has no *.safetensors files (only safetensors checkpoints load)")
         self._files = files
         self._stack: ExitStack | None = None
         self._where: dict[str, object] = {}

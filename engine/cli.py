@@ -17,7 +17,19 @@ import socket
 import sys
 from pathlib import Path
 
-from quantgate.kernels import LINEAR_BACKENDS, MOE_BACKENDS, Platform, UnknownBackendError, normalize_backend
+import uvicorn
+
+from quantgate.kernels import (
+    LINEAR_BACKENDS,
+    MOE_BACKENDS,
+    KernelSelectionError,
+    Platform,
+    UnknownBackendError,
+    normalize_backend,
+)
+
+from . import AsyncEngine, LLMEngine, load_model
+from .server import ServerSettings, build_app
 
 EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
 EXIT_USAGE = 3  # the command line or the model is wrong: never retried
@@ -178,14 +190,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
-    # Imported here so flag errors never wait for the model code.
-    import uvicorn
-
-    from quantgate.kernels import KernelSelectionError
-
-    from . import AsyncEngine, LLMEngine, load_model
-    from .server import ServerSettings, build_app
-
     try:
         loaded = load_model(args.model, device=args.device, dtype=args.dtype,
                             linear_backend=args.linear_backend, moe_backend=args.moe_backend)
@@ -219,7 +223,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     return 0
 
 
-async def _run_until_stopped(server, sock: socket.socket, url: str, name: str) -> None:
+async def _run_until_stopped(server: uvicorn.Server, sock: socket.socket, url: str, name: str) -> None:
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)

@@ -28,21 +28,24 @@ class DecodeGraphs:
     def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_batch: int) -> None:
         self.model, self.kv = model, kv
         self.sizes = bucket_sizes(max_batch)
-        device = kv.k.device
         n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slots = torch.full((n,), kv.scratch_slot, dtype=torch.int64, device=device)
-        self.lens = torch.ones(n, dtype=torch.int64, device=device)
-        self.rows = torch.arange(n, device=device)
+        # Rows: token ids, positions, slots, context lengths. One host-to-device copy per step
+        # fills all four (per-step host overhead is a large part of a small model's decode step).
+        self.static = torch.zeros(4, n, dtype=torch.int64, device=kv.k.device)
+        self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()
+        self.rows = torch.arange(n, device=kv.k.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._fill_padding(0, n)
+        self.static.copy_(self.host)
         self._capture()
 
-    def _batch(self, size: int) -> ForwardBatch:
+    def batch(self, size: int) -> ForwardBatch:
+        """The static decode batch a graph of this size reads (also usable for an eager run)."""
+        ids, positions, slots, lens = self.static[:, :size]
         return ForwardBatch(
-            input_ids=self.input_ids[:size], positions=self.positions[:size], slots=self.slots[:size],
-            prefill_segments=[], num_prefill_tokens=0, decode_slots=self.slots[:size], decode_lens=self.lens[:size],
-            decode_kv_len=self.kv.max_len, decode_slot_range=None, logits_indices=self.rows[:size],
+            input_ids=ids, positions=positions, slots=slots, prefill_segments=[], num_prefill_tokens=0,
+            decode_slots=slots, decode_lens=lens, decode_kv_len=self.kv.max_len, decode_slot_range=None,
+            logits_indices=self.rows[:size],
         )
 
     @torch.inference_mode()
@@ -52,7 +55,7 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its memory
-                batch = self._batch(size)
+                batch = self.batch(size)
                 self.model(batch, self.kv)  # warm-up: lazy library initialisation must not be captured
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
@@ -65,18 +68,18 @@ class DecodeGraphs:
     def can_run(self, batch_size: int) -> bool:
         return 0 < batch_size <= self.sizes[-1]
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the smallest bucket that holds this decode-only batch -> logits [B, vocab]."""
-        b = batch.num_decode
+    def _fill_padding(self, start: int, end: int) -> None:
+        self.host[:, start:end] = torch.tensor([0, 0, self.kv.scratch_slot, 1])[:, None]
+
+    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Replay the smallest bucket that holds this decode batch -> logits [len(token_ids), vocab]."""
+        b = len(token_ids)
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
-        self.input_ids[:b].copy_(batch.input_ids)
-        self.positions[:b].copy_(batch.positions)
-        self.slots[:b].copy_(batch.decode_slots)
-        self.lens[:b].copy_(batch.decode_lens)
-        self.input_ids[b:size].zero_()
-        self.positions[b:size].zero_()
-        self.slots[b:size].fill_(self.kv.scratch_slot)
-        self.lens[b:size].fill_(1)
+        # The previous step's copy has finished: its logits were read on the host since.
+        self.host[:3, :b] = torch.tensor([token_ids, positions, slots])
+        self.host[3, :b] = self.host[1, :b] + 1
+        self._fill_padding(b, size)
+        self.static[:, :size].copy_(self.host[:, :size], non_blocking=True)
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[:b]

@@ -147,10 +147,13 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if step.empty:
             return []
-        batch, prompt_spans, sample_rows = self._build_batch(step)
-        if self.graphs is not None and not step.prefills and self.graphs.can_run(batch.num_decode):
-            logits = self.graphs.run(batch)
+        if self.graphs is not None and not step.prefills and self.graphs.can_run(len(step.decodes)):
+            seqs = step.decodes
+            logits = self.graphs.run([s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs],
+                                     [s.slot for s in seqs])
+            prompt_spans, sample_rows = {}, {s.request_id: i for i, s in enumerate(seqs)}
         else:
+            batch, prompt_spans, sample_rows = self._build_batch(step)
             logits = self.model(batch, self.kv)
         seqs = step.prefills + step.decodes
         sampling = [s for s in seqs if s.max_tokens > 0]

@@ -191,7 +191,7 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig) -
 
 def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str) -> None:
     if tuple(tensor.shape) != tuple(param.shape):
-        raise CheckpointError(f"{key}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)} from config.json")
+        raise CheckpointError(f"{key}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)} (config.json)")
     param.copy_(tensor)
 
 
@@ -219,14 +219,15 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
         if cfg.scheme is Scheme.FP8_BLOCK and cfg.intermediate_size % cfg.block_size[0]:
             raise CheckpointError(
                 f"{prefix}: moe_intermediate_size {cfg.intermediate_size} is not a multiple of the weight block "
-                f"{cfg.block_size[0]}, so gate and up blocks cannot be stacked; quantize with per-channel or tensor scales"
+                f"{cfg.block_size[0]}, so gate and up blocks cannot be stacked; use per-channel or tensor scales"
             )
         out[f"w13_{s}"] = torch.stack([torch.cat([_as_rows(g), _as_rows(u)]) for g, u in zip(g_s, u_s)])
         out[f"w2_{s}"] = torch.stack([_as_rows(d) for d in d_s])
     if cfg.static_input_scale:
         g_i, u_i, d_i = (per_expert(p, "input_scale") for p in ("gate_proj", "up_proj", "down_proj"))
         # gate and up read the same input: one static scale, the larger, covers both
-        out["w13_input_scale"] = torch.stack([torch.maximum(g.float(), u.float()).reshape(()) for g, u in zip(g_i, u_i)])
+        out["w13_input_scale"] = torch.stack([torch.maximum(g.float(), u.float()).reshape(())
+                                              for g, u in zip(g_i, u_i)])
         out["w2_input_scale"] = torch.stack([d.float().reshape(()) for d in d_i])
     return out
 

@@ -40,18 +40,12 @@ def _greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int
 
 
 def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode batch through the captured graph and through the eager model (same inputs)."""
+    """One decode batch through the captured graph, then eagerly through the model on the same inputs."""
     slots = list(range(batch_size))
-    lens = [5 + 3 * i for i in slots]
-    batch = engine.graphs._batch(batch_size)
-    ints = dict(dtype=torch.int64, device="cuda")
-    batch.input_ids = torch.tensor([7 + i for i in slots], **ints)
-    batch.positions = torch.tensor([n - 1 for n in lens], **ints)
-    batch.slots = batch.decode_slots = torch.tensor(slots, **ints)
-    batch.decode_lens = torch.tensor(lens, **ints)
+    positions = [4 + 3 * i for i in slots]
     with torch.inference_mode():
-        replayed = engine.graphs.run(batch).clone()
-        eager = engine.model(batch, engine.kv)
+        replayed = engine.graphs.run([7 + i for i in slots], positions, slots).clone()
+        eager = engine.model(engine.graphs.batch(batch_size), engine.kv)
     return replayed, eager
 
 
