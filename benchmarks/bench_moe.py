@@ -2,7 +2,7 @@
 
     python benchmarks/bench_moe.py --out DIR [--quick]        time every method, check numerics
     python benchmarks/bench_moe.py --out DIR --tune [--budget-s 100]   sweep the tile tables
-    python benchmarks/bench_moe.py --compile-check [--targets 80 89 90]  compile every kernel variant
+    python benchmarks/bench_moe.py --compile-check [--targets 80 89 90] [--verbose]  compile every variant
     python benchmarks/bench_moe.py --summary DIR/bench_moe.json          print the short table again
 
 One MoE layer (gate/up, SiLU-and-mul, down, top-k weighted sum, routing given) of the
@@ -154,8 +154,8 @@ class Layer:
         self.w13_fp8_t, self.w13_rowscale = q13.transpose(1, 2), s13
         self.w2_fp8_t, self.w2_rowscale = q2.transpose(1, 2), s2
 
-    def config(self, scheme: Scheme, act_dtype: torch.dtype = BF16) -> MoELayerConfig:
-        return MoELayerConfig(scheme=scheme, act_dtype=act_dtype, **self.shape)
+    def config(self, scheme: Scheme, act_dtype: torch.dtype | None = None) -> MoELayerConfig:
+        return MoELayerConfig(scheme=scheme, act_dtype=act_dtype or BF16, **self.shape)
 
     def checkpoint(self, scheme: Scheme) -> dict[str, torch.Tensor]:
         return experts.quantize_experts(self.w13, self.w2, self.config(scheme))
@@ -285,7 +285,9 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).abs().mean() / ref.float().abs().mean())
 
 
-def run_benchmark(quick: bool) -> dict:
+def run_benchmark(quick: bool, save) -> dict:
+    """Times every method; `save(result)` runs after each token count, so a run cut short by a
+    time limit still leaves everything measured so far."""
     env = _environment()
     rows = []
     for shape_name, shape in SHAPES.items():
@@ -293,31 +295,36 @@ def run_benchmark(quick: bool) -> dict:
         methods = PEERS + tuple(m for m, _, _ in OURS)
         for tokens in TOKENS[:3] if quick else TOKENS:
             inputs = _inputs(shape, tokens, GRAPH_CALLS)
-            x, w, ids = inputs[0]
             for method in methods:
                 row = {"shape": shape_name, "tokens": tokens, "method": method}
                 rows.append(row)
-                if method in layer.errors:
-                    row["error"] = layer.errors[method]
-                    continue
-                if method.startswith("emulation") and tokens > EMULATION_MAX_TOKENS:
-                    continue
-                fn = _method_fn(layer, method)
-                out, error = _attempt(lambda: fn(x, w, ids))
-                if error:
-                    row["error"] = error
-                    continue
-                row["ms"], row["timing_error"] = _attempt(lambda: _ms(lambda: fn(x, w, ids)))
-                if tokens <= GRAPH_MAX_TOKENS and method != "loop_bf16" and not method.startswith("emulation"):
-                    row["graph_ms"], row["graph_error"] = _attempt(
-                        lambda: _graph_ms([lambda a=a: fn(*a) for a in inputs]))
-                if method not in PEERS and not method.startswith("emulation") and tokens in (16, 2048):
-                    row["mean_rel_error"], row["check_error"] = _attempt(
-                        lambda: _error(out, layer.reference(method, x, w, ids)))
+                _measure(layer, method, inputs, row)
                 print(_row_line(row), flush=True)
+            save({"environment": env, "shapes": SHAPES, "rows": rows, "acceptance": _acceptance(rows)})
         del layer
         torch.cuda.empty_cache()
     return {"environment": env, "shapes": SHAPES, "rows": rows, "acceptance": _acceptance(rows)}
+
+
+def _measure(layer: Layer, method: str, inputs: list, row: dict) -> None:
+    tokens = row["tokens"]
+    if method in layer.errors:
+        row["error"] = layer.errors[method]
+        return
+    if method.startswith("emulation") and tokens > EMULATION_MAX_TOKENS:
+        row["skipped"] = f"emulation is timed up to {EMULATION_MAX_TOKENS} tokens"
+        return
+    fn = _method_fn(layer, method)
+    x, w, ids = inputs[0]
+    out, error = _attempt(lambda: fn(x, w, ids))
+    if error:
+        row["error"] = error
+        return
+    row["ms"], row["timing_error"] = _attempt(lambda: _ms(lambda: fn(x, w, ids)))
+    if tokens <= GRAPH_MAX_TOKENS and method != "loop_bf16" and not method.startswith("emulation"):
+        row["graph_ms"], row["graph_error"] = _attempt(lambda: _graph_ms([lambda a=a: fn(*a) for a in inputs]))
+    if method not in PEERS and not method.startswith("emulation") and tokens in (16, 2048):
+        row["mean_rel_error"], row["check_error"] = _attempt(lambda: _error(out, layer.reference(method, x, w, ids)))
 
 
 def _row_line(row: dict) -> str:
@@ -327,7 +334,8 @@ def _row_line(row: dict) -> str:
             parts.append(f"{key}={row[key]:.4f}")
     if row.get("mean_rel_error") is not None:
         parts.append(f"err={row['mean_rel_error']:.2e}")
-    parts += [f"{k}: {row[k]}" for k in ("error", "timing_error", "graph_error", "check_error") if row.get(k)]
+    parts += [f"{k}: {row[k]}" for k in ("error", "timing_error", "graph_error", "check_error", "skipped")
+              if row.get(k)]
     return " ".join(parts)
 
 
@@ -404,6 +412,18 @@ def print_summary(result: dict) -> None:
               f"(bar {c['bar']}x) {'PASS' if c['passed'] else 'FAIL'}")
 
 
+def print_tune(result: dict) -> None:
+    print("\ntile sweep (Qwen3-30B-A3B shape): default vs best config per token count")
+    for row in result["found"]:
+        if "best" not in row:
+            print(f"  {row['method']:<18} T={row.get('tokens', '-'):<5} {row.get('skipped') or row.get('error')}")
+            continue
+        default, best = row["default_ms"], row["best_ms"]
+        gain = f"{default / best:.2f}x" if default and best else "n/a"
+        print(f"  {row['method']:<18} T={row['tokens']:<5} {default and f'{default:.4f}'} -> {best and f'{best:.4f}'} ms"
+              f" ({gain}) {row['best']}")
+
+
 # --- tile sweep ------------------------------------------------------------------------------
 
 def _tile(t: fused_moe.GemmTile, **change) -> fused_moe.GemmTile:
@@ -429,9 +449,11 @@ def _down_variants(base: fused_moe.GemmTile) -> list[fused_moe.GemmTile]:
     return list(dict.fromkeys(out))
 
 
-def run_tune(budget_s: float) -> dict:
-    """Coordinate descent per token count: block_m, then the gate/up tile, then the down tile."""
+def run_tune(budget_s: float, save) -> dict:
+    """Coordinate descent per token count: block_m, then the gate/up tile, then the down tile.
+    `save(result)` runs after each token count (a time limit keeps what was found)."""
     deadline = time.monotonic() + budget_s
+    env = _environment()
     shape = SHAPES["qwen3-30b-a3b"]
     layer = Layer(shape)
     found = []
@@ -477,7 +499,8 @@ def run_tune(budget_s: float) -> dict:
             found.append(row)
             print(f"tune {method:<18} T={tokens:<5} tried {tried:>3}  default {default_ms}  best {best_ms}  {best!r}",
                   flush=True)
-    return {"environment": _environment(), "shape": shape, "found": found}
+            save({"environment": env, "shape": shape, "found": found})
+    return {"environment": env, "shape": shape, "found": found}
 
 
 def _config_runner(layer: Layer, method: str, x, w, ids):
@@ -564,20 +587,21 @@ def _compile_one(job: tuple[str, int]) -> dict:
     return {"variant": name, "capability": capability, **compile_variant(variant, capability)}
 
 
-def run_compile_check(targets: list[int], jobs: int) -> tuple[list[dict], int]:
+def run_compile_check(targets: list[int], jobs: int, verbose: bool) -> tuple[list[dict], int]:
+    """Compile each variant for each target; print failures, spills (and with `verbose` every row)."""
     work = [(v.name, cap) for v in _compile_variants() for cap in targets if cap >= v.min_capability]
+    report, failed = [], 0
+    print(f"{'variant':<48} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma", flush=True)
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        report = list(pool.map(_compile_one, work))
-    failed = 0
-    print(f"{'variant':<48} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma")
-    for row in report:
-        failed += not row["ok"]
-        if row["ok"]:
-            mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
-            print(f"{row['variant']:<48} {row['capability']:>3} yes {row['registers']:>5} {row['spill_bytes']:>6} "
-                  f"{row['shared_bytes']:>7} {mma}")
-        else:
-            print(f"{row['variant']:<48} {row['capability']:>3}  NO {row['error']}")
+        for row in pool.map(_compile_one, work):  # in order, each printed as soon as it is known
+            report.append(row)
+            failed += not row["ok"]
+            if row["ok"] and (verbose or row["spill_bytes"]):
+                mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
+                print(f"{row['variant']:<48} {row['capability']:>3} yes {row['registers']:>5} "
+                      f"{row['spill_bytes']:>6} {row['shared_bytes']:>7} {mma}", flush=True)
+            elif not row["ok"]:
+                print(f"{row['variant']:<48} {row['capability']:>3}  NO {row['error']}", flush=True)
     print(f"{len(report) - failed}/{len(report)} MoE kernel variants compiled")
     return report, failed
 
@@ -591,14 +615,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-check", action="store_true", help="compile every variant for --targets")
     parser.add_argument("--targets", type=int, nargs="+", default=[80, 89, 90])
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
+    parser.add_argument("--verbose", action="store_true", help="--compile-check: print every variant")
     parser.add_argument("--summary", type=Path, help="print the short table of a bench_moe.json")
     args = parser.parse_args(argv)
 
     if args.summary:
         print_summary(json.loads(args.summary.read_text()))
+        tune = args.summary.parent / "bench_moe_tune.json"
+        if tune.exists():
+            print_tune(json.loads(tune.read_text()))
         return 0
     if args.compile_check:
-        report, failed = run_compile_check(args.targets, args.jobs)
+        report, failed = run_compile_check(args.targets, args.jobs, args.verbose)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "compile_check_moe.json").write_text(json.dumps(report, indent=1))
@@ -611,12 +639,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     if args.tune:
-        result = run_tune(args.budget_s)
-        (args.out / "bench_moe_tune.json").write_text(json.dumps(result, indent=1))
+        def save_tune(result: dict) -> None:
+            (args.out / "bench_moe_tune.json").write_text(json.dumps(result, indent=1))
+
+        save_tune(run_tune(args.budget_s, save_tune))
         return 0
-    result = run_benchmark(args.quick)
-    (args.out / "bench_moe.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, args.out / "bench_moe.md")
+    def save(result: dict) -> None:
+        (args.out / "bench_moe.json").write_text(json.dumps(result, indent=1))
+        write_markdown(result, args.out / "bench_moe.md")
+
+    result = run_benchmark(args.quick, save)
+    save(result)
     print_summary(result)
     return 0
 
