@@ -240,7 +240,8 @@ def scaled_grouped_mm_fp8_rowwise(layer: Layer, x, weights, ids):
     i = layer.shape["intermediate_size"]
     xq, xs = _rowwise_act(x)
     rows = order // ids.shape[1]
-    h = torch._scaled_grouped_mm(xq[rows], layer.w13_fp8_t, xs[rows], layer.w13_rowscale, offs=offs, out_dtype=BF16)
+    xq_rows = xq.view(torch.uint8)[rows].view(xq.dtype)  # gathered as bytes: FP8 indexing is not universal
+    h = torch._scaled_grouped_mm(xq_rows, layer.w13_fp8_t, xs[rows], layer.w13_rowscale, offs=offs, out_dtype=BF16)
     aq, as_ = _rowwise_act(F.silu(h[:, :i]) * h[:, i:])
     y = torch._scaled_grouped_mm(aq, layer.w2_fp8_t, as_, layer.w2_rowscale, offs=offs, out_dtype=BF16)
     return _unpermute(y, order, weights, ids)
@@ -412,8 +413,15 @@ def print_summary(result: dict) -> None:
               f"(bar {c['bar']}x) {'PASS' if c['passed'] else 'FAIL'}")
 
 
+TABLES = {"triton_fp8_block": "fused_moe.FP8_CONFIGS", "triton_bf16": "fused_moe.BF16_CONFIGS",
+          "marlin_fp8_block": "fused_moe_w8a16.CONFIGS"}
+
+
 def print_tune(result: dict) -> None:
+    """The sweep's winners, and each table as a literal to paste (bucket edges between the
+    measured token counts: geometric midpoints rounded down to powers of two)."""
     print("\ntile sweep (Qwen3-30B-A3B shape): default vs best config per token count")
+    winners: dict[str, list] = {}
     for row in result["found"]:
         if "best" not in row:
             print(f"  {row['method']:<18} T={row.get('tokens', '-'):<5} {row.get('skipped') or row.get('error')}")
@@ -422,6 +430,14 @@ def print_tune(result: dict) -> None:
         gain = f"{default / best:.2f}x" if default and best else "n/a"
         print(f"  {row['method']:<18} T={row['tokens']:<5} {default and f'{default:.4f}'} -> {best and f'{best:.4f}'} ms"
               f" ({gain}) {row['best']}")
+        winners.setdefault(row["method"], []).append((row["tokens"], row["best"]))
+    for method, found in winners.items():
+        print(f"\n{TABLES[method]} = (")
+        for index, (tokens, config) in enumerate(found):
+            edge = "1 << 62" if index == len(found) - 1 else str(1 << round(
+                (tokens * found[index + 1][0]) ** 0.5).bit_length() - 1)
+            print(f"    ({edge}, {config}),")
+        print(")")
 
 
 # --- tile sweep ------------------------------------------------------------------------------

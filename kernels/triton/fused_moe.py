@@ -2,12 +2,14 @@
 
 out[t] = sum_j w[t, j] * down_e(SiLU(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j].
 
-Four launches: `moe_align_block_size` groups the (token, choice) slots by expert; the
-activations are quantized (act_quant.py: 1x128 groups, per token, or per tensor); one grouped
-GEMM computes gate and up for the same columns, so SiLU-and-mul happens in registers and,
-for block checkpoints, so does the 1x128 quantization of its output (its BLOCK_N is the
-128-wide group); a second grouped GEMM applies the down projection and the routing weight
-per slot. Summing a token's top-k slots is one torch reduction.
+Five launches for block checkpoints: `moe_align_block_size` groups the (token, choice) slots
+by expert; the activations are quantized (act_quant.py: 1x128 groups, per token, or per
+tensor); one grouped GEMM computes gate and up for the same columns, so SiLU-and-mul happens
+in registers and, for block checkpoints, so does the 1x128 quantization of its output (its
+BLOCK_N is the 128-wide group; channel and tensor scales need the whole row or tensor, so
+they quantize the float32 result in one more launch); a second grouped GEMM applies the down
+projection and the routing weight per slot. Summing a token's top-k slots is one torch
+reduction.
 
 Rows of the intermediate are the aligned rows of `moe_align_block_size`, so the down GEMM
 reads them contiguously. FP8 dots add into the float32 accumulator one BLOCK_K (128) step at
@@ -99,7 +101,7 @@ def tensor_scales(scale: torch.Tensor) -> ExpertScales:
 
 
 @triton.jit
-def _program_tile(max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+def program_tile(max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M row blocks (mostly one expert's) sweep the columns together."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(max_rows, BLOCK_M)
@@ -126,7 +128,7 @@ def _gate_up_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -206,7 +208,7 @@ def _down_kernel(
     A_SCALES: tl.constexpr, W_ROWS_PER_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -304,7 +306,7 @@ def _check_offsets(x: torch.Tensor, rows: int, w13: torch.Tensor) -> None:
         raise ValueError(f"MoE call too large for int32 offsets ({x.shape[0]} tokens): split the batch")
 
 
-def _sum_slots(slot_out: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+def sum_slots(slot_out: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
     if top_k == 1:
         return slot_out
     return slot_out.view(num_tokens, top_k, -1).sum(dim=1)
@@ -355,7 +357,7 @@ def fused_moe_fp8(
         down_mode = A_PER_ROW
     slot_out = torch.empty((num_slots, x.shape[1]), dtype=x.dtype, device=x.device)
     _launch_down(inter_q, inter_s, down_mode, w2, w2_scales, slot_out, topk_weights, align, num_slots, config)
-    return _sum_slots(slot_out, num_tokens, top_k)
+    return sum_slots(slot_out, num_tokens, top_k)
 
 
 def fused_moe_unquantized(
@@ -375,4 +377,4 @@ def fused_moe_unquantized(
     _launch_gate_up(x, None, A_UNSCALED, w13, None, h, None, align, num_slots, top_k, config)
     slot_out = torch.empty((num_slots, x.shape[1]), dtype=x.dtype, device=x.device)
     _launch_down(h, None, A_UNSCALED, w2, None, slot_out, topk_weights, align, num_slots, config)
-    return _sum_slots(slot_out, num_tokens, top_k)
+    return sum_slots(slot_out, num_tokens, top_k)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_moe import FusedMoEConfig, GemmTile, _program_tile, _sum_slots
+from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
 from .moe_align import moe_align_block_size
 from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 
@@ -61,7 +61,7 @@ def _w8a16_gate_up_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -120,7 +120,7 @@ def _w8a16_down_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -198,4 +198,4 @@ def fused_moe_w8a16(
         GROUPWISE=w2_scale.shape[1] > 1, EVEN_K=intermediate % GROUP_K == 0,
         BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, **common,
     )
-    return _sum_slots(slot_out, num_tokens, top_k)
+    return sum_slots(slot_out, num_tokens, top_k)
