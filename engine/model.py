@@ -21,7 +21,7 @@ from quantgate.kernels.moe.routing import select_experts
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .layers import FusedMoE, QuantLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+from .layers import FusedMoE, QuantLinear, RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 
 @dataclass
@@ -50,22 +50,32 @@ class ForwardBatch:
     def num_decode(self) -> int:
         return self.decode_slots.shape[0]
 
-    def decode_attention_inputs(self) -> DecodeAttentionInputs:
-        """The same for every layer, so the model computes it once per forward (inside a graph too)."""
-        rows, lens = None, self.decode_lens
-        if self.decode_slot_range is not None:
-            first, end = self.decode_slot_range
-            if end - first != self.num_decode:  # slots in order: a full range is exactly these sequences
-                rows = self.decode_slots - first
-                lens = torch.ones(end - first, dtype=lens.dtype, device=lens.device).index_copy_(0, rows, lens)
-        keys = torch.arange(self.decode_kv_len, device=lens.device)
-        return DecodeAttentionInputs(rows, (keys[None, :] < lens[:, None])[:, None, None, :])
 
 
 @dataclass
-class DecodeAttentionInputs:
-    rows: torch.Tensor | None  # row of each sequence in the slot range; None: the rows are the sequences
-    mask: torch.Tensor  # [rows, 1, 1, decode_kv_len] keys each row may attend to
+class LayerInputs:
+    """What every layer derives from the batch in the same way, so the model computes it once
+    per forward (inside a CUDA graph too)."""
+
+    batch: ForwardBatch
+    cos: torch.Tensor  # [T, 1, head_dim] RoPE, activation dtype
+    sin: torch.Tensor
+    decode_rows: torch.Tensor | None  # row of each decode sequence in the slot range; None: rows are sequences
+    decode_mask: torch.Tensor | None  # [rows, 1, 1, decode_kv_len] keys each decode row may attend to
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, rotary: RotaryEmbedding, dtype: torch.dtype) -> LayerInputs:
+        cos, sin = rotary(batch.positions, dtype)
+        if not batch.num_decode:
+            return cls(batch, cos, sin, None, None)
+        rows, lens = None, batch.decode_lens
+        if batch.decode_slot_range is not None:
+            first, end = batch.decode_slot_range
+            if end - first != batch.num_decode:  # slots in order: a full range is exactly these sequences
+                rows = batch.decode_slots - first
+                lens = torch.ones(end - first, dtype=lens.dtype, device=lens.device).index_copy_(0, rows, lens)
+        keys = torch.arange(batch.decode_kv_len, device=lens.device)
+        return cls(batch, cos, sin, rows, (keys[None, :] < lens[:, None])[:, None, None, :])
 
 
 LinearFactory = Callable[[str, int, int, bool], QuantLinear]
@@ -73,7 +83,7 @@ MoEFactory = Callable[[str], FusedMoE]
 
 
 class Attention(nn.Module):
-    def __init__(self, prefix: str, cfg: ModelConfig, rotary: RotaryEmbedding, linear: LinearFactory) -> None:
+    def __init__(self, prefix: str, cfg: ModelConfig, device: torch.device, linear: LinearFactory) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
@@ -83,18 +93,16 @@ class Attention(nn.Module):
         self.k_proj = linear(f"{prefix}.k_proj", cfg.hidden_size, kv_size, bias)
         self.v_proj = linear(f"{prefix}.v_proj", cfg.hidden_size, kv_size, bias)
         self.o_proj = linear(f"{prefix}.o_proj", q_size, cfg.hidden_size, bias)
-        device = rotary.cos.device
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
-        self.rotary = [rotary]  # shared; a list keeps it out of this module's children
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, decode: DecodeAttentionInputs | None,
-                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
+    def forward(self, x: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        batch, t = inputs.batch, x.shape[0]
         q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary[0](q, k, batch.positions)
+        q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)
         k_cache[batch.slots, :, batch.positions] = k
         v_cache[batch.slots, :, batch.positions] = v
 
@@ -105,22 +113,21 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             out[rows] = o[0].transpose(0, 1)
         if batch.num_decode:
-            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], batch, decode, k_cache,
-                                                           v_cache)
+            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], inputs, k_cache, v_cache)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
-    def _decode(self, q: torch.Tensor, batch: ForwardBatch, inputs: DecodeAttentionInputs, k_cache: torch.Tensor,
+    def _decode(self, q: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
-        kv_len = batch.decode_kv_len
+        batch, kv_len = inputs.batch, inputs.batch.decode_kv_len
         if batch.decode_slot_range is None:
             keys, values = k_cache[batch.decode_slots, :, :kv_len], v_cache[batch.decode_slots, :, :kv_len]
         else:
             span = slice(*batch.decode_slot_range)
             keys, values = k_cache[span, :, :kv_len], v_cache[span, :, :kv_len]
-        rows = inputs.rows
+        rows = inputs.decode_rows
         if rows is not None:  # queries of the range's idle slots are zeros; their output is dropped
-            q = q.new_zeros(inputs.mask.shape[0], self.num_heads, self.head_dim).index_copy_(0, rows, q)
-        o = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=inputs.mask, scale=self.scale,
+            q = q.new_zeros(inputs.decode_mask.shape[0], self.num_heads, self.head_dim).index_copy_(0, rows, q)
+        o = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=inputs.decode_mask, scale=self.scale,
                                            enable_gqa=True)[:, :, 0]
         return o if rows is None else o[rows]
 
@@ -149,12 +156,11 @@ class SparseMoeBlock(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, index: int, cfg: ModelConfig, rotary: RotaryEmbedding, linear: LinearFactory,
+    def __init__(self, index: int, cfg: ModelConfig, device: torch.device, linear: LinearFactory,
                  moe: MoEFactory) -> None:
         super().__init__()
         prefix = f"model.layers.{index}"
-        device = rotary.cos.device
-        self.self_attn = Attention(f"{prefix}.self_attn", cfg, rotary, linear)
+        self.self_attn = Attention(f"{prefix}.self_attn", cfg, device, linear)
         if cfg.is_moe_layer(index):
             self.mlp = SparseMoeBlock(f"{prefix}.mlp", cfg, linear, moe)
         else:
@@ -162,9 +168,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, decode: DecodeAttentionInputs | None,
-                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, decode, k_cache, v_cache)
+    def forward(self, x: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), inputs, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -173,9 +179,8 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=cfg.dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
-        self.rotary_emb = rotary
-        self.layers = nn.ModuleList(DecoderLayer(i, cfg, rotary, linear, moe) for i in range(cfg.num_layers))
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
+        self.layers = nn.ModuleList(DecoderLayer(i, cfg, device, linear, moe) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
 
@@ -191,8 +196,8 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
         x = self.model.embed_tokens(batch.input_ids)
-        decode = batch.decode_attention_inputs() if batch.num_decode else None
+        inputs = LayerInputs.build(batch, self.model.rotary_emb, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, decode, kv.k[i], kv.v[i])
+            x = layer(x, inputs, kv.k[i], kv.v[i])
         x = self.model.norm(x[batch.logits_indices])
         return self.lm_head(x).float()
