@@ -136,7 +136,6 @@ class OpenAIServer:
     def __init__(self, engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings,
                  metrics: ServerMetrics) -> None:
         self.engine = engine
-        self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.settings = settings
         self.metrics = metrics
