@@ -11,6 +11,9 @@ they quantize the float32 result in one more launch); a second grouped GEMM appl
 projection and the routing weight per slot. Summing a token's top-k slots is one torch
 reduction.
 
+The sizes that change with the batch (slots, aligned rows) are not specialized on, so a new
+batch size does not compile new kernels; only the tile table's token bucket does.
+
 Rows of the intermediate are the aligned rows of `moe_align_block_size`, so the down GEMM
 reads them contiguously. FP8 dots add into the float32 accumulator one BLOCK_K (128) step at
 a time: the block scales change there, and it bounds Hopper's reduced-precision FP8
@@ -114,7 +117,7 @@ def program_tile(max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROU
     return pid_m, pid_n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "max_rows"])
 def _gate_up_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, out_scale_ptr,
     sorted_slots_ptr, block_expert_ptr, num_padded_ptr,
@@ -196,7 +199,7 @@ def _gate_up_kernel(
         tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=in_n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "max_rows"])
 def _down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr,
     sorted_slots_ptr, block_expert_ptr, num_padded_ptr,

@@ -53,7 +53,7 @@ def operand_exponents(dtype: torch.dtype) -> tuple[int, float, float]:
     raise ValueError(f"W8A16 MoE runs in bfloat16 or float16, not {dtype}")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "max_rows"])
 def _w8a16_gate_up_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, sorted_slots_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, max_rows, K, I, top_k,
@@ -112,7 +112,7 @@ def _w8a16_gate_up_kernel(
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=(rn < I)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "max_rows"])
 def _w8a16_down_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, topk_weights_ptr, sorted_slots_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, max_rows, N, K,

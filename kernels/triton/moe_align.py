@@ -25,7 +25,7 @@ def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "max_rows", "max_blocks"])
 def _moe_align_kernel(
     topk_ids_ptr, sorted_slots_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr,
     num_slots, num_experts, max_rows, max_blocks,
