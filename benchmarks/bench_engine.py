@@ -133,7 +133,8 @@ def throughput(args: argparse.Namespace) -> list[dict]:
     base = next((r for r in rows if r["concurrency"] == 1), None)
     for r in rows:
         r["speedup_vs_concurrency_1"] = r["total_tokens_per_s"] / base["total_tokens_per_s"] if base else None
-    print(f"\n{args.shape} ({param_count(shape) / 1e6:.1f}M params, {args.variant}, {args.dtype}), "
+    print(f"\n{args.shape} ({param_count(shape) / 1e6:.1f}M params, {args.variant}, {args.dtype}, "
+          f"{torch.get_num_threads()} CPU threads), "
           f"{args.requests} requests x ({args.prompt_len} prompt + {args.gen_tokens} generated) tokens")
     print(f"{'concurrency':>11} {'seconds':>8} {'total tok/s':>12} {'gen tok/s':>10} {'req/s':>7} {'vs c=1':>7}")
     for r in rows:
@@ -219,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--linear-backend", default="auto",
                        help="backend for the FP8 layers (e.g. triton, torch, marlin)")
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
         p.add_argument("--out", type=Path, help="directory for results JSON")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = throughput(args) if args.mode == "throughput" else decode(args)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
