@@ -29,7 +29,7 @@ def _folder(tmp_path, name: str, seed: int, variant: str):
 
 def _engine(path, backend: str, eager: bool) -> LLMEngine:
     loaded = load_model(path, device="cuda", dtype="bfloat16", linear_backend=backend)
-    return LLMEngine(loaded, max_num_seqs=8, max_model_len=128, enforce_eager=eager, kv_cache_memory=2**28)
+    return LLMEngine(loaded, max_num_seqs=8, max_model_len=600, enforce_eager=eager, kv_cache_memory=2**28)
 
 
 def _greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
@@ -39,13 +39,13 @@ def _greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int
     return [[t for o in outs[str(i)] for t in o.new_token_ids] for i in range(len(prompts))]
 
 
-def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int, first_position: int = 4):
     """One decode batch through the captured graph, then eagerly through the model on the same inputs."""
     slots = list(range(batch_size))
-    positions = [4 + 3 * i for i in slots]
+    positions = [first_position + 3 * i for i in slots]
     with torch.inference_mode():
         replayed = engine.graphs.run([7 + i for i in slots], positions, slots).clone()
-        eager = engine.model(engine.graphs.batch(batch_size), engine.kv)
+        eager = engine.model(engine.graphs.batch(*engine.graphs.buckets(batch_size, max(positions) + 1)), engine.kv)
     return replayed, eager
 
 
@@ -56,8 +56,9 @@ def test_graph_replay_equals_eager(tmp_path, variant, backend):
     assert graphs.graphs is not None
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]
     assert _greedy_tokens(graphs, prompts) == _greedy_tokens(_engine(path, backend, eager=True), prompts)
-    for size in (1, 3, 8):
-        replayed, eager = _graph_vs_eager_logits(graphs, size)
+    assert graphs.graphs.contexts == [256, 512, 600] and graphs.graphs.buckets(3, 300) == (4, 512)
+    for size, first_position in ((1, 4), (3, 300), (8, 570)):
+        replayed, eager = _graph_vs_eager_logits(graphs, size, first_position)
         torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)
 
 
