@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # OpenAI's limit for top logprobs
+GREEDY_BELOW_TEMPERATURE = 1e-5  # logits / T overflows float32 long before T reaches 0
 
 
 class InvalidRequestError(ValueError):
@@ -14,7 +15,7 @@ class InvalidRequestError(ValueError):
 @dataclass
 class SamplingParams:
     max_tokens: int | None = 16  # None: up to max_model_len
-    temperature: float = 1.0  # 0: greedy
+    temperature: float = 1.0  # 0 (or below 1e-5): greedy
     top_p: float = 1.0
     seed: int | None = None  # per request: its samples do not depend on the other requests
     stop: list[str] = field(default_factory=list)
@@ -39,7 +40,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 @dataclass

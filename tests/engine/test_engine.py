@@ -103,6 +103,16 @@ def test_tiny_top_p_samples_the_most_likely_token(dense_engine):
     assert _tokens(run_to_completion(dense_engine)["p"]) == greedy
 
 
+def test_tiny_temperatures_are_greedy_and_do_not_fail_the_batch(dense_engine):
+    dense_engine.add_request("g", [7, 8, 9], _greedy(6, ignore_eos=True))
+    greedy = _tokens(run_to_completion(dense_engine)["g"])
+    for i, t in enumerate((1e-300, 5e-324, 1e-6)):
+        dense_engine.add_request(f"t{i}", [7, 8, 9], SamplingParams(max_tokens=6, temperature=t, ignore_eos=True))
+    dense_engine.add_request("hot", [7, 8, 9], SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True))
+    outs = run_to_completion(dense_engine)
+    assert [_tokens(outs[f"t{i}"]) for i in range(3)] == [greedy] * 3 and len(_tokens(outs["hot"])) == 6
+
+
 def test_stop_strings_cut_the_text_before_them(dense_engine):
     tok = dense_engine.tokenizer
     dense_engine.add_request("free", [7, 8, 9], _greedy(16, ignore_eos=True))
