@@ -337,6 +337,7 @@ def save_hf_folder(model: torch.nn.Module, folder: Path, tokenizer_dir: Path) ->
     config = copy.deepcopy(model.config)
     config.dtype = torch.bfloat16
     config.use_cache = True
+    config.architectures = [type(model).__name__]  # readers (vLLM, our quantizer) dispatch on it
     if hasattr(config, "output_router_logits"):
         config.output_router_logits = False
     config.save_pretrained(folder)
