@@ -15,8 +15,9 @@ from quantgate.kernels.moe.marlin import MarlinMoEKernel
 from quantgate.kernels.schemes import Scheme
 from quantgate.kernels.triton.w8a16_gemm import unpack_weight
 
-from .test_moe_reference import TOLERANCE, mean_relative_error, moe_config, moe_layer, raw_tensors, reference_moe, routing
-from .test_moe_triton import BF16_TOLERANCE, DEVICE
+from .test_moe_reference import (BF16_TOLERANCE, TOLERANCE, mean_relative_error, moe_config, moe_layer, raw_tensors,
+                                 reference_moe, routing)
+from .test_moe_triton import DEVICE
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 

@@ -25,6 +25,9 @@ FP8_SCHEMES = (Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR)
 # intermediate activation lands on an FP8 rounding boundary and rounds the other way (one
 # element off by one FP8 step: ~5e-4 on that token's row, seen in ~1% of 37-token runs).
 TOLERANCE = 1e-3
+# bf16 keeps 8 significant bits: rounding each top-k slot and then their sum costs ~3e-3 of
+# the metric by itself (float16: ~3e-4), so bf16 outputs are held to this instead.
+BF16_TOLERANCE = 6e-3
 
 
 def moe_config(scheme: Scheme, *, experts_: int = 8, top_k: int = 2, hidden: int = 192, inter: int = 128,
