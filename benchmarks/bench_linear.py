@@ -235,50 +235,50 @@ def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool) -> t
 
 
 def sweep(budget_s: float, dtype: torch.dtype) -> list[dict]:
-    """Time raw Triton launches over a few tile configs per shape (operands pre-quantized)."""
-    rows, start = [], time.monotonic()
-    w8a8 = [fp8_block_gemm.GemmConfig(bm, bn, num_warps=wp, num_stages=st, group_m=8) for bm, bn, wp, st in (
-        (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (128, 128, 8, 3), (128, 128, 8, 4),
-        (64, 256, 8, 3), (64, 256, 8, 4), (128, 64, 4, 4))]
-    w8a8_small = [fp8_block_gemm.GemmConfig(16, bn, num_warps=4, num_stages=st, group_m=1)
-                  for bn in (32, 64, 128) for st in (3, 5)]
-    marlin_gemv = [w8a16_gemm.W8A16Config(1, bn, False, wp, 3) for bn, wp in ((64, 4), (128, 4), (128, 8), (256, 8))]
-    marlin_dot16 = [w8a16_gemm.W8A16Config(16, bn, True, wp, st) for bn, wp, st in (
-        (32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3))]
+    """Time raw Triton launches (block scheme, operands pre-quantized) over a few tile configs,
+    most important first, each config on every shape before the next (one compilation each)."""
+    gemm, w8a16 = fp8_block_gemm.GemmConfig, w8a16_gemm.W8A16Config
+    trials = (
+        [("triton_w8a8", m, gemm(bm, bn, num_warps=wp, num_stages=st), 1)
+         for bm, bn, wp, st in ((64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 8, 4),
+                                (64, 128, 4, 5), (64, 256, 8, 3), (128, 64, 4, 4))
+         for m in (512, 2048, 8192)]
+        + [("marlin", 1, w8a16(1, bn, False, wp, 3), s)
+           for bn, wp in ((64, 4), (128, 4), (128, 8), (256, 8)) for s in (1, 2, 4, 8, 16)]
+        + [("marlin", 16, w8a16(16, bn, True, wp, st), s)
+           for bn, wp, st in ((64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 3)) for s in (1, 2, 4, 8)]
+        + [("triton_w8a8", m, gemm(16, bn, num_warps=4, num_stages=st, group_m=1), s)
+           for bn in (64, 32, 128) for st in (4, 3) for m in (1, 16) for s in (1, 2, 4, 8)]
+    )
+    operands = {}
     for k, n in SHAPES:
-        wfloat = torch.randn(n, k, device=DEVICE) * 0.02
-        wq, ws = quant.quantize_weight_block(wfloat)
-        packed = w8a16_gemm.pack_weight(wq)
-        mscale = ws.repeat_interleave(128, 0)[:n].t().contiguous().to(dtype)
-        counters = torch.zeros(1 << 16, dtype=torch.int32, device=DEVICE)
-        k_tiles = triton.cdiv(k, 128)
-        for m in MS:
+        wq, ws = quant.quantize_weight_block(torch.randn(n, k, device=DEVICE) * 0.02)
+        xs_by_m = {}
+        for m in (1, 16, 512, 2048, 8192):
             x = torch.randn(m, k, device=DEVICE).to(dtype)
-            xq, xs = act_quant.quantize_per_token_group(x, 128)
-            trials = []
-            if m >= 512:
-                trials += [("triton_w8a8", c, 1) for c in w8a8]
+            xs_by_m[m] = (x, *act_quant.quantize_per_token_group(x, 128, column_major_scales=True))
+        operands[(k, n)] = (wq, ws, w8a16_gemm.pack_weight(wq),
+                            ws.repeat_interleave(128, 0)[:n].t().contiguous().to(dtype), xs_by_m)
+    counters = torch.zeros(1 << 16, dtype=torch.int32, device=DEVICE)
+    rows, start = [], time.monotonic()
+    for kernel, m, cfg, split in trials:
+        for k, n in SHAPES:
+            if split > triton.cdiv(k, 128):
+                continue
+            if time.monotonic() - start > budget_s:
+                rows.append({"skipped": "sweep time budget spent", "m": m, "k": k, "n": n})
+                return rows
+            wq, ws, packed, mscale, xs_by_m = operands[(k, n)]
+            x, xq, xs = xs_by_m[m]
+            if kernel == "triton_w8a8":
+                fn = lambda: fp8_block_gemm.w8a8_gemm(xq, xs, wq, ws, dtype, groupwise=True, workspace=counters,
+                                                      config=cfg, split_k=split)
             else:
-                trials += [("triton_w8a8", c, s) for c in w8a8_small for s in (1, 2, 4, 8) if s <= k_tiles]
-            if m == 1:
-                trials += [("marlin", c, s) for c in marlin_gemv for s in (1, 2, 4, 8, 16) if s <= k_tiles]
-            if m == 16:
-                trials += [("marlin", c, s) for c in marlin_dot16 for s in (1, 2, 4, 8) if s <= k_tiles]
-            for kernel, cfg, split in trials:
-                if time.monotonic() - start > budget_s:
-                    rows.append({"skipped": "sweep time budget spent", "m": m, "k": k, "n": n})
-                    return rows
-                if kernel == "triton_w8a8":
-                    fn = lambda: fp8_block_gemm.w8a8_gemm(xq, xs, wq, ws, dtype, groupwise=True, workspace=counters,
-                                                          config=cfg, split_k=split)
-                else:
-                    fn = lambda: w8a16_gemm.w8a16_gemm(x, packed, mscale, groupwise=True, workspace=counters,
-                                                       config=cfg, split_k=split)
-                ms_, err = _attempt(lambda: _ms(fn))
-                rows.append({"kernel": kernel, "m": m, "k": k, "n": n, "config": cfg.__dict__, "split_k": split,
-                             "ms": ms_, "tflops": 2 * m * k * n / ms_ / 1e9 if ms_ else None, "error": err})
-        del wfloat, wq, packed
-        torch.cuda.empty_cache()
+                fn = lambda: w8a16_gemm.w8a16_gemm(x, packed, mscale, groupwise=True, workspace=counters,
+                                                   config=cfg, split_k=split)
+            ms_, err = _attempt(lambda: _ms(fn))
+            rows.append({"kernel": kernel, "m": m, "k": k, "n": n, "config": cfg.__dict__, "split_k": split,
+                         "ms": ms_, "tflops": 2 * m * k * n / ms_ / 1e9 if ms_ else None, "error": err})
     return rows
 
 

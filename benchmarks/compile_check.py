@@ -96,7 +96,7 @@ def variants() -> list[Variant]:
     w8a8_common = {"a_ptr": torch.float8_e4m3fn, "b_ptr": torch.float8_e4m3fn, "c_ptr": torch.bfloat16,
                    "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32, "bias_ptr": torch.bfloat16,
                    "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32", "N": "i32/16",
-                   "K": "i32/16", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
+                   "K": "i32/16", "split_k": "i32", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
                    "stride_asm": "i32", "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32",
                    "HAS_BIAS": False, "EVEN_K": True, "BLOCK_K": fp8_block_gemm.BLOCK_K}
     for largest, cfg in fp8_block_gemm.CONFIGS:
@@ -106,7 +106,7 @@ def variants() -> list[Variant]:
                 f"w8a8.{'block' if groupwise else 'channel'}.bm{cfg.block_m}.bn{cfg.block_n}.w{cfg.num_warps}"
                 f".s{cfg.num_stages}.split{split}", fp8_block_gemm._w8a8_gemm_kernel,
                 {**w8a8_common, "SCALE_BLOCK_N": 128 if groupwise else 1, "GROUPWISE": groupwise,
-                 "SPLIT_K": split, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m},
+                 "SPLIT": split > 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m},
                 89, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     for dtype in (torch.bfloat16, torch.float16):
         tag = "bf16" if dtype == torch.bfloat16 else "fp16"
@@ -119,9 +119,9 @@ def variants() -> list[Variant]:
                     f".w{cfg.num_warps}.split{split}", w8a16_gemm._w8a16_gemm_kernel,
                     {"x_ptr": dtype, "w_ptr": torch.int32, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype,
                      "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32", "N": "i32/16",
-                     "K": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16", "stride_sg": "i32/16",
+                     "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_cm": "i32/16", "stride_sg": "i32/16",
                      "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "GROUPWISE": groupwise, "OUT": out_kind,
-                     "HAS_BIAS": False, "SPLIT_K": split, "EVEN_K": True, "BLOCK_M": cfg.block_m,
+                     "HAS_BIAS": False, "SPLIT": split > 1, "EVEN_K": True, "BLOCK_M": cfg.block_m,
                      "BLOCK_N": cfg.block_n}, 80, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     return out
 
@@ -141,23 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     jobs = [(v, cap) for v in variants() if args.only in v.name for cap in args.targets if cap >= v.min_capability]
     # Compilations are independent; one process each keeps ptxas and the MLIR passes in parallel.
-    with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(_compile_job, [(v.name, cap) for v, cap in jobs]))
     report, failed = [], 0
-    print(f"{'variant':<62} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma")
-    for (v, cap), row in zip(jobs, results):
-        report.append(row)
-        failed += not row["ok"]
-        if row["ok"]:
-            mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
-            print(f"{v.name:<62} {cap:>3} {'yes':>3} {row['registers']:>5} {row['spill_bytes']:>6} "
-                  f"{row['shared_bytes']:>7} {mma}")
-        else:
-            print(f"{v.name:<62} {cap:>3}  NO {row['error']}")
+    print(f"{'variant':<62} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma", flush=True)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = pool.map(_compile_job, [(v.name, cap) for v, cap in jobs])
+        for (v, cap), row in zip(jobs, results):
+            _print_row(v.name, cap, row)
+            report.append(row)
+            failed += not row["ok"]
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(f"{len(report) - failed}/{len(report)} variants compiled")
     return 1 if failed else 0
+
+
+def _print_row(name: str, cap: int, row: dict) -> None:
+    if row["ok"]:
+        mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
+        print(f"{name:<62} {cap:>3} {'yes':>3} {row['registers']:>5} {row['spill_bytes']:>6} "
+              f"{row['shared_bytes']:>7} {mma}", flush=True)
+    else:
+        print(f"{name:<62} {cap:>3}  NO {row['error']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ rm -rf "$shim"
 echo "===================== gpu_linear summary ($(date -u +%FT%TZ), commit $QUANTGATE_COMMIT)"
 cat "$OUT/steps.txt"
 echo "--- compile check (sm_80 = A100 path)"
-grep -E "variants compiled| NO " "$OUT/compile_check.log" | head -20
+grep -E "variants compiled| NO |stopped after" "$OUT/compile_check.log" | head -20
 echo "--- tests"
-grep -E "passed|failed|error" "$OUT/tests.log" | tail -25
+grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|error)" "$OUT/tests.log" | tail -25
 echo "--- bench (full tables: $OUT/bench_linear.md)"
 sed -n '/^copy bandwidth/,$p' "$OUT/bench.log" | grep -v "^full results" | head -90

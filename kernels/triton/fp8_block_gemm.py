@@ -63,14 +63,14 @@ def _target_programs(device: torch.device) -> int:
     return 4 * _sm_count(device.index or 0) if device.type == "cuda" else 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_k"])
 def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, partial_ptr, counter_ptr,
-    M, N, K,
+    M, N, K, split_k,
     stride_am, stride_bn, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,
     SCALE_BLOCK_N: tl.constexpr,  # weight rows sharing one scale row (128 for blocks, 1 per channel)
     GROUPWISE: tl.constexpr,      # scales change every BLOCK_K along K (block scheme)
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -92,7 +92,7 @@ def _w8a8_gemm_kernel(
     rn_in = rn % N
 
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    per_split = tl.cdiv(k_tiles, split_k)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, k_tiles)
 
@@ -129,7 +129,7 @@ def _w8a8_gemm_kernel(
         acc = acc * tl.load(a_scale_ptrs)[:, None] * tl.load(b_scale_ptrs)[None, :]
 
     store_tile(acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
-               pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT_K)
+               split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
 
 
 def w8a8_gemm(
@@ -179,9 +179,9 @@ def w8a8_gemm(
         scale_block_n = 1
     _w8a8_gemm_kernel[(m_tiles * n_tiles, split_k)](
         a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
-        m, n, k,
+        m, n, k, split_k,
         a.stride(0), b.stride(0), out.stride(0), stride_asm, stride_asg, stride_bsn, stride_bsg,
-        SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
         EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-# Powers of two only: each value is a separate compilation.
 SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
 # Transient partials are allocated per call; split less rather than allocate more than this.
 MAX_PARTIAL_BYTES = 8 << 20
@@ -31,11 +30,12 @@ def _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS: tl
 
 @triton.jit
 def store_tile(
-    acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k, tile_id,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k, split_k, tile_id,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """Write the float32 tile `acc` for rows rm, columns rn (slice pid_k of SPLIT_K)."""
-    if SPLIT_K == 1:
+    """Write the float32 tile `acc` for rows rm, columns rn: directly, or (SPLIT) as slice pid_k
+    of split_k. split_k is a runtime value so every split shares one compilation."""
+    if not SPLIT:
         _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
     else:
         mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -44,10 +44,10 @@ def store_tile(
         # All threads' partial stores precede the (single-thread, release) counter update.
         tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
+        if arrived == split_k - 1:
             # .cg: read from L2, never from this SM's L1, the tiles other SMs wrote.
             total = tl.load(partial_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
+            for s in range(1, split_k):
                 total += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
             _bias_cast_store(total, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
             tl.store(counter_ptr + tile_id, 0)

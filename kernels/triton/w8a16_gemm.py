@@ -121,14 +121,14 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
             return half.to(tl.int16).to(tl.float16, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemm_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
-    M, N, K, stride_xm, stride_cm, stride_sg,
+    M, N, K, split_k, stride_xm, stride_cm, stride_sg,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     OUT: tl.constexpr,        # weight operand type, see _plane (0 means float32 FMAs, no dot)
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
@@ -143,7 +143,7 @@ def _w8a16_gemm_kernel(
     rn_in = rn % N
 
     k_tiles = tl.cdiv(K, 128)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    per_split = tl.cdiv(k_tiles, split_k)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, k_tiles)
 
@@ -196,7 +196,7 @@ def _w8a16_gemm_kernel(
         acc = acc * (tl.load(s_ptrs).to(tl.float32) * S_MUL)[None, :]
 
     store_tile(acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
-               pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT_K)
+               split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
 
 
 def w8a16_gemm(
@@ -245,9 +245,9 @@ def w8a16_gemm(
         out_kind, w_exp, x_exp = 2, 8, 0
     _w8a16_gemm_kernel[(m_tiles, n_tiles, split_k)](
         x, packed, scale, out, bias if bias is not None else out, partial, counters,
-        m, n, k, x.stride(0), out.stride(0), scale.stride(0),
+        m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
         X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
-        GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
         EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
