@@ -145,8 +145,8 @@ def _peers(w: Weights, x: torch.Tensor) -> dict:
     return out
 
 
-def bench_shapes(ms, shapes, dtype) -> list[dict]:
-    rows = []
+def bench_shapes(ms, shapes, dtype, rows: list[dict]) -> None:
+    """Appends to `rows` as it goes, so an interrupted run keeps what it measured."""
     for k, n in shapes:
         w = Weights(k, n, dtype)
         built = {}
@@ -170,8 +170,6 @@ def bench_shapes(ms, shapes, dtype) -> list[dict]:
             print(f"  M={m:<5} K={k:<5} N={n:<5} done", flush=True)
         del w, built
         torch.cuda.empty_cache()
-    _add_ratios(rows)
-    return rows
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -183,11 +181,10 @@ def _add_ratios(rows: list[dict]) -> None:
             r[f"vs_{name}"] = base / r["ms"] if base and r["ms"] else None
 
 
-def correctness(dtype_cases=((torch.float16, False), (torch.bfloat16, True))) -> list[dict]:
+def correctness(rows: list[dict], dtype_cases=((torch.float16, False), (torch.bfloat16, True))) -> None:
     """mean |out - ref| / mean |ref| against float64 of the same quantized operands. float16
     outputs are compared as they are (the issue's metric); bfloat16 outputs, whose rounding alone
     is ~1.4e-3 of it, against the reference rounded to bfloat16 (and the raw figure is kept)."""
-    rows = []
     for m, k, n in CORRECTNESS_SHAPES:
         for dtype, round_ref in dtype_cases:
             w = Weights(k, n, dtype)
@@ -212,7 +209,6 @@ def correctness(dtype_cases=((torch.float16, False), (torch.bfloat16, True))) ->
                              "compared_to": "float64 rounded to bf16" if round_ref else "float64",
                              "pass": metric is not None and metric < 1e-3, "error": err})
             del w
-    return rows
 
 
 def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool) -> torch.Tensor:
@@ -234,7 +230,7 @@ def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool) -> t
     return xd @ quant.dequantize_weight(wq, scale, block, torch.float64).t()
 
 
-def sweep(budget_s: float, dtype: torch.dtype) -> list[dict]:
+def sweep(budget_s: float, dtype: torch.dtype, rows: list[dict]) -> None:
     """Time raw Triton launches (block scheme, operands pre-quantized) over a few tile configs,
     most important first, each config on every shape before the next (one compilation each)."""
     gemm, w8a16 = fp8_block_gemm.GemmConfig, w8a16_gemm.W8A16Config
@@ -260,14 +256,14 @@ def sweep(budget_s: float, dtype: torch.dtype) -> list[dict]:
         operands[(k, n)] = (wq, ws, w8a16_gemm.pack_weight(wq),
                             ws.repeat_interleave(128, 0)[:n].t().contiguous().to(dtype), xs_by_m)
     counters = torch.zeros(1 << 16, dtype=torch.int32, device=DEVICE)
-    rows, start = [], time.monotonic()
+    start = time.monotonic()
     for kernel, m, cfg, split in trials:
         for k, n in SHAPES:
             if split > triton.cdiv(k, 128):
                 continue
             if time.monotonic() - start > budget_s:
                 rows.append({"skipped": "sweep time budget spent", "m": m, "k": k, "n": n})
-                return rows
+                return
             wq, ws, packed, mscale, xs_by_m = operands[(k, n)]
             x, xq, xs = xs_by_m[m]
             if kernel == "triton_w8a8":
@@ -279,7 +275,6 @@ def sweep(budget_s: float, dtype: torch.dtype) -> list[dict]:
             ms_, err = _attempt(lambda: _ms(fn))
             rows.append({"kernel": kernel, "m": m, "k": k, "n": n, "config": cfg.__dict__, "split_k": split,
                          "ms": ms_, "tflops": 2 * m * k * n / ms_ / 1e9 if ms_ else None, "error": err})
-    return rows
 
 
 def _find(rows, **match):
@@ -405,24 +400,30 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth()
     ms, shapes = ((1, 2048), SHAPES[:1]) if args.quick else (MS, SHAPES)
     dtype = torch.bfloat16
+    rows, correct, sweep_rows, interrupted = [], [], [], None
     t0 = time.monotonic()
-    rows = bench_shapes(ms, shapes, dtype)
+    try:
+        bench_shapes(ms, shapes, dtype, rows)
+        correctness(correct)
+        if args.sweep:
+            _, err = _attempt(lambda: sweep(args.sweep_budget_s, dtype, sweep_rows))
+            if err:
+                traceback.print_exc()
+                sweep_rows.append({"skipped": err, "m": None, "k": None, "n": None})
+    except KeyboardInterrupt:  # the GPU job's time limit: keep and report what was measured
+        interrupted = "interrupted (time limit): results are partial"
+        print(interrupted, flush=True)
     t_bench = time.monotonic() - t0
-    correct = correctness()
-    sweep_rows = []
-    if args.sweep:
-        sweep_rows, err = _attempt(lambda: sweep(args.sweep_budget_s, dtype))
-        if err:
-            traceback.print_exc()
-            sweep_rows = [{"skipped": err, "m": None, "k": None, "n": None}]
+    _add_ratios(rows)
     checks = acceptance(rows, bandwidth, correct)
     fastest = fastest_per_scheme(rows)
     report = {"environment": env, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows, "correctness": correct,
-              "acceptance": checks, "fastest_per_scheme": fastest, "sweep": sweep_rows, "bench_seconds": t_bench}
+              "acceptance": checks, "fastest_per_scheme": fastest, "sweep": sweep_rows, "bench_seconds": t_bench,
+              "interrupted": interrupted}
     (args.out / "bench_linear.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "bench_linear.md").write_text(_markdown(env, bandwidth, rows, correct, checks, fastest, sweep_rows))
 
-    print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s; timing {t_bench:.0f} s")
+    print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s; measuring took {t_bench:.0f} s {interrupted or ''}")
     print(f"{'M':>5} {'K':>5} {'N':>5}  {'bf16':>7} {'sm_blk':>7} | " + " ".join(
         f"{label[:6]}/{scheme.value[4:7]:>3}" for label, _, scheme in BACKENDS) + "   (us)")
     for m in ms:

@@ -37,10 +37,10 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
 }
 
 : > "$OUT/steps.txt"
-step compile_check 75 $PY benchmarks/compile_check.py --targets 80 89 90 --json "$OUT/compile_check.json"
-step bench 200 $PY benchmarks/bench_linear.py --out "$OUT" --sweep --sweep-budget-s 60
+step compile_check 60 $PY benchmarks/compile_check.py --targets 80 89 90 --json "$OUT/compile_check.json"
+step bench 190 $PY benchmarks/bench_linear.py --out "$OUT" --sweep --sweep-budget-s 45
 if $PY -c "import pytest" 2>/dev/null; then
-  step tests 100 $PY -m pytest -q -p no:cacheprovider -o addopts="" \
+  step tests 90 $PY -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/kernels/test_registry.py tests/kernels/test_quant.py tests/kernels/test_linear_emulation.py \
     tests/kernels/test_linear_torch.py tests/kernels/test_linear_triton.py tests/kernels/test_linear_marlin.py \
     tests/kernels/test_linear_reload.py --junitxml="$OUT/tests.xml"
