@@ -162,7 +162,7 @@ def _w8a16_gemm_kernel(
         if GROUPWISE:
             s = tl.load(s_ptrs + kt * stride_sg).to(tl.float32) * S_MUL
         if OUT == 0:
-            part2 = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+            part2 = tl.zeros((32, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc2
             for p in tl.static_range(4):
                 if EVEN_K:
                     x = tl.load(x_ptrs + p * 32)
@@ -172,7 +172,7 @@ def _w8a16_gemm_kernel(
             if GROUPWISE:
                 acc2 += part2 * s[None, :]
             else:
-                acc2 += part2
+                acc2 = part2
         else:
             # Block scales change every K tile: its four dots go to `part`, scaled once.
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
@@ -229,6 +229,8 @@ def w8a16_gemm(
     if m == 0 or n == 0:
         return out
     cfg = config or config_for(m)
+    if not cfg.use_dot and cfg.block_m != 1:
+        raise ValueError(f"w8a16_gemm: the FMA path computes one row per program (block_m 1), got {cfg}")
     m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     if split_k is None:
         split_k = 1
