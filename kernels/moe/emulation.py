@@ -58,23 +58,23 @@ class EmulationMoEKernel(MoEKernel):
                              f"{int(flat_ids.min())} to {int(flat_ids.max())}")
         # Slots (token, choice) grouped by expert; a stable sort keeps token order inside an expert.
         order = torch.argsort(flat_ids, stable=True)
-        token_of_slot = order // top_k
-        weight_of_slot = topk_weights.reshape(-1)[order].float()
-        segments = [(e, start, n) for e, (start, n) in enumerate(zip(_starts(counts), counts.tolist())) if n]
-
+        segments = [(e, start, start + n) for e, (start, n) in enumerate(zip(_starts(counts), counts.tolist())) if n]
+        # Whole-batch gathers and elementwise ops, one matmul per expert into its rows (no
+        # scatter-adds: they dominate on CPU).
         x_q = qdq_activation(x, cfg, _input_scale(layer, cfg, GATE_UP))
-        inter = x_q.new_empty(order.numel(), cfg.intermediate_size)
-        for e, start, n in segments:
-            gate_up = x_q[token_of_slot[start:start + n]] @ layer.w13_weight[e].t()
-            gate, up = gate_up.split(cfg.intermediate_size, dim=1)
-            inter[start:start + n] = F.silu(gate) * up
-
-        inter_q = qdq_activation(inter, cfg, _input_scale(layer, cfg, DOWN))
-        out = x_q.new_zeros(num_tokens, cfg.hidden_size)
-        for e, start, n in segments:
-            down = inter_q[start:start + n] @ layer.w2_weight[e].t()
-            out.index_add_(0, token_of_slot[start:start + n], down * weight_of_slot[start:start + n, None])
-        return out.to(x.dtype)
+        x_sorted = x_q.index_select(0, order // top_k)
+        gate_up = x_q.new_empty(order.numel(), 2 * cfg.intermediate_size)
+        for e, start, end in segments:
+            torch.matmul(x_sorted[start:end], layer.w13_weight[e].t(), out=gate_up[start:end])
+        gate, up = gate_up.split(cfg.intermediate_size, dim=1)
+        inter_q = qdq_activation(F.silu(gate) * up, cfg, _input_scale(layer, cfg, DOWN))
+        down = x_q.new_empty(order.numel(), cfg.hidden_size)
+        for e, start, end in segments:
+            torch.matmul(inter_q[start:end], layer.w2_weight[e].t(), out=down[start:end])
+        down *= topk_weights.reshape(-1).float().index_select(0, order)[:, None]
+        slot_of_row = torch.empty_like(order)
+        slot_of_row[order] = torch.arange(order.numel(), device=order.device)
+        return down.index_select(0, slot_of_row).view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
 
 def _input_scale(layer: torch.nn.Module, cfg: MoELayerConfig, proj: str) -> torch.Tensor | None:
