@@ -50,16 +50,13 @@ class TritonFusedMoEKernel(MoEKernel):
         from ..triton import fused_moe
 
         cfg = self.config
-        scales = {
-            Scheme.FP8_BLOCK: fused_moe.block_scales,
-            Scheme.FP8_CHANNEL: fused_moe.channel_scales,
-        }.get(cfg.scheme)
         w13_scale = getattr(layer, experts.scale_attr(cfg, GATE_UP))
         w2_scale = getattr(layer, experts.scale_attr(cfg, DOWN))
-        if scales is None:
+        if cfg.scheme is Scheme.FP8_TENSOR:
             w13_scales, w2_scales = fused_moe.tensor_scales(w13_scale), fused_moe.tensor_scales(w2_scale)
         else:
-            w13_scales, w2_scales = scales(w13_scale, cfg.intermediate_size), scales(w2_scale)
+            per_rows = fused_moe.block_scales if cfg.scheme is Scheme.FP8_BLOCK else fused_moe.channel_scales
+            w13_scales, w2_scales = per_rows(w13_scale, cfg.intermediate_size), per_rows(w2_scale)
         static = cfg.static_input_scale and cfg.scheme is Scheme.FP8_TENSOR
         return fused_moe.fused_moe_fp8(
             x, topk_weights.float().contiguous(), topk_ids.to(torch.int32).contiguous(),
