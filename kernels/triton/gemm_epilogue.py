@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
+SPLIT_K_CHOICES = (1, 2, 4, 8, 16)  # split_k is a runtime kernel argument: one compilation serves all
 # Transient partials are allocated per call; split less rather than allocate more than this.
 MAX_PARTIAL_BYTES = 8 << 20
 
@@ -66,15 +66,10 @@ def choose_split_k(tiles: int, k_tiles: int, m: int, n: int, target_programs: in
 def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.Tensor | None,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial, counters) for a launch; placeholders when split_k == 1."""
-    if split_k == 1:
-        dummy = torch.empty(1, dtype=torch.int32, device=device)
-        return dummy, dummy if workspace is None else workspace
+    if split_k == 1:  # the kernel never touches them
+        counters = workspace if workspace is not None else torch.empty(1, dtype=torch.int32, device=device)
+        return torch.empty(1, dtype=torch.float32, device=device), counters
     if workspace is None or workspace.numel() < tiles:
         have = 0 if workspace is None else workspace.numel()
         raise ValueError(f"split-K over {tiles} output tiles needs a workspace of >= {tiles} int32 counters, got {have}")
     return torch.empty((split_k, m, n), dtype=torch.float32, device=device), workspace
-
-
-def workspace_counters(n: int, max_m_tiles: int, min_block_n: int) -> int:
-    """Counters a layer of N outputs needs for any split-K launch (one per output tile)."""
-    return max_m_tiles * triton.cdiv(n, min_block_n)
