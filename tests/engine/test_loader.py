@@ -107,3 +107,9 @@ def test_fp8_tensors_of_a_module_the_config_leaves_unquantized_are_an_error(dens
     (q_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="model.layers.0.mlp.up_proj is stored in FP8 but runs unquantized"):
         load_model(q_dir, device="cpu")
+
+
+def test_moe_block_checkpoint_whose_experts_cannot_stack_names_the_fix(moe_dir, tmp_path):
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
+    with pytest.raises(CheckpointError, match="moe_intermediate_size 64 is not a multiple of the weight block 128"):
+        load_model(q_dir, device="cpu")
