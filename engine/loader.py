@@ -215,12 +215,7 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
     if cfg.scheme is Scheme.FP8_TENSOR:
         out[f"w13_{s}"] = torch.stack([torch.stack([g.reshape(()), u.reshape(())]) for g, u in zip(g_s, u_s)])
         out[f"w2_{s}"] = torch.stack([d.reshape(()) for d in d_s])
-    else:
-        if cfg.scheme is Scheme.FP8_BLOCK and cfg.intermediate_size % cfg.block_size[0]:
-            raise CheckpointError(
-                f"{prefix}: moe_intermediate_size {cfg.intermediate_size} is not a multiple of the weight block "
-                f"{cfg.block_size[0]}, so gate and up blocks cannot be stacked; use per-channel or tensor scales"
-            )
+    else:  # block rows stack only when I is a multiple of the block: the MoE kernels' can_implement checks it
         out[f"w13_{s}"] = torch.stack([torch.cat([_as_rows(g), _as_rows(u)]) for g, u in zip(g_s, u_s)])
         out[f"w2_{s}"] = torch.stack([_as_rows(d) for d in d_s])
     if cfg.static_input_scale:

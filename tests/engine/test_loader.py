@@ -109,7 +109,7 @@ def test_fp8_tensors_of_a_module_the_config_leaves_unquantized_are_an_error(dens
         load_model(q_dir, device="cpu")
 
 
-def test_moe_block_checkpoint_whose_experts_cannot_stack_names_the_fix(moe_dir, tmp_path):
+def test_moe_block_checkpoint_whose_experts_cannot_stack_is_refused_at_selection(moe_dir, tmp_path):
     q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
-    with pytest.raises(CheckpointError, match="moe_intermediate_size 64 is not a multiple of the weight block 128"):
+    with pytest.raises(KernelSelectionError, match="intermediate size .64. to be a multiple of the block"):
         load_model(q_dir, device="cpu")
