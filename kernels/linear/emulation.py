@@ -12,11 +12,13 @@ import torch
 from .. import quant
 from ..base import OK, LinearKernel, Verdict, bind_processed
 from ..platform import Platform
-from ..schemes import LinearLayerConfig, Scheme
+from ..schemes import LinearLayerConfig, MoELayerConfig, Scheme
 from .fp8_checkpoint import fp8_weight, weight_scale
 
 
-def qdq_activation(x: torch.Tensor, config: LinearLayerConfig, input_scale: torch.Tensor | None) -> torch.Tensor:
+def qdq_activation(
+    x: torch.Tensor, config: LinearLayerConfig | MoELayerConfig, input_scale: torch.Tensor | None
+) -> torch.Tensor:
     """x [M, K] -> float32 values after the scheme's dynamic (or static) FP8 activation quantization."""
     if config.scheme is Scheme.FP8_BLOCK:
         group = config.block_size[1]
