@@ -73,3 +73,24 @@ def test_reload_runs_between_steps_while_requests_stream(async_engine):
 
     outs = asyncio.run(main())
     assert sum(len(o.new_token_ids) for o in outs) == 30 and outs[-1].finish_reason == "length"
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(async_engine, monkeypatch):
+    step = async_engine.engine.step
+    calls = []
+
+    def broken_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device fell over")
+        return step()
+
+    monkeypatch.setattr(async_engine.engine, "step", broken_once)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="engine step failed: RuntimeError: device fell over"):
+            await _collect(async_engine, "unlucky", [1, 2, 3], SamplingParams(max_tokens=4))
+        return await _collect(async_engine, "next", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0))
+
+    assert asyncio.run(main())[-1].finished
+    assert async_engine.stats()["kv_slots_used"] == 0
