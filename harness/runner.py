@@ -13,6 +13,7 @@ Verdicts: PASS (gate and `expect:` hold), FAIL (a gate or `expect:` failed; exit
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -126,6 +127,9 @@ class Display:
     def __init__(self, console: Console | None = None) -> None:
         # The stream itself, not "whatever sys.stderr is": lm-eval's output is redirected meanwhile.
         self.console = console or Console(file=sys.stderr, highlight=False)
+        if console is None and not self.console.is_terminal and "COLUMNS" not in os.environ:
+            # CI logs have no width; rich's 80-column default wraps names and numbers mid-word.
+            self.console.width = 160
         self._live: Progress | None = None
         self._task: TaskID | None = None
         self._description = ""
