@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -129,7 +130,9 @@ def throughput(args: argparse.Namespace) -> list[dict]:
             engine = LLMEngine(loaded, max_num_seqs=max(args.concurrency), max_model_len=max_len, enforce_eager=True)
             run_requests(engine, prompts[: min(4, len(prompts))], 4, concurrency)  # warm-up
             rows.append(dict(run_requests(engine, prompts, args.gen_tokens, concurrency), shape=args.shape,
-                             params=param_count(shape), variant=args.variant, dtype=args.dtype))
+                             params=param_count(shape), variant=args.variant, dtype=args.dtype,
+                             cpu_threads=torch.get_num_threads(), cpu_load_1min=os.getloadavg()[0],
+                             torch=torch.__version__))
     base = next((r for r in rows if r["concurrency"] == 1), None)
     for r in rows:
         r["speedup_vs_concurrency_1"] = r["total_tokens_per_s"] / base["total_tokens_per_s"] if base else None
