@@ -76,6 +76,25 @@ def test_logprobs_are_the_model_distribution(dense_dir, dense_engine):
     assert all(out.prompt_logprobs is None for out in outs[1:])
 
 
+def test_prompt_logprobs_of_prompts_prefilled_together_with_decodes_are_each_their_own(dense_engine, seed):
+    prompts = random_prompts(3, dense_engine.vocab_size, torch.Generator().manual_seed(seed), low=3)
+    echo = SamplingParams(max_tokens=2, temperature=0, logprobs=2, prompt_logprobs=True, ignore_eos=True)
+    alone = []
+    for i, p in enumerate(prompts):
+        dense_engine.add_request(f"alone{i}", p, echo)
+        alone.append(run_to_completion(dense_engine)[f"alone{i}"][0].prompt_logprobs)
+    dense_engine.add_request("running", [1, 2, 3], _greedy(5, ignore_eos=True))
+    dense_engine.step()
+    for i, p in enumerate(prompts):  # prefilled in one step, next to the running request's decode
+        dense_engine.add_request(f"together{i}", p, echo)
+    outs = run_to_completion(dense_engine)
+    for i, expected in enumerate(alone):
+        got = outs[f"together{i}"][0].prompt_logprobs
+        assert got[0] is None and len(got) == len(expected)
+        for (lp, top), (lp_ref, top_ref) in zip(got[1:], expected[1:]):
+            assert lp == pytest.approx(lp_ref, abs=1e-5) and list(top) == list(top_ref)
+
+
 def test_max_tokens_zero_returns_only_prompt_logprobs(dense_engine):
     dense_engine.add_request("echo", [1, 2, 3, 4], SamplingParams(max_tokens=0, logprobs=1, prompt_logprobs=True))
     (out,) = run_to_completion(dense_engine)["echo"]
