@@ -1,17 +1,21 @@
 """Engine throughput and decode speed on randomly initialised Qwen3 checkpoints.
 
-Two measurements, one command each:
+Three measurements, one command each:
 
   # CPU: a fixed request set at concurrency 1 (one request at a time) and 32 (continuous batching)
   python benchmarks/bench_engine.py throughput --shape tiny --concurrency 1 32
+
+  # CPU: the embedded eval's workload on a shipped model, without HTTP and lm-eval around it
+  python benchmarks/bench_engine.py gsm8k --model models/tiny-qwen3-fp8-block-native \
+      --linear-backend emulation --requests 500 --concurrency 64
 
   # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block
   python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
       --linear-backend auto --out $OUT
 
-The checkpoints are written to a temporary folder from random weights (FP8 variants are
-quantized with quantgate.kernels.quant, native block format), so the numbers measure the
-engine, not a model. Prints a table; with --out writes the full results as JSON.
+For throughput and decode the checkpoints are written to a temporary folder from random
+weights (FP8 variants are quantized with quantgate.kernels.quant, native block format), so
+the numbers measure the engine, not a model. Prints a table; with --out writes the full results as JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -91,9 +96,10 @@ def param_count(shape: dict) -> int:
     return shape["num_hidden_layers"] * per_layer + heads * shape["vocab_size"] * h
 
 
-def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_tokens: int, concurrency: int) -> dict:
-    """Keep `concurrency` requests in flight (a new one joins as one finishes), like concurrent clients."""
-    params = SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
+def run_requests(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, concurrency: int,
+                 texts: dict[int, str] | None = None) -> dict:
+    """Keep `concurrency` requests in flight (a new one joins as one finishes), like concurrent
+    clients; the generated text of request i goes to texts[i]."""
     pending = list(enumerate(prompts))
     in_flight, generated, steps = 0, 0, 0
     start = time.perf_counter()
@@ -105,6 +111,8 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_tokens: int, c
         for out in engine.step():
             generated += len(out.new_token_ids)
             in_flight -= out.finished
+            if texts is not None:
+                texts[int(out.request_id)] = texts.get(int(out.request_id), "") + out.new_text
         steps += 1
     seconds = time.perf_counter() - start
     prompt_tokens = sum(len(p) for p in prompts)
@@ -112,7 +120,8 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_tokens: int, c
         "concurrency": concurrency, "requests": len(prompts), "seconds": seconds, "steps": steps,
         "prompt_tokens": prompt_tokens, "generated_tokens": generated,
         "total_tokens_per_s": (prompt_tokens + generated) / seconds, "generated_tokens_per_s": generated / seconds,
-        "requests_per_s": len(prompts) / seconds,
+        "requests_per_s": len(prompts) / seconds, "cpu_threads": torch.get_num_threads(),
+        "cpu_load_1min": os.getloadavg()[0], "torch": torch.__version__,
     }
 
 
@@ -126,13 +135,12 @@ def throughput(args: argparse.Namespace) -> list[dict]:
         path = write_random_checkpoint(Path(tmp), shape, DTYPES[args.dtype], args.variant == "fp8-block", "cpu")
         loaded = load_model(path, device=args.device, linear_backend=args.linear_backend)
         max_len = args.prompt_len + args.gen_tokens
+        params = SamplingParams(max_tokens=args.gen_tokens, temperature=0, ignore_eos=True)
         for concurrency in args.concurrency:
             engine = LLMEngine(loaded, max_num_seqs=max(args.concurrency), max_model_len=max_len, enforce_eager=True)
-            run_requests(engine, prompts[: min(4, len(prompts))], 4, concurrency)  # warm-up
-            rows.append(dict(run_requests(engine, prompts, args.gen_tokens, concurrency), shape=args.shape,
-                             params=param_count(shape), variant=args.variant, dtype=args.dtype,
-                             cpu_threads=torch.get_num_threads(), cpu_load_1min=os.getloadavg()[0],
-                             torch=torch.__version__))
+            run_requests(engine, prompts[: min(4, len(prompts))], params, concurrency)  # warm-up
+            rows.append(dict(run_requests(engine, prompts, params, concurrency), shape=args.shape,
+                             params=param_count(shape), variant=args.variant, dtype=args.dtype))
     base = next((r for r in rows if r["concurrency"] == 1), None)
     for r in rows:
         r["speedup_vs_concurrency_1"] = r["total_tokens_per_s"] / base["total_tokens_per_s"] if base else None
@@ -145,6 +153,31 @@ def throughput(args: argparse.Namespace) -> list[dict]:
         print(f"{r['concurrency']:>11} {r['seconds']:>8.2f} {r['total_tokens_per_s']:>12.0f} "
               f"{r['generated_tokens_per_s']:>10.0f} {r['requests_per_s']:>7.2f} {ratio:>7}")
     return rows
+
+
+ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k strict-match
+
+
+def gsm8k(args: argparse.Namespace) -> list[dict]:
+    """5-shot prompts in lm-eval's gsm8k format, greedy, its stop strings; strict-match accuracy."""
+    train, test = ([json.loads(line) for line in open(args.data / name)] for name in ("train.jsonl", "test.jsonl"))
+    shots = "".join(f"Question: {q['question']}\nAnswer: {q['answer']}\n\n" for q in train[: args.fewshot])
+    test = test[: args.requests]
+    loaded = load_model(args.model, device=args.device, linear_backend=args.linear_backend)
+    prompts = [loaded.tokenizer.encode(shots + f"Question: {q['question']}\nAnswer:").ids for q in test]
+    engine = LLMEngine(loaded, max_num_seqs=args.concurrency, max_model_len=args.max_model_len)
+    params = SamplingParams(max_tokens=256, temperature=0, stop=["Question:", "</s>", "<|im_end|>"])
+    texts: dict[int, str] = {}
+    row = run_requests(engine, prompts, params, args.concurrency, texts)
+    answers = [ANSWER.search(texts.get(i, "")) for i in range(len(test))]
+    correct = sum(a is not None and a.group(1) == q["answer"].split("#### ")[-1] for a, q in zip(answers, test))
+    row.update(model=str(args.model), linear_backend=args.linear_backend, strict_match=correct / len(test))
+    n = len(test)
+    print(f"\n{args.model} ({args.linear_backend}): {n} GSM8K prompts of ~{row['prompt_tokens'] / n:.0f} tokens, "
+          f"{row['generated_tokens'] / n:.0f} generated, concurrency {args.concurrency}, "
+          f"{torch.get_num_threads()} CPU threads")
+    print(f"{row['seconds']:.1f} s ({row['requests_per_s']:.2f} requests/s), strict-match {row['strict_match']:.3f}")
+    return [row]
 
 
 def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int) -> float:
@@ -215,6 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--prompt-len", type=int, default=64)
     d.add_argument("--gen-tokens", type=int, default=256)
     d.add_argument("--repeats", type=int, default=3)
+    g = sub.add_parser("gsm8k", help="the embedded eval's workload on a shipped model folder")
+    g.add_argument("--model", type=Path, default=Path("models/tiny-qwen3-fp8-block-native"))
+    g.add_argument("--data", type=Path, default=Path("models/data/synth-gsm8k-v1"))
+    g.add_argument("--requests", type=int, default=500)
+    g.add_argument("--concurrency", type=int, default=64)
+    g.add_argument("--fewshot", type=int, default=5)
+    g.add_argument("--max-model-len", type=int, default=1280)
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--linear-backend", default="emulation")
+    g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
+    g.add_argument("--out", type=Path, help="directory for results JSON")
     for p in (t, d):
         p.add_argument("--shape", choices=sorted(SHAPES), default="tiny" if p is t else "qwen3-1.7b")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -227,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = throughput(args) if args.mode == "throughput" else decode(args)
+    rows = {"throughput": throughput, "decode": decode, "gsm8k": gsm8k}[args.mode](args)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"bench_engine_{args.mode}.json").write_text(json.dumps(rows, indent=2))
