@@ -51,6 +51,8 @@ def _source(v: Variant) -> ASTSource:
         if isinstance(value, torch.dtype):
             signature[name] = _PTR_TYPES[value]
             attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, str) and value.startswith("tensordesc"):
+            signature[name] = value
         elif value in ("i32", "i32/16"):
             signature[name] = "i32"
             if value == "i32/16":
@@ -82,9 +84,11 @@ def compile_variant(v: Variant, capability: int) -> dict:
 
 
 def variants() -> list[Variant]:
+    """Every kernel variant the dense linear backends launch: each candidate config of the tuning
+    tables, block and channel scales, bf16 and fp16 activations."""
     out: list[Variant] = []
-    for dtype in (torch.bfloat16, torch.float16):
-        tag = "bf16" if dtype == torch.bfloat16 else "fp16"
+    dtypes = ((torch.bfloat16, "bf16"), (torch.float16, "fp16"))
+    for dtype, tag in dtypes:
         out.append(Variant(f"act_quant.group128.{tag}", act_quant._group_quant_kernel, {
             "x_ptr": dtype, "q_ptr": torch.float8_e4m3fn, "s_ptr": torch.float32, "M": "i32", "K": "i32/16",
             "stride_xm": "i32/16", "stride_qm": "i32/16", "stride_sm": "i32", "stride_sg": "i32",
@@ -93,37 +97,75 @@ def variants() -> list[Variant]:
             out.append(Variant(f"act_quant.row.{'static' if static else 'dynamic'}.{tag}", act_quant._row_quant_kernel, {
                 "x_ptr": dtype, "q_ptr": torch.float8_e4m3fn, "s_ptr": torch.float32, "M": "i32", "K": "i32/16",
                 "stride_xm": "i32/16", "stride_qm": "i32/16", "STATIC": static, "BLOCK": 4096}, 89, {"num_warps": 4}))
-    w8a8_common = {"a_ptr": torch.float8_e4m3fn, "b_ptr": torch.float8_e4m3fn, "c_ptr": torch.bfloat16,
-                   "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32, "bias_ptr": torch.bfloat16,
-                   "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32", "N": "i32/16",
-                   "K": "i32/16", "split_k": "i32", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
-                   "stride_asm": "i32", "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32",
-                   "HAS_BIAS": False, "EVEN_K": True, "BLOCK_K": fp8_block_gemm.BLOCK_K}
-    for largest, cfg in fp8_block_gemm.CONFIGS:
-        for groupwise in (True, False):
-            split = 4 if largest <= 16 else 1
-            out.append(Variant(
-                f"w8a8.{'block' if groupwise else 'channel'}.bm{cfg.block_m}.bn{cfg.block_n}.w{cfg.num_warps}"
-                f".s{cfg.num_stages}.split{split}", fp8_block_gemm._w8a8_gemm_kernel,
-                {**w8a8_common, "SCALE_BLOCK_N": 128 if groupwise else 1, "GROUPWISE": groupwise,
-                 "SPLIT": split > 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m},
-                89, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-    for dtype in (torch.bfloat16, torch.float16):
-        tag = "bf16" if dtype == torch.bfloat16 else "fp16"
-        for largest, cfg in w8a16_gemm.CONFIGS:
-            out_kind = 0 if not cfg.use_dot else (1 if dtype == torch.bfloat16 else 2)
+
+    def scales(groupwise: bool) -> dict:
+        return {"SCALE_BLOCK_N": 128 if groupwise else 1, "GROUPWISE": groupwise}
+
+    def name(kind: str, groupwise: bool, tag: str, cfg, extra: str = "") -> str:
+        return (f"{kind}.{tag}.{'block' if groupwise else 'channel'}.bm{cfg.block_m}.bn{cfg.block_n}"
+                f".w{cfg.num_warps}.s{cfg.num_stages}{extra}")
+
+    g = fp8_block_gemm
+    for dtype, tag in dtypes:
+        for cfg in g.SMALL_M_CANDIDATES:
             for groupwise in (True, False):
-                split = 4 if largest <= 16 else 1
-                out.append(Variant(
-                    f"w8a16.{tag}.{'block' if groupwise else 'channel'}.out{out_kind}.bm{cfg.block_m}.bn{cfg.block_n}"
-                    f".w{cfg.num_warps}.split{split}", w8a16_gemm._w8a16_gemm_kernel,
-                    {"x_ptr": dtype, "w_ptr": torch.int32, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype,
-                     "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32", "N": "i32/16",
-                     "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_cm": "i32/16", "stride_sg": "i32/16",
-                     "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "GROUPWISE": groupwise, "OUT": out_kind,
-                     "HAS_BIAS": False, "SPLIT": split > 1, "EVEN_K": True, "BLOCK_M": cfg.block_m,
-                     "BLOCK_N": cfg.block_n}, 80, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-    return out
+                out.append(Variant(name("w8a8.small_m", groupwise, tag, cfg), g._w8a8_small_m_kernel, {
+                    "x_ptr": dtype, "w_ptr": torch.float8_e4m3fn, "ws_ptr": torch.float32, "c_ptr": dtype,
+                    "bias_ptr": dtype, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32",
+                    "N": "i32/16", "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_wn": "i32/16",
+                    "stride_cm": "i32/16", "stride_wsn": "i32", "stride_wsg": "i32", **scales(groupwise),
+                    "HAS_BIAS": False, "SPLIT": True, "EVEN_K": True, "BLOCK_M": cfg.block_m,
+                    "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K}, 89,
+                    {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+    tiled = {c for cands in g.TILED_CANDIDATES.values() for c in cands} | set(g.TILED_LARGE)
+    for cfg in sorted(tiled, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_per_sm)):
+        for groupwise in (True, False):
+            out.append(Variant(name("w8a8.tiled", groupwise, "bf16", cfg, f".split{int(bool(cfg.split_per_sm))}"),
+                               g._w8a8_gemm_kernel, {
+                "a_ptr": torch.float8_e4m3fn, "b_ptr": torch.float8_e4m3fn, "c_ptr": torch.bfloat16,
+                "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32, "bias_ptr": torch.bfloat16,
+                "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32", "N": "i32/16",
+                "K": "i32/16", "split_k": "i32", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
+                "stride_asm": "i32", "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
+                "HAS_BIAS": False, "SPLIT": bool(cfg.split_per_sm), "EVEN_K": True, "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m}, 89,
+                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+    for groupwise, cands in g.TMA_CANDIDATES.items():
+        for cfg in cands:
+            out.append(Variant(name("w8a8.tma", groupwise, "bf16", cfg, ".rescale" if cfg.rescale else ""),
+                               g._w8a8_tma_kernel, {
+                "a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {g.BLOCK_K}]>",
+                "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {g.BLOCK_K}]>", "c_ptr": torch.bfloat16,
+                "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32, "bias_ptr": torch.bfloat16,
+                "M": "i32", "N": "i32/16", "K": "i32/16", "stride_cm": "i32/16", "stride_asm": "i32",
+                "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
+                "RESCALE": cfg.rescale and groupwise, "HAS_BIAS": False, "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m}, 90,
+                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+
+    w = w8a16_gemm
+    common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "K": "i32/16",
+              "split_k": "i32", "stride_sg": "i32/16", "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "HAS_BIAS": False,
+              "EVEN_K": True}
+    configs = {c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
+    for dtype, tag in dtypes:
+        ptrs = {"x_ptr": dtype, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype}
+        for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_per_sm)):
+            split = bool(cfg.split_per_sm)
+            for groupwise in (True, False):
+                if cfg.block_m == 1:
+                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg), w._w8a16_gemv_kernel, {
+                        **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
+                        "BLOCK_N": cfg.block_n}, 80, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+                else:
+                    out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
+                                       w._w8a16_gemm_kernel, {
+                        **common, **ptrs, "M": "i32", "N": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16",
+                        "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}, 80,
+                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+    # Deduplicate configs that differ only in what the compiled kernel does not see (split target).
+    return list({v.name: v for v in out}.values())
 
 
 def _compile_job(job: tuple[str, int]) -> dict:

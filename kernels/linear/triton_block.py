@@ -1,9 +1,11 @@
 """`triton` backend: W8A8 FP8 GEMM in Triton (kernels/triton/fp8_block_gemm.py).
 
-Block checkpoints: activations quantized per token in 1x128 groups (a Triton kernel), weights
-in 128 x bn blocks. Channel checkpoints: per-token activations, per-channel weights. Needs FP8
-tensor cores (compute capability 8.9+). A small per-layer workspace (split-K tile counters,
-all zero between calls) is bound once so small-M calls can spread K over the whole GPU.
+Block checkpoints: activations quantized per token in 1x128 groups, weights in 128 x bn blocks.
+Channel checkpoints: per-token activations, per-channel weights. Needs FP8 tensor cores
+(compute capability 8.9+). Up to 16 rows the activations are quantized inside the GEMM (one
+launch per call); above, by a Triton kernel before it. A small per-layer workspace (split-K
+tile counters, all zero between calls) is bound once so small-M calls can spread K over the
+whole GPU.
 """
 
 from __future__ import annotations
@@ -47,16 +49,13 @@ class TritonBlockFp8LinearKernel(LinearKernel):
                        torch.zeros(workspace_size(cfg.out_features), dtype=torch.int32, device=weight.device))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from ..triton.act_quant import quantize_per_token, quantize_per_token_group
-        from ..triton.fp8_block_gemm import w8a8_gemm
+        from ..triton.fp8_block_gemm import w8a8_linear
 
         cfg = self.config
         x2 = x.reshape(-1, cfg.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         groupwise = cfg.scheme is Scheme.FP8_BLOCK
-        # Column-major group scales: the GEMM reads one contiguous column of them per K step.
-        xq, xs = quantize_per_token_group(x2, _GROUP_K, column_major_scales=True) if groupwise else quantize_per_token(x2)
-        out = w8a8_gemm(xq, xs, layer.weight, getattr(layer, cfg.scale_name), x.dtype, groupwise=groupwise,
-                        scale_block_n=cfg.block_size[0] if groupwise else 1, bias=bias, workspace=layer.workspace)
+        out = w8a8_linear(x2, layer.weight, getattr(layer, cfg.scale_name), x.dtype, groupwise=groupwise,
+                          scale_block_n=cfg.block_size[0] if groupwise else 1, bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)

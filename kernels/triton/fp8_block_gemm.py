@@ -1,11 +1,27 @@
-"""W8A8 FP8 GEMM with per-block (1x128 activations, 128x128 weights) or per-channel scales.
+"""W8A8 FP8 GEMMs with per-block (1x128 activations, 128x128 weights) or per-channel scales.
 
-out[M, N] = (a [M, K] fp8 * a_scale) @ (b [N, K] fp8 * b_scale)^T, float32 accumulation.
-Block scheme: BLOCK_K equals the 128-wide scale group, so each K step is one tensor-core dot
-whose result is scaled by a_scale[:, k] x b_scale[n // 128, k] before it joins the float32
+out[M, N] = (a [M, K] fp8 * a_scale) @ (b [N, K] fp8 * b_scale)^T: exact FP8 products, float32
+sums. The block scheme's K step is the 128-wide scale group, so each K step is one tensor-core
+dot whose result is scaled by a_scale[:, k] x b_scale[n // 128, k] before it joins the float32
 accumulator (the promotion DeepGEMM does; it also bounds Hopper's reduced-precision FP8
-accumulation to 128 products). Channel scheme: the same loop, scales applied once at the end.
-Small M splits K across programs (see gemm_epilogue) so the weight stream uses every SM.
+accumulation to 128 products). The channel scheme applies its scales once at the end.
+
+Three kernels, by M:
+- small M (<= 16, decode): one launch per call. The bf16/fp16 activations are quantized in the
+  kernel (the same bits as act_quant.py, 1x128 groups or per token), and the GEMM runs
+  transposed, out^T = W x^T, so the weight tile fills the wide side of the MMA and the padded
+  16-row activation block its narrow side. K is split across programs so the weight stream
+  uses every SM.
+- large M on Hopper (sm_90): activations quantized by act_quant.py, then a tiled GEMM whose
+  operands arrive by TMA (host tensor descriptors): no address arithmetic or masks in the K
+  loop, zero fill at the edges. Block scales are applied either to each K step's dot result,
+  or (`rescale`) to the accumulator before the dot accumulates into it: the accumulator is
+  kept in units of the current step's scale, u_k = u_{k-1} * s_{k-1} / s_k + D_k, which needs
+  no second register tile for the step's product and so allows larger tiles or two programs
+  per SM. The tuner picks among both.
+- everything else (medium M, sm_89, shapes TMA cannot describe): the same tiled GEMM with
+  pointer loads, split-K when there is one row tile.
+Configurations are chosen per shape on the GPU (tuning.py), the heuristic default first.
 """
 
 from __future__ import annotations
@@ -17,9 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile
+from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
+from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
+from .tuning import Autotuner, launch, m_bucket
 
 BLOCK_K = 128
+SMALL_M = 16  # fused activation quantization up to here: larger M would quantize each row too often
+# Scales below this are raised to it on the rescaling path, which divides by them (a zero weight
+# scale of a degenerate checkpoint would otherwise turn the accumulator into inf * 0).
+_MIN_RESCALE = tl.constexpr(1e-20)
 
 
 @dataclass(frozen=True)
@@ -29,38 +51,123 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    split_per_sm: int = 0  # split K until this many programs per SM (0: never); one row tile only
+    rescale: bool = False  # TMA kernel, block scheme: scale the accumulator instead of each product
 
 
-# (largest M, config): the first row with M <= largest applies. Tile shapes follow the H200
-# runs of benchmarks/bench_linear.py (results in benchmarks/results/).
-CONFIGS: tuple[tuple[int, GemmConfig], ...] = (
-    (16, GemmConfig(16, 64, num_warps=4, num_stages=4, group_m=1)),
-    (64, GemmConfig(64, 64, num_warps=4, num_stages=4, group_m=1)),
-    (1024, GemmConfig(64, 128, num_warps=4, num_stages=4)),
-    (1 << 62, GemmConfig(128, 128, num_warps=8, num_stages=3)),
+SMALL_M_CANDIDATES = (
+    GemmConfig(SMALL_M, 128, 4, 3, split_per_sm=4), GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=4),
+    GemmConfig(SMALL_M, 128, 4, 4, split_per_sm=2), GemmConfig(SMALL_M, 256, 8, 3, split_per_sm=2),
 )
-# Split-K only while the M tiles are this few; the workspace holds one counter per such tile.
-SPLIT_K_MAX_M_TILES = 1
-MIN_BLOCK_N = 32
-
-
-def config_for(m: int) -> GemmConfig:
-    return next(cfg for largest, cfg in CONFIGS if m <= largest)
+TILED_CANDIDATES: dict[int, tuple[GemmConfig, ...]] = {
+    64: (GemmConfig(64, 64, 4, 4, group_m=1, split_per_sm=2), GemmConfig(32, 64, 4, 4, group_m=1, split_per_sm=2)),
+    256: (GemmConfig(64, 128, 4, 4), GemmConfig(64, 64, 4, 4)),
+}
+TILED_LARGE = (GemmConfig(64, 128, 4, 4), GemmConfig(128, 128, 8, 3), GemmConfig(64, 128, 4, 3))
+# Block scales serialize each K step's dot with its scaling (Triton waits for the dot before the
+# multiply), so the tensor cores stay busy only with two or three programs per SM: the rescaling
+# tiles need no second accumulator tile and fit that (96 registers at 128x128, 8 warps).
+TMA_CANDIDATES = {  # groupwise -> candidates
+    True: (GemmConfig(128, 128, 8, 3, rescale=True), GemmConfig(64, 128, 4, 3, rescale=True),
+           GemmConfig(128, 128, 8, 4), GemmConfig(128, 256, 8, 3, rescale=True), GemmConfig(64, 128, 4, 4)),
+    False: (GemmConfig(128, 128, 8, 3), GemmConfig(128, 256, 8, 3), GemmConfig(128, 128, 8, 4),
+            GemmConfig(64, 128, 4, 4)),
+}
+TMA_MIN_M = 257  # below, the 64/128-row TMA tiles are mostly padding
+MIN_BLOCK_N = 32  # the smallest column tile of a split launch: sizes the layer's counter workspace
 
 
 def workspace_size(n: int) -> int:
     """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
-    return SPLIT_K_MAX_M_TILES * triton.cdiv(n, MIN_BLOCK_N)
+    return triton.cdiv(n, MIN_BLOCK_N)
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
-def _target_programs(device: torch.device) -> int:
-    # Four programs per SM keep enough weight loads in flight; the interpreter has no SMs.
-    return 4 * _sm_count(device.index or 0) if device.type == "cuda" else 8
+def _tma_capable(device: torch.device) -> bool:
+    return device.type == "cuda" and _capability(device)[0] == 9
+
+
+@triton.jit(do_not_specialize=["split_k"])
+def _w8a8_small_m_kernel(
+    x_ptr, w_ptr, ws_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    M, N, K, split_k, stride_xm, stride_wn, stride_cm, stride_wsn, stride_wsg,
+    SCALE_BLOCK_N: tl.constexpr,  # weight rows sharing one scale row (128 for blocks, 1 per channel)
+    GROUPWISE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x [M <= BLOCK_M, K] in bf16/fp16, quantized here; acc^T [BLOCK_N, BLOCK_M] = W_tile @ xq^T."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rn_in = rn % N
+    rows = (rm < M)[:, None]
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+
+    if not GROUPWISE:
+        # Per-token scales need the whole row's amax before any of it is quantized.
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (kt * BLOCK_K + rk)[None, :],
+                        mask=rows & (kt * BLOCK_K + rk < K)[None, :], other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        row_scale = _scale_from_amax(amax)
+
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k_first * BLOCK_K + rk)[None, :]
+    w_ptrs = w_ptr + rn_in[:, None] * stride_wn + (k_first * BLOCK_K + rk)[None, :]
+    if SCALE_BLOCK_N % BLOCK_N == 0:
+        ws_ptrs = ws_ptr + (pid_n * BLOCK_N // SCALE_BLOCK_N) * stride_wsn
+    else:
+        ws_ptrs = ws_ptr + (rn_in // SCALE_BLOCK_N) * stride_wsn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(k_first, k_last):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=rows, other=0.0)
+            w = tl.load(w_ptrs)
+        else:
+            in_k = rk < K - kt * BLOCK_K
+            x = tl.load(x_ptrs, mask=rows & in_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if GROUPWISE:
+            w_s = tl.load(ws_ptrs + kt * stride_wsg)
+            a_s = _scale_from_amax(tl.max(tl.abs(x), axis=1))
+            d = tl.dot(w, tl.trans(_to_fp8(x, a_s[:, None])))
+            if SCALE_BLOCK_N % BLOCK_N == 0:
+                acc += d * (a_s * w_s)[None, :]
+            else:
+                acc += d * (w_s[:, None] * a_s[None, :])
+        else:
+            acc = tl.dot(w, tl.trans(_to_fp8(x, row_scale[:, None])), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if not GROUPWISE:
+        acc = acc * tl.load(ws_ptr + rn_in * stride_wsn)[:, None] * row_scale[None, :]
+
+    store_tile(tl.trans(acc), c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
+               split_k, pid_n, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row tiles sweep the columns together so their B tiles stay in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_rows
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_rows
+    return pid_m, pid_n
 
 
 @triton.jit(do_not_specialize=["split_k"])
@@ -68,21 +175,13 @@ def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k,
     stride_am, stride_bn, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,
-    SCALE_BLOCK_N: tl.constexpr,  # weight rows sharing one scale row (128 for blocks, 1 per channel)
-    GROUPWISE: tl.constexpr,      # scales change every BLOCK_K along K (block scheme)
+    SCALE_BLOCK_N: tl.constexpr, GROUPWISE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: GROUP_M row tiles sweep the columns together so their B tiles stay in L2.
-    group = pid // (GROUP_M * num_pid_n)
-    first_m = group * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_rows
-    pid_n = (pid % (GROUP_M * num_pid_n)) // group_rows
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -122,7 +221,7 @@ def _w8a8_gemm_kernel(
             else:
                 acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
         else:
-            acc += tl.dot(a, b)
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if not GROUPWISE:
@@ -130,6 +229,150 @@ def _w8a8_gemm_kernel(
 
     store_tile(acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
                split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _w8a8_tma_kernel(
+    a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
+    M, N, K, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,
+    SCALE_BLOCK_N: tl.constexpr, GROUPWISE: tl.constexpr, RESCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """a_desc: [M, K] fp8 blocks [BLOCK_M, BLOCK_K]; b_desc: [N, K] fp8 blocks [BLOCK_N, BLOCK_K]."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    rm = m0 + tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rm_in = tl.minimum(rm, M - 1)
+    rn_in = tl.minimum(rn, N - 1)
+    a_scale_ptrs = a_scale_ptr + rm_in * stride_asm
+    if SCALE_BLOCK_N % BLOCK_N == 0:
+        b_scale_ptrs = b_scale_ptr + (n0 // SCALE_BLOCK_N) * stride_bsn
+    else:
+        b_scale_ptrs = b_scale_ptr + (rn_in // SCALE_BLOCK_N) * stride_bsn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GROUPWISE and RESCALE:
+        # acc holds the sum so far divided by the current step's scale (rows x columns).
+        a_cur = tl.full((BLOCK_M,), 1.0, tl.float32)
+        if SCALE_BLOCK_N % BLOCK_N == 0:
+            b_cur = tl.load(b_scale_ptrs) * 0.0 + 1.0  # a float32 scalar, like the loaded scales
+        else:
+            b_cur = tl.full((BLOCK_N,), 1.0, tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([m0, kt * BLOCK_K])
+        b = b_desc.load([n0, kt * BLOCK_K])
+        if GROUPWISE:
+            a_s = tl.load(a_scale_ptrs + kt * stride_asg)
+            b_s = tl.load(b_scale_ptrs + kt * stride_bsg)
+            if RESCALE:
+                b_s = tl.maximum(b_s, _MIN_RESCALE)
+                if SCALE_BLOCK_N % BLOCK_N == 0:
+                    acc = tl.dot(a, b.T, acc * (a_cur / a_s * (b_cur / b_s))[:, None])
+                else:
+                    acc = tl.dot(a, b.T, acc * ((a_cur / a_s)[:, None] * (b_cur / b_s)[None, :]))
+                a_cur = a_s
+                b_cur = b_s
+            elif SCALE_BLOCK_N % BLOCK_N == 0:
+                acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+            else:
+                acc += tl.dot(a, b.T) * (a_s[:, None] * b_s[None, :])
+        else:
+            acc = tl.dot(a, b.T, acc)
+    if GROUPWISE and RESCALE:
+        if SCALE_BLOCK_N % BLOCK_N == 0:
+            acc = acc * (a_cur * b_cur)[:, None]
+        else:
+            acc = acc * (a_cur[:, None] * b_cur[None, :])
+    if not GROUPWISE:
+        acc = acc * tl.load(a_scale_ptrs)[:, None] * tl.load(b_scale_ptrs)[None, :]
+    _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
+
+
+_SMALL_M_TUNER = Autotuner("w8a8_small_m")
+_TILED_TUNER = Autotuner("w8a8_tiled")
+_TMA_TUNER = Autotuner("w8a8_tma")
+
+
+def w8a8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    groupwise: bool,
+    scale_block_n: int = 128,
+    bias: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    path: str | None = None,
+    config: GemmConfig | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """x [M, K] bf16/fp16/fp32 (unit K stride) -> out [M, N] in out_dtype, with the activation
+    quantization of the scheme (1x128 groups if groupwise, else per token) done here.
+
+    weight [N, K] fp8 contiguous; weight_scale [ceil(N/scale_block_n), ceil(K/128)] (groupwise)
+    or [N]. `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M.
+    `path` ("small_m", "tiled", "tma") and `config`/`split_k` pin a launch (tests, sweeps);
+    by default the path follows M and the GPU, and the tuner picks the config.
+    """
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError(f"w8a8_linear: x {tuple(x.shape)} (unit K stride) and contiguous weight [N, {k}] expected, "
+                         f"got weight {tuple(weight.shape)}")
+    path = path or _default_path(m, k, n, x.device)
+    if path == "small_m":
+        return _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k)
+    if groupwise:
+        a, a_scale = quantize_per_token_group(x, BLOCK_K, column_major_scales=True)
+    else:
+        a, a_scale = quantize_per_token(x)
+    return w8a8_gemm(a, a_scale, weight, weight_scale, out_dtype, groupwise=groupwise, scale_block_n=scale_block_n,
+                     bias=bias, workspace=workspace, tma=path == "tma", config=config, split_k=split_k)
+
+
+def _default_path(m: int, k: int, n: int, device: torch.device) -> str:
+    if m <= SMALL_M:
+        return "small_m"
+    # TMA rows of K fp8 bytes (and of N output elements) must be 16-byte aligned.
+    if m >= TMA_MIN_M and k % 16 == 0 and n % 16 == 0 and _tma_capable(device):
+        return "tma"
+    return "tiled"
+
+
+def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k):
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > SMALL_M:
+        raise ValueError(f"w8a8_linear: the small-M kernel takes up to {SMALL_M} rows, got {m}")
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if not groupwise:
+        scale_block_n = 1
+
+    def run(cfg: GemmConfig, split: int | None = None) -> None:
+        n_tiles = triton.cdiv(n, cfg.block_n)
+        if split is None:
+            split = 1
+            if workspace is not None and cfg.split_per_sm:
+                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K), target_programs(x.device, cfg.split_per_sm))
+        partial, counters = split_k_buffers(split, m, n, n_tiles, workspace, x.device)
+        stride_wsn, stride_wsg = (weight_scale.stride(0), weight_scale.stride(1)) if groupwise else (weight_scale.stride(0), 0)
+        launch(_w8a8_small_m_kernel, (n_tiles, split),
+               x, weight, weight_scale, out, bias if bias is not None else out, partial, counters,
+               m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), stride_wsn, stride_wsg,
+               SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
+               EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if config is None:
+        key = (m_bucket(m), n, k, x.dtype, out_dtype, groupwise, scale_block_n)
+        config = _SMALL_M_TUNER.pick(key, SMALL_M_CANDIDATES, run, x.device)
+    run(config, split_k)
+    return out
 
 
 def w8a8_gemm(
@@ -143,16 +386,16 @@ def w8a8_gemm(
     scale_block_n: int = 128,
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    tma: bool = False,
     config: GemmConfig | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """a [M, K] fp8 (unit K stride), b [N, K] fp8 contiguous -> out [M, N] in out_dtype.
 
     groupwise: a_scale [M, ceil(K/128)] (any strides; column-major reads coalesced),
-    b_scale [ceil(N/scale_block_n), ceil(K/128)].
-    per channel: a_scale [M, 1] (or [M]), b_scale [N] (or [N, 1]).
-    `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M; `config` and
-    `split_k` override the table (benchmarks use them to sweep).
+    b_scale [ceil(N/scale_block_n), ceil(K/128)]. Per channel: a_scale [M, 1] (or [M]), b_scale
+    [N] (or [N, 1]). `tma` uses the TMA kernel (sm_90; K and N multiples of 16, a contiguous).
+    `workspace` enables split-K on the pointer kernel for one row tile.
     """
     m, k = a.shape
     n = b.shape[0]
@@ -162,27 +405,47 @@ def w8a8_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or config_for(m)
-    m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
-    k_tiles = triton.cdiv(k, BLOCK_K)
-    if split_k is None:
-        split_k = 1
-        if workspace is not None and m_tiles <= SPLIT_K_MAX_M_TILES:
-            split_k = choose_split_k(m_tiles * n_tiles, k_tiles, m, n, _target_programs(a.device))
-    partial, counters = split_k_buffers(split_k, m, n, m_tiles * n_tiles, workspace, a.device)
     if groupwise:
-        stride_asm, stride_asg = a_scale.stride(0), a_scale.stride(1)
-        stride_bsn, stride_bsg = b_scale.stride(0), b_scale.stride(1)
+        scale_strides = (a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1))
     else:
-        stride_asm, stride_asg = a_scale.stride(0), 0
-        stride_bsn, stride_bsg = b_scale.stride(0), 0
+        scale_strides = (a_scale.stride(0), 0, b_scale.stride(0), 0)
         scale_block_n = 1
-    _w8a8_gemm_kernel[(m_tiles * n_tiles, split_k)](
-        a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
-        m, n, k, split_k,
-        a.stride(0), b.stride(0), out.stride(0), stride_asm, stride_asg, stride_bsn, stride_bsg,
-        SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
-        EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    key = (m_bucket(m), n, k, out_dtype, groupwise, scale_block_n)
+    if tma:
+        if not a.is_contiguous() or k % 16 or n % 16:
+            raise ValueError(f"w8a8_gemm: TMA needs a contiguous a and K, N multiples of 16; got a {tuple(a.shape)} "
+                             f"strides {a.stride()}, N={n}")
+
+        def run_tma(cfg: GemmConfig) -> None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg.block_m, BLOCK_K])
+            b_desc = TensorDescriptor(b, [n, k], [k, 1], [cfg.block_n, BLOCK_K])
+            grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+            launch(_w8a8_tma_kernel, grid, a_desc, b_desc, out, a_scale, b_scale, bias if bias is not None else out,
+                   m, n, k, out.stride(0), *scale_strides,
+                   SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, RESCALE=cfg.rescale and groupwise,
+                   HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+                   GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+        run_tma(config or _TMA_TUNER.pick(key, TMA_CANDIDATES[groupwise], run_tma, a.device))
+        return out
+
+    def run(cfg: GemmConfig, split: int | None = None) -> None:
+        m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+        if split is None:
+            split = 1
+            if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
+                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K), target_programs(a.device, cfg.split_per_sm))
+        partial, counters = split_k_buffers(split, m, n, m_tiles * n_tiles, workspace, a.device)
+        launch(_w8a8_gemm_kernel, (m_tiles * n_tiles, split),
+               a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
+               m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides,
+               SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
+               EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+               GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if config is None:
+        config = _TILED_TUNER.pick(key, TILED_CANDIDATES.get(m_bucket(m), TILED_LARGE), run, a.device)
+    run(config, split_k)
     return out

@@ -1,8 +1,8 @@
 """The epilogue shared by the dense FP8 GEMMs: bias, cast, store, and a deterministic split-K.
 
 Split-K (small M, where one tile per output block leaves most SMs idle): every K-slice writes
-its float32 partial tile to `partial` [SPLIT_K, M, N], then bumps the tile's counter in the
-layer's workspace. The slice that arrives last sums the partials in slice order (so results do
+its float32 partial tile to `partial` [SPLIT_K, M, N] (a scratch buffer per device, shared by
+all layers), then bumps the tile's counter in the layer's workspace. The slice that arrives last sums the partials in slice order (so results do
 not depend on arrival order), writes the output and resets the counter to zero for the next
 launch. The workspace is therefore all zeros between launches, which is what lets it be bound
 once with `bind_processed` and captured in CUDA graphs. Launches that share a workspace must be
@@ -11,13 +11,16 @@ ordered (one stream), as the layers of one model are.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-SPLIT_K_CHOICES = (1, 2, 4, 8, 16)  # split_k is a runtime kernel argument: one compilation serves all
-# Transient partials are allocated per call; split less rather than allocate more than this.
-MAX_PARTIAL_BYTES = 8 << 20
+SPLIT_K_MAX = 32  # split_k is a runtime kernel argument: one compilation serves every split
+# Partials live in one scratch buffer per device, shared by every layer (launches on one stream
+# run in order). Split less rather than need more than this.
+MAX_PARTIAL_BYTES = 16 << 20
 
 
 @triton.jit
@@ -46,30 +49,68 @@ def store_tile(
         arrived = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
         if arrived == split_k - 1:
             # .cg: read from L2, never from this SM's L1, the tiles other SMs wrote.
-            total = tl.load(partial_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in range(1, split_k):
-                total += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            # Four slices per step, in slice order: their loads are in flight together.
+            total = tl.zeros_like(acc)
+            for s in range(0, split_k, 4):
+                p0 = tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                p1 = tl.load(partial_ptr + (s + 1) * M * N + offs, mask=mask & (s + 1 < split_k), other=0.0,
+                             cache_modifier=".cg")
+                p2 = tl.load(partial_ptr + (s + 2) * M * N + offs, mask=mask & (s + 2 < split_k), other=0.0,
+                             cache_modifier=".cg")
+                p3 = tl.load(partial_ptr + (s + 3) * M * N + offs, mask=mask & (s + 3 < split_k), other=0.0,
+                             cache_modifier=".cg")
+                total += ((p0 + p1) + p2) + p3
             _bias_cast_store(total, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
             tl.store(counter_ptr + tile_id, 0)
 
 
-def choose_split_k(tiles: int, k_tiles: int, m: int, n: int, target_programs: int) -> int:
-    """Largest power-of-two split (<= 16, <= k_tiles) that brings tiles*split up to the target."""
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def target_programs(device: torch.device, per_sm: int) -> int:
+    """`per_sm` programs for every SM of the device (a fixed 8 on CPU, where the interpreter runs)."""
+    if device.type != "cuda":
+        return 8
+    return per_sm * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_split_k(tiles: int, k_tiles: int, target: int, max_split: int = SPLIT_K_MAX) -> int:
+    """The smallest power-of-two split that brings tiles * split up to `target` programs (at most
+    max_split, and at least two K tiles per slice so every program streams a useful run)."""
     split = 1
-    for choice in SPLIT_K_CHOICES[1:]:
-        if tiles * split >= target_programs or choice > k_tiles or choice * m * n * 4 > MAX_PARTIAL_BYTES:
-            break
-        split = choice
+    while tiles * split < target and split * 2 <= min(max_split, k_tiles // 2):
+        split *= 2
     return split
+
+
+_scratch: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _device_scratch(device: torch.device, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-device buffer of at least `numel` elements. Grown buffers replace, never free, the
+    old ones: a CUDA graph captured with an old buffer keeps reading valid memory."""
+    buffers = _scratch.setdefault(torch.device(device), [])
+    current = next((b for b in reversed(buffers) if b.dtype == dtype), None)
+    if current is None or current.numel() < numel:
+        size = max(numel, 1024, 2 * current.numel() if current is not None else 0)
+        current = torch.empty(size, dtype=dtype, device=device)
+        buffers.append(current)
+    return current
 
 
 def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.Tensor | None,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partial, counters) for a launch; placeholders when split_k == 1."""
-    if split_k == 1:  # the kernel never touches them
-        counters = workspace if workspace is not None else torch.empty(1, dtype=torch.int32, device=device)
-        return torch.empty(1, dtype=torch.float32, device=device), counters
+    """(partials, counters) for a launch: the device scratch and the layer's zeroed counters.
+    Without a split the kernel touches neither; placeholders of the right dtypes are passed."""
+    if split_k == 1:
+        counters = workspace if workspace is not None else _device_scratch(device, 1, torch.int32)
+        return _device_scratch(device, 1, torch.float32), counters
     if workspace is None or workspace.numel() < tiles:
         have = 0 if workspace is None else workspace.numel()
         raise ValueError(f"split-K over {tiles} output tiles needs a workspace of >= {tiles} int32 counters, got {have}")
-    return torch.empty((split_k, m, n), dtype=torch.float32, device=device), workspace
+    if split_k * m * n * 4 > MAX_PARTIAL_BYTES:
+        raise ValueError(f"split-K {split_k} of a [{m}, {n}] output needs {split_k * m * n * 4} bytes of partials "
+                         f"(limit {MAX_PARTIAL_BYTES}); split less")
+    return _device_scratch(device, split_k * m * n, torch.float32), workspace

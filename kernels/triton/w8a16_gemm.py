@@ -1,32 +1,35 @@
 """Weight-only FP8 GEMM (W8A16): FP8 weights packed four to an int32, activations in bf16/fp16.
 
 Runs on compute capability 8.0, which has no FP8 instructions: weights become bf16, fp16 or
-float32 by moving bits, and products run on bf16/fp16 tensor cores (or as float32 FMAs for
-tiny M). Memory traffic is one byte per weight, so small-M calls stream the weights at close
-to copy bandwidth, with K split across programs when the output alone has too few tiles.
+float32 by moving bits, and products run on bf16/fp16 tensor cores, or as float32 FMAs for a
+single row (decode at batch 1), where the GEMM is a GEMV that only has to stream the weights.
 
 Packed layout ("k-planes"), built once at load by `pack_weight`: for K tile t (128 wide) and
 row j < 32 of that tile, int32 [t * 32 + j, n] holds in byte p the weight w[n, t*128 + 32p + j].
 A [32, BLOCK_N] load therefore yields four [32, BLOCK_N] planes, each the operand of one K=32
-dot, with N contiguous for wide, coalesced loads.
+dot (or of 32 x BLOCK_N FMAs), with N contiguous for wide, coalesced loads.
 
 Bit conversion: an e4m3 byte's sign and 7 exponent/mantissa bits, moved into the top of a
 bf16 (or float32), give the same number times 2^-120 (2^-8 into fp16); fp8 subnormals land on
 subnormals of the wider type, so the conversion is exact. The 2^120 goes back in with the
 scale. Activations are pre-multiplied by 2^64 (exact) on those paths so that products of small
 activations and small weights stay far from float32 subnormals.
+
+Small M streams the weights with K split across programs (gemm_epilogue); the GEMV prefetches
+the next K tile into registers while it converts the current one, because Triton pipelines only
+loads that feed a dot. Tiles and splits are tuned per shape on the GPU (tuning.py).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile
+from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
+from .tuning import Autotuner, launch, m_bucket
 
 GROUP_K = 128  # K tile = scale group along K for block checkpoints
 PLANE_K = GROUP_K // 4
@@ -38,32 +41,37 @@ _X_EXP = 64  # activation pre-scale exponent on the bf16 and float32 paths
 
 @dataclass(frozen=True)
 class W8A16Config:
-    block_m: int
+    block_m: int  # 1: the float32-FMA GEMV, one row per program; else tensor-core dots
     block_n: int
-    use_dot: bool  # tensor-core dots; else float32 FMAs, one row per program (block_m 1)
     num_warps: int
     num_stages: int
+    split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
 
 
-# (largest M, config): the first row with M <= largest applies (H200 runs, benchmarks/results/).
-CONFIGS: tuple[tuple[int, W8A16Config], ...] = (
-    (1, W8A16Config(1, 64, use_dot=False, num_warps=4, num_stages=3)),
-    (16, W8A16Config(16, 64, use_dot=True, num_warps=4, num_stages=3)),
-    (64, W8A16Config(64, 64, use_dot=True, num_warps=4, num_stages=3)),
-    # 64x128 is the largest tile that does not spill on sm_80 (mma.sync keeps operands in registers).
-    (1 << 62, W8A16Config(64, 128, use_dot=True, num_warps=4, num_stages=3)),
-)
-SPLIT_K_MAX_M_TILES = 1
+# Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
+# shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
+# compilation. The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps
+# operands in registers).
+CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
+    1: (W8A16Config(1, 128, 4, 1, 4), W8A16Config(1, 64, 4, 1, 8), W8A16Config(1, 128, 4, 1, 2),
+        W8A16Config(1, 256, 8, 1, 2)),
+    16: (W8A16Config(16, 64, 4, 3, 4), W8A16Config(16, 32, 4, 3, 4), W8A16Config(16, 128, 4, 4, 2),
+         W8A16Config(16, 64, 4, 4, 8)),
+    64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 2)),
+    256: (W8A16Config(64, 128, 4, 3), W8A16Config(64, 64, 4, 3)),
+}
+LARGE_M = (W8A16Config(64, 128, 4, 3),)
+# Split-K only while the output has one row tile; the workspace holds one counter per column tile.
 MIN_BLOCK_N = 32
 
 
-def config_for(m: int) -> W8A16Config:
-    return next(c for largest, c in CONFIGS if m <= largest)
+def candidates_for(m: int) -> tuple[W8A16Config, ...]:
+    return CANDIDATES.get(m_bucket(m), LARGE_M)
 
 
 def workspace_size(n: int) -> int:
     """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
-    return SPLIT_K_MAX_M_TILES * triton.cdiv(n, MIN_BLOCK_N)
+    return triton.cdiv(n, MIN_BLOCK_N)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -82,15 +90,6 @@ def unpack_weight(packed: torch.Tensor, k: int) -> torch.Tensor:
     rows, n = packed.shape
     planes = packed.contiguous().view(torch.uint8).view(rows // PLANE_K, PLANE_K, n, 4)
     return planes.permute(2, 0, 3, 1).reshape(n, -1)[:, :k].contiguous().view(torch.float8_e4m3fn)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _target_programs(device: torch.device) -> int:
-    return 4 * _sm_count(device.index or 0) if device.type == "cuda" else 8
 
 
 @triton.jit
@@ -122,12 +121,66 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["split_k"])
+def _w8a16_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    N, K, split_k, stride_sg,
+    X_MUL: tl.constexpr, S_MUL: tl.constexpr,
+    GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One activation row: float32 FMAs into a [32, BLOCK_N] accumulator laid out like the
+    weight tile, reduced over its 32 rows once at the end."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_in = rn % N
+    rj = tl.arange(0, 32)
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+
+    w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
+    # Scales are read through pointers shaped like the weight tile (repeated over its rows): a
+    # [BLOCK_N] load would get its own register layout and a shared-memory round trip per tile.
+    s_ptrs = s_ptr + k_first * stride_sg + rn_in[None, :] + 0 * rj[:, None]
+    x_ptrs = x_ptr + k_first * 128 + rj
+    acc = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+    packed = tl.load(w_ptrs, mask=k_first < k_last, other=0)
+    for kt in range(k_first, k_last):
+        # The next tile's weights are in flight while this one is converted and multiplied.
+        following = tl.load(w_ptrs + 32 * N, mask=kt + 1 < k_last, other=0)
+        if GROUPWISE:
+            s = tl.load(s_ptrs).to(tl.float32)
+        t = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+        for p in tl.static_range(4):
+            if EVEN_K:
+                x = tl.load(x_ptrs + p * 32)
+            else:
+                x = tl.load(x_ptrs + p * 32, mask=kt * 128 + p * 32 + rj < K, other=0.0)
+            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+        if GROUPWISE:
+            acc += t * s
+        else:
+            acc += t
+        packed = following
+        w_ptrs += 32 * N
+        s_ptrs += stride_sg
+        x_ptrs += 128
+    if not GROUPWISE:
+        acc = acc * tl.load(s_ptrs).to(tl.float32)
+    out = tl.sum(acc, axis=0) * S_MUL
+    store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, pid_k,
+               split_k, pid_n, HAS_BIAS, SPLIT)
+
+
+@triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemm_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k, stride_xm, stride_cm, stride_sg,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
-    OUT: tl.constexpr,        # weight operand type, see _plane (0 means float32 FMAs, no dot)
+    OUT: tl.constexpr,        # weight operand type, see _plane: 1 bf16, 2 fp16
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -149,54 +202,37 @@ def _w8a16_gemm_kernel(
 
     w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
     s_ptrs = s_ptr + rn_in
-    if OUT == 0:
-        # One row: float32 FMAs into a [32, BLOCK_N] accumulator laid out like the weight tile,
-        # reduced over its 32 rows once at the end.
-        x_ptrs = x_ptr + pid_m * stride_xm + k_first * 128 + rj
-        acc2 = tl.zeros((32, BLOCK_N), dtype=tl.float32)
-    else:
-        x_ptrs = x_ptr + rm_in[:, None] * stride_xm + (k_first * 128 + rj)[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_ptrs = x_ptr + rm_in[:, None] * stride_xm + (k_first * 128 + rj)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(k_first, k_last):
         packed = tl.load(w_ptrs)
         if GROUPWISE:
-            s = tl.load(s_ptrs + kt * stride_sg).to(tl.float32) * S_MUL
-        if OUT == 0:
-            part2 = tl.zeros((32, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc2
-            for p in tl.static_range(4):
-                if EVEN_K:
-                    x = tl.load(x_ptrs + p * 32)
-                else:
-                    x = tl.load(x_ptrs + p * 32, mask=kt * 128 + p * 32 + rj < K, other=0.0)
-                part2 += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
-            if GROUPWISE:
-                acc2 += part2 * s[None, :]
+            s = tl.load(s_ptrs + kt * stride_sg).to(tl.float32)
+        # Block scales change every K tile: its four dots go to `part`, scaled once.
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
+        for p in tl.static_range(4):
+            if EVEN_K:
+                x = tl.load(x_ptrs + p * 32)
             else:
-                acc2 = part2
+                x = tl.load(x_ptrs + p * 32, mask=(kt * 128 + p * 32 + rj < K)[None, :], other=0.0)
+            if OUT == 1:
+                x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
+            part = tl.dot(x, _plane(packed, p, OUT), part)
+        if GROUPWISE:
+            acc += part * s[None, :]
         else:
-            # Block scales change every K tile: its four dots go to `part`, scaled once.
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
-            for p in tl.static_range(4):
-                if EVEN_K:
-                    x = tl.load(x_ptrs + p * 32)
-                else:
-                    x = tl.load(x_ptrs + p * 32, mask=(kt * 128 + p * 32 + rj < K)[None, :], other=0.0)
-                if OUT == 1:
-                    x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
-                part = tl.dot(x, _plane(packed, p, OUT), part)
-            if GROUPWISE:
-                acc += part * s[None, :]
-            else:
-                acc = part
+            acc = part
         w_ptrs += 32 * N
         x_ptrs += 128
-    if OUT == 0:
-        acc = tl.sum(acc2, axis=0)[None, :]
+    acc = acc * S_MUL
     if not GROUPWISE:
-        acc = acc * (tl.load(s_ptrs).to(tl.float32) * S_MUL)[None, :]
+        acc = acc * tl.load(s_ptrs).to(tl.float32)[None, :]
 
     store_tile(acc, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
                split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
+
+
+_TUNER = Autotuner("w8a16_gemm")
 
 
 def w8a16_gemm(
@@ -213,8 +249,8 @@ def w8a16_gemm(
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [ceil(K/128)*32, N] -> [M, N] in x.dtype.
 
     scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
-    `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M; `config` and
-    `split_k` override the table (benchmarks use them to sweep).
+    `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M. Without `config`
+    the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps).
     """
     m, k = x.shape
     rows, n = packed.shape
@@ -228,29 +264,45 @@ def w8a16_gemm(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or config_for(m)
-    if not cfg.use_dot and cfg.block_m != 1:
-        raise ValueError(f"w8a16_gemm: the FMA path computes one row per program (block_m 1), got {cfg}")
+
+    def run(cfg: W8A16Config, split: int | None = None) -> None:
+        _launch(x, packed, scale, out, bias, workspace, groupwise, cfg, split)
+
+    if config is None:
+        key = (m_bucket(m), n, k, x.dtype, groupwise)
+        config = _TUNER.pick(key, candidates_for(m), run, x.device)
+    elif config.block_m == 1 and m != 1:
+        raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
+    run(config, split_k)
+    return out
+
+
+def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
+    m, k = x.shape
+    n = packed.shape[1]
     m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     if split_k is None:
         split_k = 1
-        if workspace is not None and m_tiles <= SPLIT_K_MAX_M_TILES:
-            split_k = choose_split_k(m_tiles * n_tiles, k_tiles, m, n, _target_programs(x.device))
-    partial, counters = split_k_buffers(split_k, m, n, m_tiles * n_tiles, workspace, x.device)
-
+        if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
+            split_k = choose_split_k(n_tiles, triton.cdiv(k, GROUP_K), target_programs(x.device, cfg.split_per_sm))
+    partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
-    if not cfg.use_dot:
-        out_kind, w_exp, x_exp = 0, 120, _X_EXP
-    elif x.dtype == torch.bfloat16:
+    if cfg.block_m == 1:  # float32 weights, 2^-120
+        launch(_w8a16_gemv_kernel, (n_tiles, split_k),
+               x, packed, scale, out, bias if bias is not None else out, partial, counters,
+               n, k, split_k, scale.stride(0) if groupwise else 0,
+               X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
+               HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
+               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return
+    if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
     else:
         out_kind, w_exp, x_exp = 2, 8, 0
-    _w8a16_gemm_kernel[(m_tiles, n_tiles, split_k)](
-        x, packed, scale, out, bias if bias is not None else out, partial, counters,
-        m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
-        X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
-        GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
-        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return out
+    launch(_w8a16_gemm_kernel, (m_tiles, n_tiles, split_k),
+           x, packed, scale, out, bias if bias is not None else out, partial, counters,
+           m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
+           X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
+           GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
+           EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)

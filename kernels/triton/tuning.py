@@ -1,0 +1,127 @@
+"""Launch configurations chosen by timing a few candidates once per shape, and parallel warm-up.
+
+The fastest tile, warp count and split-K of a Triton GEMM depend on the GPU and on (M, N, K);
+a table written for one GPU is wrong on the next. So each GEMM launcher offers a short list of
+candidate configurations, its heuristic default first, and `Autotuner.pick` times them once
+per key (M bucket, N, K, dtypes, scheme) on first use and keeps the fastest for the process.
+The engine's first use of a shape is its eager warm-up pass, before CUDA graphs are captured,
+so tuning costs start-up time (tens of milliseconds per key), never a decode step. It does
+not time, and takes the cached choice or else the default:
+  - on CPU (the interpreter has nothing to time),
+  - while a CUDA graph is being captured (timing needs synchronization),
+  - when QUANTGATE_AUTOTUNE=0 (debugging, or reproducing a run bit for bit).
+Candidates differ only in the order of float32 additions, so all meet the same accuracy.
+
+`precompiling()` turns every launch made through `launch` into an asynchronous compilation,
+so a benchmark compiles all its variants on every CPU core before it times anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+import triton
+
+AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
+_WARMUP_MS, _REP_MS = 2, 10
+# A candidate replaces an earlier one only when it is this much faster: timing noise must not
+# make the choice (and the summation order) flip between runs for configs that tie.
+_MARGIN = 0.97
+
+T = TypeVar("T")
+_precompiling: contextvars.ContextVar[bool] = contextvars.ContextVar("quantgate_precompiling", default=False)
+_TUNERS: list[Autotuner] = []
+
+
+def launch(kernel, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """kernel[grid](*args, **kwargs), or only its (asynchronous) compilation under `precompiling()`."""
+    if _precompiling.get():
+        kernel.warmup(*args, grid=grid, **kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def precompiling(workers: int | None = None) -> Iterator[None]:
+    """Launches inside compile their kernels on a thread pool and run nothing; autotuned
+    launchers compile every candidate. Leaving the block waits for all compilations."""
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool, triton.AsyncCompileMode(pool):
+        token = _precompiling.set(True)
+        try:
+            yield
+        finally:
+            _precompiling.reset(token)
+
+
+def m_bucket(m: int) -> int:
+    """Rows are tuned in buckets: 1 (GEMV), then powers of four up to 4096, then everything above."""
+    bucket = 1
+    while bucket < m and bucket < 8192:
+        bucket *= 4 if bucket > 1 else 16
+    return bucket
+
+
+def _enabled() -> bool:
+    return os.environ.get(AUTOTUNE_ENV, "1") != "0"
+
+
+class Autotuner:
+    """Per-process choice among candidate configs, keyed by whatever decides the best one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.best: dict[tuple, Any] = {}
+        self.timings: dict[tuple, list[tuple[Any, float | None, str | None]]] = {}
+        _TUNERS.append(self)
+
+    def pick(self, key: tuple, candidates: Sequence[T], run: Callable[[T], None], device: torch.device) -> T:
+        """The config to launch with for `key`; `run(config)` launches once (and may be called
+        repeatedly to time it). candidates[0] is the default."""
+        if _precompiling.get():
+            for config in candidates:
+                run(config)
+            return candidates[0]
+        chosen = self.best.get(key)
+        if chosen is not None:
+            return chosen
+        if (len(candidates) == 1 or device.type != "cuda" or not _enabled()
+                or torch.cuda.is_current_stream_capturing()):
+            return candidates[0]
+        self.best[key] = chosen = self._time(key, candidates, run)
+        return chosen
+
+    def _time(self, key: tuple, candidates: Sequence[T], run: Callable[[T], None]) -> T:
+        from triton.testing import do_bench
+
+        results: list[tuple[Any, float | None, str | None]] = []
+        for config in candidates:
+            try:
+                results.append((config, do_bench(lambda: run(config), warmup=_WARMUP_MS, rep=_REP_MS,
+                                                  return_mode="median"), None))
+            except Exception as exc:  # noqa: BLE001 - e.g. a tile that needs more shared memory than this GPU has
+                results.append((config, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
+        self.timings[key] = results
+        timed = [(config, ms) for config, ms, _ in results if ms is not None]
+        if not timed:
+            raise RuntimeError(f"{self.name}: no candidate config ran for {key}: {results[0][2]}")
+        best, best_ms = timed[0]
+        for config, ms in timed[1:]:
+            if ms < best_ms * _MARGIN:
+                best, best_ms = config, ms
+        return best
+
+
+def tuning_report() -> list[dict]:
+    """Every timed choice of this process: kernel, key, chosen config, and each candidate's time."""
+    rows = []
+    for tuner in _TUNERS:
+        for key, results in tuner.timings.items():
+            rows.append({"kernel": tuner.name, "key": key, "chosen": tuner.best.get(key),
+                         "candidates": [{"config": c, "ms": ms, "error": err} for c, ms, err in results]})
+    return rows
