@@ -1,19 +1,29 @@
-"""Dense FP8 linear benchmark: every backend against bf16 cuBLAS and F.scaled_mm, in one run.
+"""Dense FP8 linear benchmark (issue 3): every backend against bf16 cuBLAS and torch's FP8 GEMMs.
 
-    python benchmarks/bench_linear.py --out DIR [--sweep] [--sweep-budget-s 90] [--quick]
+    python benchmarks/bench_linear.py --out DIR [--quick] [--budget-s 170]
 
-For M in {1, 16, 512, 2048, 8192} and (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}:
-the median time (triton.testing.do_bench, which flushes L2 before every run, so no input
-rotation is needed) of each backend's `apply` (activation quantization included) per scheme,
-its TFLOP/s, and its ratio to the peers measured in the same run: bf16 `x @ W.t()` and a bare
-block-wise `F.scaled_mm` on pre-quantized operands (also bare row-wise and tensor-wise
-`torch._scaled_mm`). Also: the device copy bandwidth and the marlin bandwidth fraction at M=1,
-correctness (mean |out - ref| / mean |ref| against float64) of every backend, the acceptance
-checks of issue 3, the fastest backend per scheme (what `auto` should pick), and with --sweep
-a small per-shape search over Triton tile configs (the tables in kernels/triton/*.py).
+For M in {1, 16, 512, 2048, 8192} and (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}, the
+time of each backend's `apply` (activation quantization included) per scheme, and of the peers:
+bare bf16 `x @ W.t()`, block-wise `F.scaled_mm` and row-/tensor-wise `torch._scaled_mm` on
+pre-quantized operands. Two timings of everything:
+- graph: one CUDA graph of many calls over rotating copies of the weight (enough copies that
+  every call reads its weight from HBM, as decode reads layer after layer), replayed and timed
+  with events; time per call = replay time / calls. No host overhead: what a decode step under
+  the engine's CUDA graphs sees.
+- eager: triton.testing.do_bench (L2 flushed before each call): host launch overhead shows
+  whenever it exceeds the GPU time.
+The acceptance checks of issue 3 use the graph times at M <= 16 and the eager times above (both
+are in the results). Also measured: the device copy bandwidth and marlin's weight bandwidth at
+M=1; the activation-quantization kernels alone (what the torch backend adds to a bare
+_scaled_mm); correctness in fp16 and bf16 against float64 with diagnostics (bit-exactness of
+the GPU activation quantization, the error of the GEMM alone on identical operands, the bf16
+rounding floor); the configuration the tuner chose for every Triton launch and every
+candidate's time; the fastest backend per scheme and M (what LINEAR_PRIORITY should say).
 
-Writes DIR/bench_linear.json and DIR/bench_linear.md; prints a short table. A backend or config
-that fails (compile error, unsupported) is recorded with its error and the run carries on.
+Compilation runs first, on every CPU core (tuning.precompiling). Writes DIR/bench_linear.json
+and DIR/bench_linear.md and prints a short table last. A failing backend is recorded with its
+error and the run carries on; past --budget-s (or on SIGINT) the remaining measurements are
+skipped and what was measured is reported.
 """
 
 from __future__ import annotations
@@ -23,10 +33,11 @@ import datetime as dt
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,10 +49,11 @@ from quantgate.kernels import LinearLayerConfig, Scheme, quant
 from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
 from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
 from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
-from quantgate.kernels.triton import act_quant, fp8_block_gemm, w8a16_gemm
+from quantgate.kernels.triton import act_quant, tuning, w8a16_gemm
 
 MS = (1, 16, 512, 2048, 8192)
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
+GRAPH_M = 16  # acceptance uses graph times up to here, eager times above
 CORRECTNESS_SHAPES = ((16, 4096, 4096), (512, 4096, 14336), (1, 14336, 4096))  # (M, K, N)
 B, C, T = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR
 BACKENDS = (  # (label, kernel class, scheme)
@@ -51,40 +63,82 @@ BACKENDS = (  # (label, kernel class, scheme)
     ("marlin", MarlinFp8LinearKernel, C),
     ("torch", TorchScaledMMLinearKernel, T), ("marlin", MarlinFp8LinearKernel, T),
 )
-WARMUP_MS, REP_MS = 5, 30
+PEERS = ("bf16", "scaled_mm_block", "scaled_mm_rowwise", "scaled_mm_tensorwise")
+PEER_OF = {"fp8-block": "scaled_mm_block", "fp8-channel": "scaled_mm_rowwise", "fp8-tensor": "scaled_mm_tensorwise"}
+QUANT_KERNELS = ("act_quant_group", "act_quant_token", "act_quant_tensor_static")
+EAGER_WARMUP_MS, EAGER_REP_MS = 5, 25
+GRAPH_TARGET_MS = 3.0  # replay length per timed graph
 DEVICE = "cuda"
+# fp8 block scaling in cuBLAS reads the 1x128 activation scales column-major with the row count
+# padded to a multiple of 4: the peer gets the operands the torch backend would pass.
+_BLOCK_ROWS = 4
 
 
-def _ms(fn) -> float:
-    return do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+class OutOfTime(Exception):
+    pass
 
 
 def _attempt(fn):
     """(value, None) or (None, error text): one failure must not end the run."""
     try:
         return fn(), None
+    except (KeyboardInterrupt, OutOfTime):
+        raise
     except Exception as exc:  # noqa: BLE001 - reported, not hidden
-        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:240] if str(exc).strip() else ''}"
+        text = str(exc).strip().splitlines()[0][:240] if str(exc).strip() else ""
+        return None, f"{type(exc).__name__}: {text}"
 
 
 def _environment() -> dict:
     commit = os.environ.get("QUANTGATE_COMMIT", "unknown")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                                 cwd=Path(__file__).parent).stdout.strip() or commit
     except (OSError, subprocess.CalledProcessError):
         pass
     props = torch.cuda.get_device_properties(0)
     return {"device": torch.cuda.get_device_name(0), "capability": f"{props.major}.{props.minor}",
-            "sms": props.multi_processor_count, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": commit}
+            "sms": props.multi_processor_count, "l2_bytes": getattr(props, "L2_cache_size", 50 << 20),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": commit,
+            "autotune": os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0"}
+
+
+def eager_ms(fn: Callable[[], object]) -> float:
+    return do_bench(fn, warmup=EAGER_WARMUP_MS, rep=EAGER_REP_MS, return_mode="median")
+
+
+def graph_ms(calls: list[Callable[[], object]], estimate_ms: float) -> float:
+    """Median time per call of a CUDA graph that runs `calls` round-robin (each at least once)."""
+    for call in calls:  # eager first: compilation and tuning must not happen inside the capture
+        call()
+    rounds = max(1, min(2000 // len(calls), round(GRAPH_TARGET_MS / max(estimate_ms, 1e-3) / len(calls))))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(rounds):
+            for call in calls:
+                call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / (rounds * len(calls)))
+    del graph
+    return statistics.median(times)
 
 
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
-    seconds = _ms(lambda: dst.copy_(src)) / 1e3
+    seconds = eager_ms(lambda: dst.copy_(src)) / 1e3
     return 2 * src.numel() / seconds
 
 
@@ -102,12 +156,12 @@ class Weights:
     def __init__(self, k: int, n: int, dtype: torch.dtype) -> None:
         self.k, self.n, self.dtype = k, n, dtype
         self.float = torch.randn(n, k, device=DEVICE) * 0.02
-        self.bf16 = self.float.to(dtype)
         self.q = {s: _quantize(self.float, s) for s in (B, C, T)}
         self.input_scale = torch.tensor(0.05, device=DEVICE)  # static per-tensor activation scale
 
-    def layer(self, kernel_cls, scheme: Scheme):
-        config = LinearLayerConfig(self.k, self.n, scheme, act_dtype=self.dtype, static_input_scale=scheme is T)
+    def layer(self, kernel_cls, scheme: Scheme, dtype: torch.dtype | None = None):
+        config = LinearLayerConfig(self.k, self.n, scheme, act_dtype=dtype or self.dtype,
+                                   static_input_scale=scheme is T)
         ok, reason = kernel_cls.can_implement(config)
         if not ok:
             raise RuntimeError(reason)
@@ -122,96 +176,199 @@ class Weights:
         return kernel, layer
 
 
-def _peers(w: Weights, x: torch.Tensor) -> dict:
-    """Bare torch GEMMs on pre-quantized operands (the numbers the backends are judged by)."""
-    out = {}
-    out["bf16"] = _attempt(lambda: _ms(lambda: x @ w.bf16.t()))
-    wq, ws = w.q[B]
-    xq, xs = act_quant.quantize_per_token_group(x, 128, column_major_scales=True)
-
-    def block():
-        return F.scaled_mm(xq, wq.t(), xs, F.ScalingType.BlockWise1x128, ws.t(), F.ScalingType.BlockWise128x128,
-                           output_dtype=x.dtype)
-    out["scaled_mm_block"] = _attempt(lambda: (block(), _ms(block))[1])
-    wq_c, ws_c = w.q[C]
-    xq_c, xs_c = act_quant.quantize_per_token(x)
-    ws_row = ws_c.reshape(1, -1).contiguous()
-    out["scaled_mm_rowwise"] = _attempt(lambda: _ms(
-        lambda: torch._scaled_mm(xq_c, wq_c.t(), scale_a=xs_c, scale_b=ws_row, out_dtype=x.dtype)))
-    wq_t, ws_t = w.q[T]
-    xq_t, xs_t = act_quant.quantize_per_tensor(x, w.input_scale)
-    out["scaled_mm_tensorwise"] = _attempt(lambda: _ms(
-        lambda: torch._scaled_mm(xq_t, wq_t.t(), scale_a=xs_t, scale_b=ws_t, out_dtype=x.dtype)))
-    return out
+def _copies(weight_bytes: int, l2_bytes: int) -> int:
+    """Weight copies a graph rotates over so that each call finds its weight out of L2."""
+    return max(1, min(16, math.ceil(3 * l2_bytes / weight_bytes)))
 
 
-def bench_shapes(ms, shapes, dtype, rows: list[dict]) -> None:
-    """Appends to `rows` as it goes, so an interrupted run keeps what it measured."""
-    for k, n in shapes:
-        w = Weights(k, n, dtype)
-        built = {}
+class Operands:
+    """Everything one (K, N) needs: rotating copies of every backend's layer and of the peers'
+    weights, built once and reused for every M."""
+
+    def __init__(self, k: int, n: int, dtype: torch.dtype, l2_bytes: int) -> None:
+        self.w = Weights(k, n, dtype)
+        self.fp8_copies = _copies(k * n, l2_bytes)
+        self.bf16_copies = _copies(2 * k * n, l2_bytes)
+        self.bf16 = [self.w.float.to(dtype) for _ in range(self.bf16_copies)]
+        self.peer_weights = {s: [(wq.clone(), scale.clone()) for _ in range(self.fp8_copies)]
+                             for s, (wq, scale) in self.w.q.items()}
+        self.layers = {}
         for label, kernel_cls, scheme in BACKENDS:
-            built[(label, scheme)] = _attempt(lambda: w.layer(kernel_cls, scheme))
-        for m in ms:
-            x = torch.randn(m, k, device=DEVICE).to(dtype)
-            flops = 2 * m * k * n
-            peers = _peers(w, x)
-            for name, (ms_, err) in peers.items():
-                rows.append({"m": m, "k": k, "n": n, "backend": name, "scheme": "peer", "ms": ms_, "error": err,
-                             "tflops": flops / ms_ / 1e9 if ms_ else None})
-            for (label, scheme), (pair, build_err) in built.items():
-                if build_err:
-                    ms_, err = None, build_err
-                else:
-                    kernel, layer = pair
-                    ms_, err = _attempt(lambda: _ms(lambda: kernel.apply(layer, x)))
-                rows.append({"m": m, "k": k, "n": n, "backend": label, "scheme": scheme.value, "ms": ms_,
-                             "error": err, "tflops": flops / ms_ / 1e9 if ms_ else None})
-            print(f"  M={m:<5} K={k:<5} N={n:<5} done", flush=True)
-        del w, built
-        torch.cuda.empty_cache()
+            built = [_attempt(lambda: self.w.layer(kernel_cls, scheme)) for _ in range(self.fp8_copies)]
+            error = next((err for _, err in built if err), None)
+            self.layers[(label, scheme)] = (None, error) if error else ([pair for pair, _ in built], None)
+
+    def peer_calls(self, x: torch.Tensor) -> dict[str, list[Callable[[], object]]]:
+        calls = {"bf16": [lambda w=w: x @ w.t() for w in self.bf16]}
+        xq, xs = act_quant.quantize_per_token_group(x, 128, column_major_scales=True, row_multiple=_BLOCK_ROWS)
+        calls["scaled_mm_block"] = [
+            lambda wq=wq, ws=ws: F.scaled_mm(xq, wq.t(), xs, F.ScalingType.BlockWise1x128, ws.t(),
+                                             F.ScalingType.BlockWise128x128, output_dtype=x.dtype)
+            for wq, ws in self.peer_weights[B]]
+        xq_c, xs_c = act_quant.quantize_per_token(x)
+        calls["scaled_mm_rowwise"] = [
+            lambda wq=wq, ws=ws.reshape(1, -1).contiguous(): torch._scaled_mm(xq_c, wq.t(), scale_a=xs_c, scale_b=ws,
+                                                                               out_dtype=x.dtype)
+            for wq, ws in self.peer_weights[C]]
+        xq_t, xs_t = act_quant.quantize_per_tensor(x, self.w.input_scale)
+        calls["scaled_mm_tensorwise"] = [
+            lambda wq=wq, ws=ws: torch._scaled_mm(xq_t, wq.t(), scale_a=xs_t, scale_b=ws, out_dtype=x.dtype)
+            for wq, ws in self.peer_weights[T]]
+        return calls
+
+    def backend_calls(self, label: str, scheme: Scheme, x: torch.Tensor):
+        layers, error = self.layers[(label, scheme)]
+        if error:
+            return None, error
+        return [lambda kernel=kernel, layer=layer: kernel.apply(layer, x) for kernel, layer in layers], None
 
 
-def _add_ratios(rows: list[dict]) -> None:
-    peer = {(r["m"], r["k"], r["n"], r["backend"]): r["ms"] for r in rows if r["scheme"] == "peer"}
-    for r in rows:
-        key = (r["m"], r["k"], r["n"])
-        for name in ("bf16", "scaled_mm_block"):
-            base = peer.get((*key, name))
-            r[f"vs_{name}"] = base / r["ms"] if base and r["ms"] else None
+def _quant_calls(x: torch.Tensor, input_scale: torch.Tensor) -> dict[str, Callable[[], object]]:
+    return {
+        "act_quant_group": lambda: act_quant.quantize_per_token_group(x, 128, column_major_scales=True,
+                                                                       row_multiple=_BLOCK_ROWS),
+        "act_quant_token": lambda: act_quant.quantize_per_token(x),
+        "act_quant_tensor_static": lambda: act_quant.quantize_per_tensor(x, input_scale),
+    }
 
 
-def correctness(rows: list[dict], dtype_cases=((torch.float16, False), (torch.bfloat16, True))) -> None:
-    """mean |out - ref| / mean |ref| against float64 of the same quantized operands. float16
-    outputs are compared as they are (the issue's metric); bfloat16 outputs, whose rounding alone
-    is ~1.4e-3 of it, against the reference rounded to bfloat16 (and the raw figure is kept)."""
-    for m, k, n in CORRECTNESS_SHAPES:
-        for dtype, round_ref in dtype_cases:
+class Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def check(self) -> None:
+        if time.monotonic() - self.start > self.budget_s:
+            raise OutOfTime(f"time budget of {self.budget_s:.0f} s spent")
+
+
+def precompile(ms, shapes, dtype) -> float:
+    """Compile every kernel variant the measurements will launch, in parallel; seconds taken."""
+    t0 = time.monotonic()
+    with tuning.precompiling():
+        for k, n in shapes:
             w = Weights(k, n, dtype)
-            x = torch.randn(m, k, device=DEVICE).to(dtype)
-            for label, kernel_cls, scheme in BACKENDS:
-                ok, reason = kernel_cls.can_implement(LinearLayerConfig(k, n, scheme, act_dtype=dtype))
-                if not ok:  # e.g. row-wise _scaled_mm has no float16 output: checked in bfloat16 only
-                    continue
-
-                def run():
-                    kernel, layer = w.layer(kernel_cls, scheme)
-                    out = kernel.apply(layer, x).double()
-                    ref = _reference(w, x, scheme, w8a16=label == "marlin")
-                    raw = ((out - ref).abs().mean() / ref.abs().mean()).item()
-                    rounded = ((out - ref.to(dtype).double()).abs().mean() / ref.abs().mean()).item()
-                    return raw, rounded
-                value, err = _attempt(run)
-                raw, rounded = value if value else (None, None)
-                metric = rounded if round_ref else raw
-                rows.append({"m": m, "k": k, "n": n, "dtype": str(dtype).split(".")[-1], "backend": label,
-                             "scheme": scheme.value, "rel_error": metric, "rel_error_raw": raw,
-                             "compared_to": "float64 rounded to bf16" if round_ref else "float64",
-                             "pass": metric is not None and metric < 1e-3, "error": err})
-            del w
+            for m in ms:
+                x = torch.randn(m, k, device=DEVICE).to(dtype)
+                for label, kernel_cls, scheme in BACKENDS:
+                    _attempt(lambda: (lambda pair: pair[0].apply(pair[1], x))(w.layer(kernel_cls, scheme)))
+                for fn in _quant_calls(x, w.input_scale).values():
+                    _attempt(fn)
+        with _untuned():  # correctness runs the default configs only
+            for m, k, n in CORRECTNESS_SHAPES:
+                for cdtype in (torch.float16, torch.bfloat16):
+                    w = Weights(k, n, cdtype)
+                    x = torch.randn(m, k, device=DEVICE).to(cdtype)
+                    for label, kernel_cls, scheme in BACKENDS:
+                        _attempt(lambda: (lambda pair: pair[0].apply(pair[1], x))(w.layer(kernel_cls, scheme)))
+    torch.cuda.synchronize()
+    return time.monotonic() - t0
 
 
-def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool) -> torch.Tensor:
+class _untuned:
+    """Default configs only (the tuner's choice does not change numerics, only speed)."""
+
+    def __enter__(self):
+        self.old = os.environ.get(tuning.AUTOTUNE_ENV)
+        os.environ[tuning.AUTOTUNE_ENV] = "0"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(tuning.AUTOTUNE_ENV, None)
+        else:
+            os.environ[tuning.AUTOTUNE_ENV] = self.old
+
+
+def bench_shapes(ms, shapes, dtype, l2_bytes: int, rows: list[dict], clock: Clock) -> None:
+    """Appends to `rows` as it goes (small M first, the decode acceptance), so an interrupted run
+    keeps what it measured."""
+    small, large = [m for m in ms if m <= GRAPH_M], [m for m in ms if m > GRAPH_M]
+    for group in (small, large):
+        for k, n in shapes:
+            if not group:
+                continue
+            clock.check()
+            ops = Operands(k, n, dtype, l2_bytes)
+            for m in group:
+                clock.check()
+                x = torch.randn(m, k, device=DEVICE).to(dtype)
+                entries = [(name, "peer", calls, None) for name, calls in ops.peer_calls(x).items()]
+                entries += [(name, "quant", [fn], None) for name, fn in _quant_calls(x, ops.w.input_scale).items()]
+                for label, _, scheme in BACKENDS:
+                    calls, err = ops.backend_calls(label, scheme, x)
+                    entries.append((label, scheme.value, calls, err))
+                for name, kind, calls, err in entries:
+                    row = {"m": m, "k": k, "n": n, "backend": name, "scheme": kind, "eager_ms": None,
+                           "graph_ms": None, "copies": len(calls) if calls else None, "error": err}
+                    if calls:
+                        row["eager_ms"], row["error"] = _attempt(lambda: eager_ms(calls[0]))
+                        if row["eager_ms"]:
+                            row["graph_ms"], row["error"] = _attempt(lambda: graph_ms(calls, row["eager_ms"]))
+                    rows.append(row)
+                print(f"  M={m:<5} K={k:<5} N={n:<5} done ({time.monotonic() - clock.start:.0f} s)", flush=True)
+            del ops
+            torch.cuda.empty_cache()
+
+
+def _acceptance_ms(r: dict) -> float | None:
+    return r["graph_ms"] if r["m"] <= GRAPH_M else r["eager_ms"]
+
+
+def _add_derived(rows: list[dict], bandwidth: float) -> None:
+    peer = {(r["m"], r["k"], r["n"], r["backend"]): r for r in rows if r["scheme"] == "peer"}
+    for r in rows:
+        r["ms"] = _acceptance_ms(r)
+        r["timing"] = "graph" if r["m"] <= GRAPH_M else "eager"
+        gemm = r["scheme"] != "quant"  # the quantization kernels alone have no FLOPs to compare
+        r["tflops"] = 2 * r["m"] * r["k"] * r["n"] / r["ms"] / 1e9 if r["ms"] and gemm else None
+        for name in ("bf16", "scaled_mm_block"):
+            p = peer.get((r["m"], r["k"], r["n"], name))
+            for timing in ("graph", "eager"):
+                mine, theirs = r[f"{timing}_ms"], p and p[f"{timing}_ms"]
+                r[f"vs_{name}_{timing}"] = theirs / mine if mine and theirs and gemm else None
+        if r["backend"] == "marlin" and r["m"] == 1 and r["graph_ms"]:
+            r["weight_bandwidth_fraction"] = r["k"] * r["n"] / (r["graph_ms"] / 1e3) / bandwidth
+
+
+def correctness(rows: list[dict], clock: Clock) -> None:
+    """mean |out - ref| / mean |ref| against float64 from the same quantized operands.
+
+    float16 outputs are compared as they are: the issue's 1e-3 bar. bfloat16: raw, against the
+    reference rounded to bfloat16 (a kernel whose float32 result is right then differs only
+    where it lands on the other side of a rounding boundary), and the rounding floor itself
+    (the reference rounded to bfloat16 against the reference, ~1.4e-3: bf16 cannot meet 1e-3).
+    W8A8 rows add the error of the GEMM alone, against a reference built from the GPU
+    activation quantization's own output, which separates GEMM numerics from quantization."""
+    with _untuned():
+        for m, k, n in CORRECTNESS_SHAPES:
+            for dtype in (torch.float16, torch.bfloat16):
+                clock.check()
+                w = Weights(k, n, dtype)
+                x = torch.randn(m, k, device=DEVICE).to(dtype)
+                for label, kernel_cls, scheme in BACKENDS:
+                    if not kernel_cls.can_implement(LinearLayerConfig(k, n, scheme, act_dtype=dtype))[0]:
+                        continue  # e.g. row-wise _scaled_mm has no float16 output: bfloat16 only
+
+                    def run():
+                        kernel, layer = w.layer(kernel_cls, scheme)
+                        out = kernel.apply(layer, x).double()
+                        ref = _reference(w, x, scheme, w8a16=label == "marlin")
+                        norm = ref.abs().mean()
+                        metrics = {"rel_error": ((out - ref).abs().mean() / norm).item()}
+                        if dtype == torch.bfloat16:
+                            rounded = ref.to(dtype).double()
+                            metrics["rel_error_vs_rounded"] = ((out - rounded).abs().mean() / norm).item()
+                            metrics["rounding_floor"] = ((rounded - ref).abs().mean() / norm).item()
+                        if label != "marlin":
+                            same = _reference(w, x, scheme, w8a16=False, gpu_quant=True)
+                            metrics["gemm_only_rel_error"] = ((out - same).abs().mean() / norm).item()
+                        return metrics
+                    metrics, err = _attempt(run)
+                    rows.append({"m": m, "k": k, "n": n, "dtype": str(dtype).split(".")[-1], "backend": label,
+                                 "scheme": scheme.value, **(metrics or {}), "error": err})
+                del w
+
+
+def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool, gpu_quant: bool = False) -> torch.Tensor:
     wq, scale = w.q[scheme]
     block = (128, 128) if scheme is B else None
     if w8a16:  # marlin keeps scales in the activation dtype (fp16 ones times 2^10)
@@ -219,235 +376,317 @@ def _reference(w: Weights, x: torch.Tensor, scheme: Scheme, *, w8a16: bool) -> t
         scale = (scale.double() * 2.0**shift).to(x.dtype).double() / 2.0**shift
         return x.double() @ quant.dequantize_weight(wq, scale, block, torch.float64).t()
     if scheme is B:
-        xq, xs = quant.quantize_act_per_token_group(x, 128)
+        xq, xs = (act_quant.quantize_per_token_group(x, 128) if gpu_quant else quant.quantize_act_per_token_group(x, 128))
         xd = xq.double() * xs.double().repeat_interleave(128, 1)[:, : x.shape[1]]
     elif scheme is C:
-        xq, xs = quant.quantize_act_per_token(x)
+        xq, xs = act_quant.quantize_per_token(x) if gpu_quant else quant.quantize_act_per_token(x)
         xd = xq.double() * xs.double()
     else:
-        xq, xs = quant.quantize_act_per_tensor(x, w.input_scale)
+        xq, xs = (act_quant.quantize_per_tensor(x, w.input_scale) if gpu_quant
+                  else quant.quantize_act_per_tensor(x, w.input_scale))
         xd = xq.double() * xs.double()
     return xd @ quant.dequantize_weight(wq, scale, block, torch.float64).t()
 
 
-def sweep(budget_s: float, dtype: torch.dtype, rows: list[dict]) -> None:
-    """Time raw Triton launches (block scheme, operands pre-quantized) over a few tile configs,
-    most important first, each config on every shape before the next (one compilation each)."""
-    gemm, w8a16 = fp8_block_gemm.GemmConfig, w8a16_gemm.W8A16Config
-    trials = (
-        [("triton_w8a8", m, gemm(bm, bn, num_warps=wp, num_stages=st), 1)
-         for bm, bn, wp, st in ((64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 8, 4),
-                                (64, 128, 4, 5), (64, 256, 8, 3), (128, 64, 4, 4))
-         for m in (512, 2048, 8192)]
-        + [("marlin", 1, w8a16(1, bn, False, wp, 3), s)
-           for bn, wp in ((64, 4), (128, 4), (128, 8), (256, 8)) for s in (1, 2, 4, 8, 16)]
-        + [("marlin", 16, w8a16(16, bn, True, wp, st), s)
-           for bn, wp, st in ((64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 3)) for s in (1, 2, 4, 8)]
-        + [("triton_w8a8", m, gemm(16, bn, num_warps=4, num_stages=st, group_m=1), s)
-           for bn in (64, 32, 128) for st in (4, 3) for m in (1, 16) for s in (1, 2, 4, 8)]
-    )
-    operands = {}
-    for k, n in SHAPES:
-        wq, ws = quant.quantize_weight_block(torch.randn(n, k, device=DEVICE) * 0.02)
-        xs_by_m = {}
-        for m in (1, 16, 512, 2048, 8192):
-            x = torch.randn(m, k, device=DEVICE).to(dtype)
-            xs_by_m[m] = (x, *act_quant.quantize_per_token_group(x, 128, column_major_scales=True))
-        operands[(k, n)] = (wq, ws, w8a16_gemm.pack_weight(wq),
-                            ws.repeat_interleave(128, 0)[:n].t().contiguous().to(dtype), xs_by_m)
-    counters = torch.zeros(1 << 16, dtype=torch.int32, device=DEVICE)
-    start = time.monotonic()
-    for kernel, m, cfg, split in trials:
-        for k, n in SHAPES:
-            if split > triton.cdiv(k, 128):
-                continue
-            if time.monotonic() - start > budget_s:
-                rows.append({"skipped": "sweep time budget spent", "m": m, "k": k, "n": n})
-                return
-            wq, ws, packed, mscale, xs_by_m = operands[(k, n)]
-            x, xq, xs = xs_by_m[m]
-            if kernel == "triton_w8a8":
-                fn = lambda: fp8_block_gemm.w8a8_gemm(xq, xs, wq, ws, dtype, groupwise=True, workspace=counters,
-                                                      config=cfg, split_k=split)
-            else:
-                fn = lambda: w8a16_gemm.w8a16_gemm(x, packed, mscale, groupwise=True, workspace=counters,
-                                                   config=cfg, split_k=split)
-            ms_, err = _attempt(lambda: _ms(fn))
-            rows.append({"kernel": kernel, "m": m, "k": k, "n": n, "config": cfg.__dict__, "split_k": split,
-                         "ms": ms_, "tflops": 2 * m * k * n / ms_ / 1e9 if ms_ else None, "error": err})
+def quant_exactness() -> list[dict]:
+    """Do the GPU activation quantizers reproduce quant.py bit for bit on the GPU? (The CPU tests
+    check it under the interpreter; a mismatch here moves every W8A8 result off the reference.)"""
+    out = []
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(512, 4096, device=DEVICE).to(dtype) * 3
+        cases = {
+            "group128": (act_quant.quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(x, 128)),
+            "token": (act_quant.quantize_per_token(x), quant.quantize_act_per_token(x)),
+            "tensor_static": (act_quant.quantize_per_tensor(x, torch.tensor(0.02, device=DEVICE)),
+                              quant.quantize_act_per_tensor(x, torch.tensor(0.02, device=DEVICE))),
+        }
+        for name, ((q, s), (rq, rs)) in cases.items():
+            out.append({"kernel": name, "dtype": str(dtype).split(".")[-1],
+                        "fp8_mismatch_fraction": (q.view(torch.uint8) != rq.view(torch.uint8)).float().mean().item(),
+                        "scale_mismatch_fraction": (s.reshape(rs.shape) != rs).float().mean().item()})
+    return out
 
 
 def _find(rows, **match):
     return next((r for r in rows if all(r.get(key) == value for key, value in match.items())), None)
 
 
-def acceptance(rows: list[dict], bandwidth: float, correct: list[dict]) -> list[dict]:
+def acceptance(rows: list[dict], correct: list[dict]) -> list[dict]:
     checks = []
 
-    def check(name, value, threshold, ok):
-        checks.append({"check": name, "value": value, "threshold": threshold, "pass": bool(ok) if value is not None else False})
+    def check(name, value, threshold, ok, timing):
+        checks.append({"check": name, "value": value, "threshold": threshold, "timing": timing,
+                       "pass": bool(ok) if value is not None else False})
 
     for k, n in SHAPES:
         for m in (1, 16):
             r = _find(rows, m=m, k=k, n=n, backend="marlin", scheme="fp8-block")
-            value = r and r["vs_bf16"]
-            check(f"marlin M={m} K={k} N={n}: x bf16 cuBLAS", value, ">= 1.6", value and value >= 1.6)
+            value = r and r["vs_bf16_graph"]
+            check(f"marlin M={m} K={k} N={n}: x bf16 cuBLAS", value, ">= 1.6", value and value >= 1.6, "graph")
         r = _find(rows, m=1, k=k, n=n, backend="marlin", scheme="fp8-block")
-        if (k, n) != (4096, 4096) and r and r["ms"]:
-            fraction = k * n / (r["ms"] / 1e3) / bandwidth
-            check(f"marlin M=1 K={k} N={n}: weight bytes/time / copy bandwidth", fraction, ">= 0.70", fraction >= 0.7)
+        if (k, n) != (4096, 4096):
+            value = r and r.get("weight_bandwidth_fraction")
+            check(f"marlin M=1 K={k} N={n}: weight bytes/time / copy bandwidth", value, ">= 0.70",
+                  value and value >= 0.7, "graph")
         for m in (512, 2048, 8192):
             r = _find(rows, m=m, k=k, n=n, backend="triton", scheme="fp8-block")
-            value = r and r["vs_scaled_mm_block"]
-            check(f"triton M={m} K={k} N={n}: x F.scaled_mm block", value, ">= 0.85", value and value >= 0.85)
+            value = r and r["vs_scaled_mm_block_eager"]
+            check(f"triton M={m} K={k} N={n}: x F.scaled_mm block", value, ">= 0.85", value and value >= 0.85, "eager")
             if m >= 2048:
-                value = r and r["vs_bf16"]
-                check(f"triton M={m} K={k} N={n}: x bf16 cuBLAS", value, ">= 1.4", value and value >= 1.4)
+                value = r and r["vs_bf16_eager"]
+                check(f"triton M={m} K={k} N={n}: x bf16 cuBLAS", value, ">= 1.4", value and value >= 1.4, "eager")
         for m in (512, 2048, 8192):
-            for scheme, peer in (("fp8-block", "scaled_mm_block"), ("fp8-channel", "scaled_mm_rowwise"),
-                                 ("fp8-tensor", "scaled_mm_tensorwise")):
+            for scheme, peer in PEER_OF.items():
                 r = _find(rows, m=m, k=k, n=n, backend="torch", scheme=scheme)
                 p = _find(rows, m=m, k=k, n=n, backend=peer, scheme="peer")
-                value = r["ms"] / p["ms"] if r and p and r["ms"] and p["ms"] else None
-                check(f"torch {scheme} M={m} K={k} N={n}: time / bare {peer}", value, "<= 1.15", value and value <= 1.15)
+                value = r["eager_ms"] / p["eager_ms"] if r and p and r["eager_ms"] and p["eager_ms"] else None
+                check(f"torch {scheme} M={m} K={k} N={n}: time / bare {peer}", value, "<= 1.15",
+                      value and value <= 1.15, "eager")
     for r in correct:
-        check(f"correctness {r['backend']} {r['scheme']} {r['dtype']} M={r['m']} K={r['k']} N={r['n']} "
-              f"(vs {r['compared_to']})", r["rel_error"], "< 1e-3", r["pass"])
+        if r["dtype"] == "float16":
+            check(f"correctness {r['backend']} {r['scheme']} float16 M={r['m']} K={r['k']} N={r['n']} (vs float64)",
+                  r.get("rel_error"), "< 1e-3", r.get("rel_error") is not None and r["rel_error"] < 1e-3, "-")
     return checks
 
 
-def fastest_per_scheme(rows: list[dict]) -> dict:
-    """Geometric-mean time over every (M, K, N) per backend: the order LINEAR_PRIORITY should have."""
+def fastest(rows: list[dict]) -> dict:
+    """Per scheme: the fastest backend at each M (acceptance timing, summed over shapes) and the
+    order by geometric-mean time over every (M, K, N): what LINEAR_PRIORITY should say."""
     out = {}
     for scheme in (B, C, T):
-        by_backend: dict[str, list[float]] = {}
-        for r in rows:
-            if r["scheme"] == scheme.value:
-                by_backend.setdefault(r["backend"], []).append(r["ms"])
+        mine = [r for r in rows if r["scheme"] == scheme.value]
+        by_backend: dict[str, list[float | None]] = {}
+        for r in mine:
+            by_backend.setdefault(r["backend"], []).append(r["ms"])
         means = {b: math.exp(sum(math.log(t) for t in ts) / len(ts)) for b, ts in by_backend.items()
-                 if ts and all(t for t in ts)}
+                 if ts and all(ts)}
         per_m = {}
         for m in MS:
-            best = {}
-            for r in rows:
-                if r["scheme"] == scheme.value and r["m"] == m and r["ms"]:
-                    best.setdefault(r["backend"], []).append(r["ms"])
-            per_m[m] = min(best, key=lambda b: sum(best[b])) if best else None
-        out[scheme.value] = {"order_by_geomean": sorted(means, key=means.get), "geomean_ms": means, "fastest_at_m": per_m}
+            totals = {}
+            for r in mine:
+                if r["m"] == m and r["ms"]:
+                    totals.setdefault(r["backend"], []).append(r["ms"])
+            complete = {b: sum(ts) for b, ts in totals.items() if len(ts) == len(SHAPES)}
+            per_m[m] = min(complete, key=complete.get) if complete else None
+        out[scheme.value] = {"order_by_geomean": sorted(means, key=means.get), "geomean_ms": means,
+                             "fastest_at_m": per_m}
     return out
 
 
-def _markdown(env, bandwidth, rows, correct, checks, fastest, sweep_rows) -> str:
+def _fmt(v, spec):
+    return format(v, spec) if v is not None else "-"
+
+
+def _markdown(env, bandwidth, rows, correct, exactness, checks, best, tuned, precompile_s) -> str:
+    us = lambda v: _fmt(v and v * 1e3, ".1f")
     lines = [f"# bench_linear on {env['device']} (sm_{env['capability'].replace('.', '')})", "",
-             f"{env['date']}, torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, commit {env['commit']}",
-             "", f"Device copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s", "",
-             "## Times (apply() incl. activation quantization; peers are bare GEMMs on pre-quantized operands)", "",
-             "| M | K | N | backend | scheme | us | TFLOP/s | x bf16 | x F.scaled_mm block | error |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    fmt = lambda v, spec: format(v, spec) if v is not None else "-"
+             f"{env['date']}, torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, commit {env['commit']}, "
+             f"autotune {'on' if env['autotune'] else 'off'}, compile {precompile_s:.0f} s", "",
+             f"Device copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s", "",
+             "## Times", "",
+             "graph: per call in a CUDA graph over rotating weight copies (no host overhead); eager: do_bench, L2 "
+             "flushed. Acceptance uses graph at M <= 16 and eager above. Backends time `apply` (activation "
+             "quantization included); peers are bare GEMMs on pre-quantized operands; act_quant_* rows are the "
+             "activation quantization kernels alone.", "",
+             "| M | K | N | backend | scheme | graph us | eager us | TFLOP/s | x bf16 (graph) | x bf16 (eager) | "
+             "x F.scaled_mm block (graph) | (eager) | copies | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['backend']} | {r['scheme']} | "
-                     f"{fmt(r['ms'] and r['ms'] * 1e3, '.1f')} | {fmt(r['tflops'], '.0f')} | {fmt(r['vs_bf16'], '.2f')} | "
-                     f"{fmt(r['vs_scaled_mm_block'], '.2f')} | {r['error'] or ''} |")
-    lines += ["", "## Correctness", "", "| M | K | N | dtype | backend | scheme | rel error | vs | raw | error |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['backend']} | {r['scheme']} | {us(r['graph_ms'])} | "
+                     f"{us(r['eager_ms'])} | {_fmt(r['tflops'], '.0f')} | {_fmt(r['vs_bf16_graph'], '.2f')} | "
+                     f"{_fmt(r['vs_bf16_eager'], '.2f')} | {_fmt(r['vs_scaled_mm_block_graph'], '.2f')} | "
+                     f"{_fmt(r['vs_scaled_mm_block_eager'], '.2f')} | {r['copies'] or '-'} | {r['error'] or ''} |")
+    lines += ["", "## Correctness", "",
+              "mean |out - ref| / mean |ref| against float64 of the same quantized operands. The issue's bar (1e-3) "
+              "applies to float16 outputs. bfloat16 outputs cannot meet it: rounding the exact result to bfloat16 "
+              "alone costs the 'floor' column (~1.4e-3); 'vs rounded' compares with the reference rounded to "
+              "bfloat16 (a kernel whose float32 sum is right is near 0 there). 'GEMM only' compares W8A8 backends "
+              "with a reference built from the GPU activation quantizer's output.", "",
+              "| M | K | N | dtype | backend | scheme | rel error | vs rounded | floor | GEMM only | error |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in correct:
         lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['dtype']} | {r['backend']} | {r['scheme']} | "
-                     f"{fmt(r['rel_error'], '.2e')} | {r['compared_to']} | {fmt(r['rel_error_raw'], '.2e')} | {r['error'] or ''} |")
-    lines += ["", "## Acceptance checks", "", "| check | value | threshold | pass |", "|---|---|---|---|"]
+                     f"{_fmt(r.get('rel_error'), '.2e')} | {_fmt(r.get('rel_error_vs_rounded'), '.2e')} | "
+                     f"{_fmt(r.get('rounding_floor'), '.2e')} | {_fmt(r.get('gemm_only_rel_error'), '.2e')} | "
+                     f"{r['error'] or ''} |")
+    lines += ["", "GPU activation quantization vs quant.py (fraction of differing FP8 bytes / scales, 512x4096):", ""]
+    lines += [f"- {e['kernel']} {e['dtype']}: fp8 {e['fp8_mismatch_fraction']:.2e}, scales {e['scale_mismatch_fraction']:.2e}"
+              for e in exactness]
+    lines += ["", "## Acceptance checks (issue 3)", "", "| check | value | threshold | timing | pass |",
+              "|---|---|---|---|---|"]
     for c in checks:
-        lines.append(f"| {c['check']} | {fmt(c['value'], '.3g')} | {c['threshold']} | {'yes' if c['pass'] else 'NO'} |")
-    lines += ["", "## Fastest backend per scheme (geometric mean over all shapes)", ""]
-    for scheme, info in fastest.items():
-        lines.append(f"- {scheme}: {' < '.join(info['order_by_geomean'])}; fastest per M: {info['fastest_at_m']}")
-    if sweep_rows:
-        lines += ["", "## Config sweep (raw Triton launches, block scheme)", "",
-                  "| kernel | M | K | N | config | split-K | us | TFLOP/s | error |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in sweep_rows:
-            if "skipped" in r:
-                lines.append(f"| {r['skipped']} | {r['m']} | {r['k']} | {r['n']} | | | | | |")
-                continue
-            lines.append(f"| {r['kernel']} | {r['m']} | {r['k']} | {r['n']} | {r['config']} | {r['split_k']} | "
-                         f"{fmt(r['ms'] and r['ms'] * 1e3, '.1f')} | {fmt(r['tflops'], '.0f')} | {r['error'] or ''} |")
+        lines.append(f"| {c['check']} | {_fmt(c['value'], '.3g')} | {c['threshold']} | {c['timing']} | "
+                     f"{'yes' if c['pass'] else 'NO'} |")
+    lines += ["", "## Fastest backend per scheme", ""]
+    for scheme, info in best.items():
+        lines.append(f"- {scheme}: by geometric mean {' < '.join(info['order_by_geomean'])}; "
+                     f"fastest per M: {info['fastest_at_m']}")
+    lines += ["", "## Tuned configurations (each candidate's median ms; chosen first)", ""]
+    for t in tuned:
+        cands = ", ".join(f"{_config_text(c['config'])}: {_fmt(c['ms'] and c['ms'] * 1e3, '.1f')} us"
+                          + (f" ({c['error']})" if c["error"] else "") for c in t["candidates"])
+        lines.append(f"- {t['kernel']} {_key_text(t['key'])} -> {_config_text(t['chosen'])} [{cands}]")
     return "\n".join(lines) + "\n"
 
 
-def _best_sweep(sweep_rows: list[dict]) -> list[str]:
-    best: dict[tuple, dict] = {}
-    for r in sweep_rows:
-        if r.get("ms"):
-            key = (r["kernel"], r["m"], r["k"], r["n"])
-            if key not in best or r["ms"] < best[key]["ms"]:
-                best[key] = r
-    return [f"{k[0]:<12} M={k[1]:<5} K={k[2]:<5} N={k[3]:<5} {v['ms'] * 1e3:8.1f} us  split={v['split_k']}  {v['config']}"
-            for k, v in sorted(best.items())]
+def _config_text(cfg) -> str:
+    if cfg is None:
+        return "-"
+    fields = cfg.__dict__
+    text = f"{fields['block_m']}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
+    if fields.get("split_per_sm"):
+        text += f" split/SM {fields['split_per_sm']}"
+    if fields.get("rescale"):
+        text += " rescale"
+    return text
+
+
+def _key_text(key: tuple) -> str:
+    """(M bucket, N, K, dtypes..., groupwise, [scale block rows]) as text."""
+    bucket, n, k, *rest = key
+    words = ["block-scaled" if v is True else "per-channel" if v is False else str(v).replace("torch.", "")
+             for v in rest]
+    return f"M<={bucket} N={n} K={k} " + " ".join(words)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for bench_linear.json and .md")
-    parser.add_argument("--sweep", action="store_true", help="also sweep Triton tile configs per shape")
-    parser.add_argument("--sweep-budget-s", type=float, default=90.0, help="stop the sweep after this long")
     parser.add_argument("--quick", action="store_true", help="M in {1, 2048} on one shape (smoke test)")
+    parser.add_argument("--budget-s", type=float, default=170.0, help="skip what is left after this long")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: run the reporting on made-up measurements (checks this script, not kernels)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_linear needs a CUDA GPU", file=sys.stderr)
-        return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        return _dry_run(args.out)
+    if not torch.cuda.is_available():
+        print("bench_linear needs a CUDA GPU (--dry-run checks the reporting without one)", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
+    clock = Clock(args.budget_s)
     env = _environment()
-    print(f"{env['device']} sm_{env['capability']} torch {env['torch']} triton {env['triton']}", flush=True)
+    print(f"{env['device']} sm_{env['capability']} torch {env['torch']} triton {env['triton']} "
+          f"autotune {'on' if env['autotune'] else 'off'}", flush=True)
     bandwidth = copy_bandwidth()
     ms, shapes = ((1, 2048), SHAPES[:1]) if args.quick else (MS, SHAPES)
     dtype = torch.bfloat16
-    rows, correct, sweep_rows, interrupted = [], [], [], None
-    t0 = time.monotonic()
+    rows, correct, exactness, stopped = [], [], [], None
+    precompile_s = 0.0
     try:
-        bench_shapes(ms, shapes, dtype, rows)
-        correctness(correct)
-        if args.sweep:
-            _, err = _attempt(lambda: sweep(args.sweep_budget_s, dtype, sweep_rows))
-            if err:
-                traceback.print_exc()
-                sweep_rows.append({"skipped": err, "m": None, "k": None, "n": None})
+        precompile_s, err = _attempt(lambda: precompile(ms, shapes, dtype))
+        print(f"compiled in {precompile_s:.0f} s" if err is None else
+              f"parallel compilation failed ({err}); kernels compile as they are first used", flush=True)
+        precompile_s = precompile_s or 0.0
+        bench_shapes(ms, shapes, dtype, env["l2_bytes"], rows, clock)
+        exactness = quant_exactness()
+        correctness(correct, clock)
     except KeyboardInterrupt:  # the GPU job's time limit: keep and report what was measured
-        interrupted = "interrupted (time limit): results are partial"
-        print(interrupted, flush=True)
-    t_bench = time.monotonic() - t0
-    _add_ratios(rows)
-    checks = acceptance(rows, bandwidth, correct)
-    fastest = fastest_per_scheme(rows)
-    report = {"environment": env, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows, "correctness": correct,
-              "acceptance": checks, "fastest_per_scheme": fastest, "sweep": sweep_rows, "bench_seconds": t_bench,
-              "interrupted": interrupted}
-    (args.out / "bench_linear.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "bench_linear.md").write_text(_markdown(env, bandwidth, rows, correct, checks, fastest, sweep_rows))
+        stopped = "interrupted (time limit): results are partial"
+    except OutOfTime as exc:
+        stopped = f"{exc}: results are partial"
+    if stopped:
+        print(stopped, flush=True)
+    seconds = time.monotonic() - clock.start
+    tuned = tuning.tuning_report()
+    _write(args.out, env, bandwidth, rows, correct, exactness, tuned, precompile_s, seconds, stopped, ms, shapes)
+    return 0
 
-    print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s; measuring took {t_bench:.0f} s {interrupted or ''}")
-    print(f"{'M':>5} {'K':>5} {'N':>5}  {'bf16':>7} {'sm_blk':>7} | " + " ".join(
-        f"{label[:6]}/{scheme.value[4:7]:>3}" for label, _, scheme in BACKENDS) + "   (us)")
-    for m in ms:
-        for k, n in shapes:
-            cell = lambda r: f"{r['ms'] * 1e3:7.1f}" if r and r["ms"] else "    n/a"
-            peers = [cell(_find(rows, m=m, k=k, n=n, backend=p, scheme="peer")) for p in ("bf16", "scaled_mm_block")]
-            ours = [cell(_find(rows, m=m, k=k, n=n, backend=label, scheme=scheme.value)).rjust(10)
-                    for label, _, scheme in BACKENDS]
-            print(f"{m:>5} {k:>5} {n:>5}  {' '.join(peers)} | {' '.join(ours)}")
-    failed = [c for c in checks if not c["pass"]]
-    print(f"\nacceptance: {len(checks) - len(failed)}/{len(checks)} pass")
-    for c in failed:
-        value = f"{c['value']:.3g}" if c["value"] is not None else "n/a"
-        print(f"  FAIL {c['check']}: {value} (want {c['threshold']})")
-    for scheme, info in fastest.items():
+
+def _write(out: Path, env, bandwidth, rows, correct, exactness, tuned, precompile_s, seconds, stopped, ms, shapes):
+    _add_derived(rows, bandwidth)
+    checks = acceptance(rows, correct)
+    best = fastest(rows)
+    report = {"environment": env, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows, "correctness": correct,
+              "quant_exactness": exactness, "acceptance": checks, "fastest_per_scheme": best,
+              "tuned": [{**t, "key": _key_text(t["key"]), "chosen": _config_text(t["chosen"]),
+                         "candidates": [{**c, "config": _config_text(c["config"])} for c in t["candidates"]]}
+                        for t in tuned],
+              "precompile_seconds": precompile_s, "bench_seconds": seconds, "stopped": stopped}
+    (out / "bench_linear.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "bench_linear.md").write_text(
+        _markdown(env, bandwidth, rows, correct, exactness, checks, best, tuned, precompile_s))
+    _print_summary(env, bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds, stopped)
+    print(f"\nfull results: {out / 'bench_linear.md'}")
+
+
+def _dry_run(out: Path) -> int:
+    """Every reporting path on made-up numbers: a broken report must not cost a GPU run."""
+    import random
+
+    from quantgate.kernels.triton.fp8_block_gemm import TMA_CANDIDATES
+
+    rng = random.Random(0)
+    env = {"device": "dry run", "capability": "9.0", "sms": 132, "l2_bytes": 50 << 20, "date": "-", "torch": torch.__version__,
+           "triton": triton.__version__, "cuda": None, "commit": "-", "autotune": True}
+    rows = []
+    for m in MS:
+        for k, n in SHAPES:
+            names = [(p, "peer") for p in PEERS] + [(q, "quant") for q in QUANT_KERNELS]
+            names += [(label, s.value) for label, _, s in BACKENDS]
+            for name, kind in names:
+                failed = name == "scaled_mm_block" and m == 1
+                t = None if failed else 2 * m * k * n / 1e12 / rng.uniform(200, 1200) + rng.uniform(0.005, 0.02)
+                rows.append({"m": m, "k": k, "n": n, "backend": name, "scheme": kind, "eager_ms": t and t * 1.3,
+                             "graph_ms": t, "copies": 3, "error": "RuntimeError: made up" if failed else None})
+    correct = [{"m": m, "k": k, "n": n, "dtype": d, "backend": label, "scheme": s.value,
+                "rel_error": rng.uniform(1e-4, 3e-3), "rel_error_vs_rounded": 1e-5 if d == "bfloat16" else None,
+                "rounding_floor": 1.4e-3 if d == "bfloat16" else None,
+                "gemm_only_rel_error": None if label == "marlin" else 2e-4, "error": None}
+               for m, k, n in CORRECTNESS_SHAPES for d in ("float16", "bfloat16") for label, _, s in BACKENDS]
+    exactness = [{"kernel": "group128", "dtype": "bfloat16", "fp8_mismatch_fraction": 0.0, "scale_mismatch_fraction": 0.0}]
+    cands = TMA_CANDIDATES[True]
+    tuned = [{"kernel": "w8a8_tma", "key": (4096, 4096, 4096, torch.bfloat16, True, 128), "chosen": cands[1],
+              "candidates": [{"config": c, "ms": rng.uniform(0.05, 0.1), "error": None} for c in cands]}]
+    _write(out, env, 4.2e12, rows, correct, exactness, tuned, 0.0, 0.0, None, MS, SHAPES)
+    return 0
+
+
+def _print_summary(env, bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds, stopped):
+    print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s; {seconds:.0f} s {stopped or ''}")
+    print("\ntuned configs (kernel, key -> choice):")
+    for t in tuned:
+        print(f"  {t['kernel']:<14} {_key_text(t['key']):<48} -> {_config_text(t['chosen'])}")
+    mismatched = [e for e in exactness if e["fp8_mismatch_fraction"] or e["scale_mismatch_fraction"]]
+    if not exactness:
+        verdict = "not measured"
+    elif mismatched:
+        verdict = "NO: " + ", ".join(f"{e['kernel']} {e['dtype']} fp8 {e['fp8_mismatch_fraction']:.1e} "
+                                     f"scales {e['scale_mismatch_fraction']:.1e}" for e in mismatched)
+    else:
+        verdict = "yes"
+    print(f"\nGPU activation quantization bit-exact vs quant.py: {verdict}")
+    print("correctness (rel error; bf16: raw / vs rounded / floor; W8A8: GEMM only):")
+    for r in correct:
+        extra = ""
+        if r["dtype"] == "bfloat16":
+            extra = f" / {_fmt(r.get('rel_error_vs_rounded'), '.1e')} / {_fmt(r.get('rounding_floor'), '.1e')}"
+        if r.get("gemm_only_rel_error") is not None:
+            extra += f"  gemm-only {r['gemm_only_rel_error']:.1e}"
+        print(f"  {r['backend']:<6} {r['scheme']:<11} {r['dtype']:<8} M={r['m']:<4} {_fmt(r.get('rel_error'), '.1e')}"
+              f"{extra} {r['error'] or ''}")
+    for scheme, info in best.items():
         print(f"fastest {scheme}: {' < '.join(info['order_by_geomean'])}  per M: {info['fastest_at_m']}")
-    if sweep_rows:
-        print("\nbest swept configs:")
-        print("\n".join(_best_sweep(sweep_rows)))
     errors = sorted({r["error"] for r in rows + correct if r.get("error")})
     if errors:
         print("\nerrors:\n  " + "\n  ".join(errors))
-    print(f"\nfull results: {args.out / 'bench_linear.md'}")
-    return 0
+    failed = [c for c in checks if not c["pass"]]
+    print(f"\nacceptance: {len(checks) - len(failed)}/{len(checks)} pass (graph timing at M <= {GRAPH_M}, eager above)")
+    for c in failed:
+        print(f"  FAIL {c['check']}: {_fmt(c['value'], '.3g')} (want {c['threshold']}, {c['timing']})")
+    cols = [("bf16", "peer"), ("scaled_mm_block", "peer")] + [(label, s.value) for label, _, s in BACKENDS]
+    print(f"\ntimes in us (graph for M <= {GRAPH_M}, eager above); marlin M=1 weight bandwidth / copy bandwidth in []")
+    print(f"{'M':>5} {'K':>5} {'N':>5}  {'bf16':>7} {'sm_blk':>7} | "
+          + " ".join(f"{label[:6]}/{s[4:7]:>3}" for label, s in cols[2:]))
+    for m in ms:
+        for k, n in shapes:
+            def cell(label, scheme, width):
+                r = _find(rows, m=m, k=k, n=n, backend=label, scheme=scheme)
+                return (f"{r['ms'] * 1e3:.1f}" if r and r["ms"] else "n/a").rjust(width)
+            frac = _find(rows, m=m, k=k, n=n, backend="marlin", scheme="fp8-block")
+            tail = f"  [{frac['weight_bandwidth_fraction']:.2f}]" if frac and frac.get("weight_bandwidth_fraction") else ""
+            print(f"{m:>5} {k:>5} {n:>5}  {cell('bf16', 'peer', 7)} {cell('scaled_mm_block', 'peer', 7)} | "
+                  + " ".join(cell(label, s, 10) for label, s in cols[2:]) + tail)
 
 
 if __name__ == "__main__":

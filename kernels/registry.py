@@ -39,11 +39,13 @@ _lin_emul, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin, _lin_dense = 
 
 # (device, minimum capability) -> scheme -> kernels, fastest first. The first row whose
 # device matches and whose capability the platform reaches applies. Orders follow
-# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200). Every FP8 scheme ends in
+# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200): on 9.0 the geometric mean over
+# M in {1..8192} and three Llama-sized shapes (h200-2026-11-29-run1) ranks torch, then triton,
+# then marlin for every scheme, though marlin is fastest at M <= 16. Every FP8 scheme ends in
 # emulation, which runs anywhere. On 8.0 (no FP8 tensor cores) marlin serves every scheme.
 LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearKernel]]]]] = [
     ("cuda", (9, 0), {
-        B: [_lin_triton, _lin_torch_block, _lin_marlin, _lin_emul],
+        B: [_lin_torch_block, _lin_triton, _lin_marlin, _lin_emul],
         C: [_lin_torch, _lin_triton, _lin_marlin, _lin_emul],
         T: [_lin_torch, _lin_marlin, _lin_emul],
         U: [_lin_dense, _lin_emul],

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from .tuning import launch
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
@@ -43,7 +44,9 @@ def _to_fp8(x, scale):
     return signed.to(tl.float32, bitcast=True).to(tl.float8e4nv)
 
 
-@triton.jit
+# The row count and the column-major scale strides vary with every batch: not specializing on
+# them keeps one compilation per configuration.
+@triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
 def _group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
     GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
@@ -58,7 +61,7 @@ def _group_quant_kernel(
     tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < K)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _row_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm,
     STATIC: tl.constexpr, BLOCK: tl.constexpr,
@@ -111,10 +114,8 @@ def quantize_per_token_group(
         return q, scale
     per_program = min(triton.next_power_of_2(groups), max(1, 1024 // group))
     grid = (mp, triton.cdiv(groups, per_program))
-    _group_quant_kernel[grid](
-        x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
-        GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4,
-    )
+    launch(_group_quant_kernel, grid, x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+           GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
     return q, scale
 
 
@@ -126,8 +127,8 @@ def quantize_per_token(x: torch.Tensor, *, row_multiple: int = 1) -> tuple[torch
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
     if mp and k:
-        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
-                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        launch(_row_quant_kernel, (mp,), x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
+               BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
     return q, scale
 
 
@@ -145,6 +146,6 @@ def quantize_per_tensor(
     mp = _padded_rows(m, row_multiple)
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     if mp and k:
-        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
-                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        launch(_row_quant_kernel, (mp,), x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
+               BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
     return q, scale

@@ -91,7 +91,7 @@ def _tma_capable(device: torch.device) -> bool:
     return device.type == "cuda" and _capability(device)[0] == 9
 
 
-@triton.jit(do_not_specialize=["split_k"])
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _w8a8_small_m_kernel(
     x_ptr, w_ptr, ws_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k, stride_xm, stride_wn, stride_cm, stride_wsn, stride_wsg,
@@ -170,7 +170,7 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["split_k"])
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k,
@@ -231,7 +231,7 @@ def _w8a8_gemm_kernel(
                split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _w8a8_tma_kernel(
     a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
     M, N, K, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,

@@ -50,13 +50,15 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
 @contextlib.contextmanager
 def precompiling(workers: int | None = None) -> Iterator[None]:
     """Launches inside compile their kernels on a thread pool and run nothing; autotuned
-    launchers compile every candidate. Leaving the block waits for all compilations."""
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool, triton.AsyncCompileMode(pool):
-        token = _precompiling.set(True)
-        try:
-            yield
-        finally:
-            _precompiling.reset(token)
+    launchers compile every candidate. Leaving the block waits for all compilations. A variant
+    that fails to compile is left out here: its first real launch raises the error."""
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+        with triton.AsyncCompileMode(pool, ignore_errors=True):
+            token = _precompiling.set(True)
+            try:
+                yield
+            finally:
+                _precompiling.reset(token)
 
 
 def m_bucket(m: int) -> int:
@@ -83,15 +85,15 @@ class Autotuner:
     def pick(self, key: tuple, candidates: Sequence[T], run: Callable[[T], None], device: torch.device) -> T:
         """The config to launch with for `key`; `run(config)` launches once (and may be called
         repeatedly to time it). candidates[0] is the default."""
-        if _precompiling.get():
-            for config in candidates:
-                run(config)
-            return candidates[0]
         chosen = self.best.get(key)
         if chosen is not None:
             return chosen
-        if (len(candidates) == 1 or device.type != "cuda" or not _enabled()
-                or torch.cuda.is_current_stream_capturing()):
+        will_time = len(candidates) > 1 and device.type == "cuda" and _enabled()
+        if _precompiling.get():
+            for config in candidates if will_time else candidates[:1]:
+                run(config)
+            return candidates[0]
+        if not will_time or torch.cuda.is_current_stream_capturing():
             return candidates[0]
         self.best[key] = chosen = self._time(key, candidates, run)
         return chosen

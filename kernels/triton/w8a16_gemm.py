@@ -174,7 +174,7 @@ def _w8a16_gemv_kernel(
                split_k, pid_n, HAS_BIAS, SPLIT)
 
 
-@triton.jit(do_not_specialize=["split_k"])
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _w8a16_gemm_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k, stride_xm, stride_cm, stride_sg,

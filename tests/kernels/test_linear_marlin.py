@@ -11,7 +11,17 @@ from quantgate.kernels import LinearLayerConfig, Platform, Scheme, quant
 from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
 from quantgate.kernels.schemes import SCALE_NAMES
 
-from .linear_cases import SCHEMES, make_case, reference_w8a16, rel_error
+from .linear_cases import (  # noqa: F401
+    GPU_K,
+    GPU_MS,
+    GPU_N,
+    SCHEMES,
+    make_case,
+    precompile,
+    reference_w8a16,
+    rel_error,
+    untuned,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -28,7 +38,7 @@ def test_pack_roundtrip_and_layout(seed):
     assert torch.equal(as_bytes[32 + 5, :, 2], w.view(torch.uint8)[:, 128 + 64 + 5])
 
 
-@pytest.mark.parametrize("m", [1, 16], ids=["fma-path", "dot-path"])
+@pytest.mark.parametrize("m", [1, 16], ids=["gemv-path", "dot-path"])
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the interpreter computes bf16 dots in fp16 and truncates bf16 stores"))])
 def test_every_fp8_value_converts_exactly(m, dtype):
@@ -64,20 +74,31 @@ def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
 
 
 @pytest.mark.parametrize("split_k", [2, 4])
-def test_split_k_sums_every_slice_once(seed, split_k):
-    from quantgate.kernels.triton.w8a16_gemm import pack_weight, w8a16_gemm, workspace_size
+@pytest.mark.parametrize("m", [1, 3], ids=["gemv", "dot"])
+def test_split_k_sums_every_slice_once(seed, split_k, m):
+    from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm, workspace_size
 
     w = torch.randn(96, 640, device=DEVICE) * 0.02
     wq, ws = quant.quantize_weight_block(w)
     stored = (ws.double() * 2.0**10).half()  # [1, 5] block scales as marlin keeps them
     scale = stored.repeat_interleave(128, 0)[:96].t().contiguous()  # per column: [K groups, N]
-    x = torch.randn(1, 640, device=DEVICE).half()
+    x = torch.randn(m, 640, device=DEVICE).half()
     ref = x.double() @ quant.dequantize_weight(wq, stored.double() / 2.0**10, (128, 128), torch.float64).t()
     counters = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
     for _ in range(2):
-        out = w8a16_gemm(x, pack_weight(wq), scale, groupwise=True, workspace=counters, split_k=split_k)
+        out = w8a16_gemm(x, pack_weight(wq), scale, groupwise=True, workspace=counters,
+                         config=candidates_for(m)[0], split_k=split_k)
         assert rel_error(out, ref) < 1e-3
     assert counters.eq(0).all()
+
+
+def test_gemv_config_refuses_more_than_one_row():
+    from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm
+
+    x = torch.zeros(2, 128, device=DEVICE).half()
+    packed = pack_weight(torch.zeros(32, 128, device=DEVICE).to(quant.FP8_DTYPE))
+    with pytest.raises(ValueError, match="computes one row"):
+        w8a16_gemm(x, packed, torch.ones(1, 32, device=DEVICE).half(), groupwise=False, config=candidates_for(1)[0])
 
 
 def test_fp16_scales_that_overflow_are_refused():
@@ -95,14 +116,53 @@ def test_verdicts():
     assert not ok and "float32" in reason
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 16, 300])
-def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
-    case = make_case(1000, 1400, scheme, act_dtype=dtype, bias=True, device="cuda")
+def _apply_case(scheme, dtype, m):
+    case = make_case(GPU_N, GPU_K, scheme, act_dtype=dtype, device="cuda")
     kernel = MarlinFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(m, 1400, device="cuda").to(dtype)
-    out = kernel.apply(case.layer, x, case.layer.bias)
+    x = torch.randn(m, GPU_K, device="cuda").to(dtype)
+    return case, x, lambda: kernel.apply(case.layer, x)
+
+
+GPU_CASES = [(scheme, dtype, m) for scheme in SCHEMES for dtype in (torch.bfloat16, torch.float16) for m in GPU_MS]
+
+
+def _candidate_cases():
+    from quantgate.kernels.triton.w8a16_gemm import CANDIDATES
+
+    return [(scheme, m, cfg) for scheme in (Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL) for m in (1, 16) for cfg in CANDIDATES[m]]
+
+
+def _candidate_run(scheme, m, config):
+    from quantgate.kernels.triton.w8a16_gemm import w8a16_gemm
+
+    case = make_case(GPU_N, GPU_K, scheme, act_dtype=torch.bfloat16, device="cuda")
+    MarlinFp8LinearKernel(case.config).process_weights_after_loading(case.layer)
+    x = torch.randn(m, GPU_K, device="cuda").bfloat16()
+    layer = case.layer
+    return case, x, lambda: w8a16_gemm(x, layer.weight, layer.weight_scale, groupwise=scheme is Scheme.FP8_BLOCK,
+                                       workspace=layer.workspace, config=config)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if torch.cuda.is_available():
+        precompile([_apply_case(*c)[2] for c in GPU_CASES] + [_candidate_run(*c)[2] for c in _candidate_cases()])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme, dtype, m", GPU_CASES, ids=str)
+@pytest.mark.usefixtures("compiled")
+def test_cuda_matches_float64_reference(seed, untuned, scheme, dtype, m):
+    case, x, run = _apply_case(scheme, dtype, m)
+    out = run()
+    assert out.shape == (m, GPU_N) and out.dtype == dtype
     assert rel_error(out, reference_w8a16(case, x, dtype), round_ref=dtype == torch.bfloat16) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme, m, config", _candidate_cases(), ids=str)
+@pytest.mark.usefixtures("compiled")
+def test_cuda_every_candidate_config_matches_reference(seed, scheme, m, config):
+    case, x, run = _candidate_run(scheme, m, config)
+    assert rel_error(run(), reference_w8a16(case, x, torch.bfloat16), round_ref=True) < 1e-3

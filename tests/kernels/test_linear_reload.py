@@ -13,7 +13,16 @@ from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
 from quantgate.kernels.linear.torch_scaled_mm import TorchScaledMMLinearKernel
 from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
 
-from .linear_cases import load_checkpoint, make_case, processed_storage, reference_w8a8, reference_w8a16, reload, rel_error
+from .linear_cases import (  # noqa: F401
+    load_checkpoint,
+    make_case,
+    processed_storage,
+    reference_w8a8,
+    reference_w8a16,
+    rel_error,
+    reload,
+    untuned,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 B, C, T = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR
@@ -84,7 +93,7 @@ def test_processing_twice_without_a_reload_is_refused(kernel_cls):
 @pytest.mark.parametrize("kernel_cls, scheme", [(TritonBlockFp8LinearKernel, B), (MarlinFp8LinearKernel, B),
                                                 (MarlinFp8LinearKernel, C), (TorchScaledMMLinearKernel, C)],
                          ids=lambda v: getattr(v, "__name__", getattr(v, "value", str(v))))
-def test_cuda_graph_replays_with_reloaded_weights(seed, kernel_cls, scheme):
+def test_cuda_graph_replays_with_reloaded_weights(seed, untuned, kernel_cls, scheme):
     ok, reason = kernel_cls.is_supported(Platform.detect("cuda"))
     if not ok:
         pytest.skip(reason)

@@ -1,5 +1,8 @@
-"""The triton backend (W8A8 block / channel GEMM). On CPU it runs under TRITON_INTERPRET=1 in
-float16 (the interpreter truncates bfloat16 stores); bfloat16 runs in the GPU tests."""
+"""The triton backend (W8A8 block / channel GEMMs). On CPU it runs under TRITON_INTERPRET=1 in
+float16 (the interpreter truncates bfloat16 stores); bfloat16 runs in the GPU tests. Every
+kernel path (small M with in-kernel quantization, pointer tiles, TMA tiles with and without
+accumulator rescaling) is checked on CPU with explicit configs, and on the GPU with every
+candidate the tuner may pick."""
 
 from __future__ import annotations
 
@@ -10,16 +13,17 @@ from quantgate.kernels import LinearLayerConfig, Platform, Scheme, quant
 from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
 from quantgate.kernels.schemes import SCALE_NAMES
 
-from .linear_cases import make_case, reference_w8a8, rel_error
+from .linear_cases import GPU_K, GPU_MS, GPU_N, make_case, precompile, reference_w8a8, rel_error, untuned  # noqa: F401
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SCHEMES = (Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL)
+B, C = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL
+SCHEMES = (B, C)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 @pytest.mark.parametrize("scale_name", SCALE_NAMES)
 @pytest.mark.parametrize("m", [1, 20])
-def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
+def test_apply_matches_float64_reference(seed, untuned, scheme, scale_name, m):
     # K and N not multiples of 128: partial scale blocks along both.
     case = make_case(200, 300, scheme, scale_name=scale_name, bias=True, device=DEVICE)
     kernel = TritonBlockFp8LinearKernel(case.config)
@@ -31,9 +35,57 @@ def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
     assert case.layer.workspace.eq(0).all()  # split-K counters are back to zero
 
 
-def test_weight_blocks_narrower_than_the_column_tile(seed):
+def _paths():
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig
+
+    # (path, rows, config, split_k, weight block): every kernel and scale-indexing branch.
+    return [
+        ("small_m", 5, GemmConfig(16, 64, 4, 3), 2, (128, 128)),
+        ("tiled", 20, GemmConfig(32, 64, 4, 3, group_m=1), 2, (128, 128)),  # split-K: one row tile
+        ("tma", 70, GemmConfig(64, 64, 4, 3), None, (128, 128)),
+        ("tma", 70, GemmConfig(64, 128, 4, 3, rescale=True), None, (64, 128)),  # two scale rows per tile
+    ]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("path, m, config, split_k, block", _paths(), ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_every_kernel_path_matches_float64_reference(seed, scheme, path, m, config, split_k, block):
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_linear, workspace_size
+
+    if scheme is C and block != (128, 128):
+        pytest.skip("weight blocks are a block-scheme notion")
+    # K a multiple of 16 (TMA) but not of 128; N spanning a partial column tile.
+    case = make_case(208, 400, scheme, block=block, bias=True, device=DEVICE)
+    scale = getattr(case.layer, case.config.scale_name)
+    groupwise = scheme is B
+    x = torch.randn(m, 400, device=DEVICE).half()
+    workspace = torch.zeros(workspace_size(208), dtype=torch.int32, device=DEVICE)
+    out = w8a8_linear(x, case.weight, scale if groupwise else scale.reshape(-1), torch.float16, groupwise=groupwise,
+                      scale_block_n=block[0], bias=case.bias, workspace=workspace, path=path, config=config,
+                      split_k=split_k)
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+    assert workspace.eq(0).all()
+
+
+def test_rescaling_survives_zero_weight_scales(seed):
+    """The rescaling accumulator divides by each step's scale: an all-zero weight block stored
+    with scale 0 (degenerate checkpoints do this) must neither produce inf/NaN nor contribute."""
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_linear
+
+    case = make_case(128, 384, B, device=DEVICE)
+    scale = case.layer.weight_scale.clone()
+    scale[:, 1] = 0.0  # the middle 128-wide K block of every row block
+    case.scale.copy_(scale)
+    x = torch.randn(70, 384, device=DEVICE).half()
+    out = w8a8_linear(x, case.weight, scale, torch.float16, groupwise=True, path="tma",
+                      config=GemmConfig(64, 64, 4, 3, rescale=True))
+    assert torch.isfinite(out).all()
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+
+
+def test_weight_blocks_narrower_than_the_column_tile(seed, untuned):
     # 64-row weight blocks under a 128-column tile: per-column weight scales in the K loop.
-    case = make_case(200, 300, Scheme.FP8_BLOCK, block=(64, 128), device=DEVICE)
+    case = make_case(200, 300, B, block=(64, 128), device=DEVICE)
     kernel = TritonBlockFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
     x = torch.randn(70, 300, device=DEVICE).half()
@@ -43,7 +95,7 @@ def test_weight_blocks_narrower_than_the_column_tile(seed):
 @pytest.mark.parametrize("split_k", [2, 4])
 def test_split_k_sums_every_slice_once(seed, split_k):
     from quantgate.kernels.triton.act_quant import quantize_per_token_group
-    from quantgate.kernels.triton.fp8_block_gemm import w8a8_gemm, workspace_size
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_gemm, workspace_size
 
     w = torch.randn(96, 640, device=DEVICE) * 0.02
     wq, ws = quant.quantize_weight_block(w)
@@ -52,18 +104,28 @@ def test_split_k_sums_every_slice_once(seed, split_k):
     ref = (xq.double() * xs.double().repeat_interleave(128, 1)) @ quant.dequantize_weight(wq, ws, (128, 128), torch.float64).t()
     counters = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
     for _ in range(2):  # a second launch reuses the counters the first one reset
-        out = w8a8_gemm(xq, xs, wq, ws, torch.float16, groupwise=True, workspace=counters, split_k=split_k)
+        out = w8a8_gemm(xq, xs, wq, ws, torch.float16, groupwise=True, workspace=counters,
+                        config=GemmConfig(16, 32, 4, 3, group_m=1), split_k=split_k)
         assert rel_error(out, ref) < 1e-3
     assert counters.eq(0).all()
 
 
 def test_split_k_needs_a_workspace():
-    from quantgate.kernels.triton.fp8_block_gemm import w8a8_gemm
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_gemm
 
     a = torch.zeros(2, 256, device=DEVICE).to(quant.FP8_DTYPE)
     with pytest.raises(ValueError, match="workspace"):
         w8a8_gemm(a, torch.ones(2, 2, device=DEVICE), a, torch.ones(1, 2, device=DEVICE), torch.float16,
-                  groupwise=True, split_k=2)
+                  groupwise=True, config=GemmConfig(16, 32, 4, 3), split_k=2)
+
+
+def test_tma_path_refuses_shapes_tma_cannot_describe():
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_gemm
+
+    a = torch.zeros(4, 200, device=DEVICE).to(quant.FP8_DTYPE)  # 200-byte rows: not 16-byte aligned multiples
+    with pytest.raises(ValueError, match="multiples of 16"):
+        w8a8_gemm(a, torch.ones(4, 2, device=DEVICE), a[:2].contiguous(), torch.ones(1, 2, device=DEVICE),
+                  torch.float16, groupwise=True, tma=True)
 
 
 def test_verdicts():
@@ -75,17 +137,61 @@ def test_verdicts():
 
 
 CUDA_CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+needs_fp8 = pytest.mark.skipif(CUDA_CAPABILITY < (8, 9), reason="needs FP8 tensor cores (8.9+)")
+GPU_CASES = [(scheme, dtype, m) for scheme in SCHEMES for dtype in (torch.bfloat16, torch.float16) for m in GPU_MS]
+
+
+def _candidate_cases():
+    from quantgate.kernels.triton.fp8_block_gemm import SMALL_M_CANDIDATES, TMA_CANDIDATES
+
+    cases = [(scheme, "small_m", 16, cfg) for scheme in SCHEMES for cfg in SMALL_M_CANDIDATES]
+    if CUDA_CAPABILITY[0] == 9:
+        cases += [(scheme, "tma", 300, cfg) for scheme in SCHEMES for cfg in TMA_CANDIDATES[scheme is B]]
+    return cases
+
+
+def _apply_case(scheme, dtype, m):
+    case = make_case(GPU_N, GPU_K, scheme, act_dtype=dtype, device="cuda")
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, GPU_K, device="cuda").to(dtype)
+    return case, x, lambda: kernel.apply(case.layer, x)
+
+
+def _candidate_run(scheme, path, m, config):
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_linear, workspace_size
+
+    case = make_case(GPU_N, GPU_K, scheme, act_dtype=torch.bfloat16, device="cuda")
+    scale = case.layer.weight_scale
+    x = torch.randn(m, GPU_K, device="cuda").bfloat16()
+    workspace = torch.zeros(workspace_size(GPU_N), dtype=torch.int32, device="cuda")
+    groupwise = scheme is B
+    return case, x, lambda: w8a8_linear(x, case.weight, scale if groupwise else scale.reshape(-1), torch.bfloat16,
+                                        groupwise=groupwise, workspace=workspace, path=path, config=config)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if CUDA_CAPABILITY >= (8, 9):
+        precompile([_apply_case(*c)[2] for c in GPU_CASES] + [_candidate_run(*c)[2] for c in _candidate_cases()])
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(CUDA_CAPABILITY < (8, 9), reason="needs FP8 tensor cores (8.9+)")
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 16, 300])
-def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
-    case = make_case(1000, 1400, scheme, act_dtype=dtype, bias=True, device="cuda")
-    kernel = TritonBlockFp8LinearKernel(case.config)
-    kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(m, 1400, device="cuda").to(dtype)
-    out = kernel.apply(case.layer, x, case.layer.bias)
+@needs_fp8
+@pytest.mark.parametrize("scheme, dtype, m", GPU_CASES, ids=str)
+@pytest.mark.usefixtures("compiled")
+def test_cuda_matches_float64_reference(seed, untuned, scheme, dtype, m):
+    case, x, run = _apply_case(scheme, dtype, m)
+    out = run()
+    assert out.shape == (m, GPU_N) and out.dtype == dtype
     assert rel_error(out, reference_w8a8(case, x), round_ref=dtype == torch.bfloat16) < 1e-3
+
+
+@pytest.mark.gpu
+@needs_fp8
+@pytest.mark.parametrize("scheme, path, m, config", _candidate_cases(), ids=str)
+@pytest.mark.usefixtures("compiled")
+def test_cuda_every_candidate_config_matches_reference(seed, scheme, path, m, config):
+    case, x, run = _candidate_run(scheme, path, m, config)
+    assert rel_error(run(), reference_w8a8(case, x), round_ref=True) < 1e-3
+

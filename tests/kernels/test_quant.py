@@ -91,3 +91,21 @@ def test_triton_quant_rejects_strided_rows_and_odd_groups():
         quantize_per_token_group(x.t(), 128)
     with pytest.raises(ValueError, match="power of two"):
         quantize_per_token_group(x, 96)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
+    """Every W8A8 result depends on these bits: a mismatch the interpreter cannot show (compiled
+    division or rounding) moves all of them off the reference."""
+    from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token, quantize_per_token_group
+
+    x = (torch.randn(257, 4096, device="cuda") * 3).to(dtype)
+    for (q, s), (ref_q, ref_s) in (
+        (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(x, 128)),
+        (quantize_per_token(x), quant.quantize_act_per_token(x)),
+        (quantize_per_tensor(x), quant.quantize_act_per_tensor(x)),
+        (quantize_per_tensor(x, torch.tensor(0.02, device="cuda")),
+         quant.quantize_act_per_tensor(x, torch.tensor(0.02, device="cuda"))),
+    ):
+        assert _same_fp8(q, ref_q) and torch.equal(s.reshape(ref_s.shape), ref_s)

@@ -46,7 +46,7 @@ AUTO = {
            U: "UnquantizedLinearKernel"},
     L40S: {B: "TritonBlockFp8LinearKernel", C: "TorchScaledMMLinearKernel", T: "TorchScaledMMLinearKernel",
            U: "UnquantizedLinearKernel"},
-    H200: {B: "TritonBlockFp8LinearKernel", C: "TorchScaledMMLinearKernel", T: "TorchScaledMMLinearKernel",
+    H200: {B: "TorchBlockScaledMMLinearKernel", C: "TorchScaledMMLinearKernel", T: "TorchScaledMMLinearKernel",
            U: "UnquantizedLinearKernel"},
 }
 
