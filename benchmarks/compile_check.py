@@ -2,7 +2,8 @@
 
 Triton bundles ptxas, so `python benchmarks/compile_check.py --targets 80 89 90` proves the
 sm_80 path (W8A16, no FP8 instructions) really compiles, and reports per variant: registers,
-spill bytes, shared memory and which matrix instructions the PTX uses (wgmma / mma.sync).
+spill bytes, shared memory, which matrix instructions the PTX uses (wgmma / mma.sync) and which
+the SASS has (QGMMA: FP8 warpgroup MMA on sm_90), and whether TMA loads are used.
 Exit status 1 if a variant that should compile for a target does not.
 
     python benchmarks/compile_check.py [--targets 80 90] [--json out.json]
@@ -64,13 +65,18 @@ def _source(v: Variant) -> ASTSource:
 
 
 def _resources(cubin: bytes) -> dict:
+    """Registers and spills, and the SASS matrix instructions (QGMMA: Hopper FP8 warpgroup MMA,
+    HGMMA: its 16-bit form, QMMA/HMMA: mma.sync) and whether TMA loads (UTMALDG) are used."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
     found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
-    return {"registers": int(found.get("REG", -1)), "spill_bytes": int(found.get("LOCAL", 0)) + int(found.get("STACK", 0))}
+    sass_mma = sorted(set(re.findall(r"\b([QH]GMMA|QMMA|HMMA)\.", sass)))
+    return {"registers": int(found.get("REG", -1)), "spill_bytes": int(found.get("LOCAL", 0)) + int(found.get("STACK", 0)),
+            "sass_mma": "+".join(sass_mma) or "-", "tma": "UTMALDG" in sass}
 
 
 def compile_variant(v: Variant, capability: int) -> dict:
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(v, cap) for v in variants() if args.only in v.name for cap in args.targets if cap >= v.min_capability]
     # Compilations are independent; one process each keeps ptxas and the MLIR passes in parallel.
     report, failed = [], 0
-    print(f"{'variant':<62} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma", flush=True)
+    print(f"{'variant':<62} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} {'ptx mma':<8} sass", flush=True)
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = pool.map(_compile_job, [(v.name, cap) for v, cap in jobs])
         for (v, cap), row in zip(jobs, results):
@@ -201,7 +207,7 @@ def _print_row(name: str, cap: int, row: dict) -> None:
     if row["ok"]:
         mma = "wgmma" if row["wgmma"] else ("mma.sync" if row["mma_sync"] else "-")
         print(f"{name:<62} {cap:>3} {'yes':>3} {row['registers']:>5} {row['spill_bytes']:>6} "
-              f"{row['shared_bytes']:>7} {mma}", flush=True)
+              f"{row['shared_bytes']:>7} {mma:<8} {row['sass_mma']}{' TMA' if row['tma'] else ''}", flush=True)
     else:
         print(f"{name:<62} {cap:>3}  NO {row['error']}", flush=True)
 
