@@ -55,9 +55,12 @@ class GemmConfig:
     rescale: bool = False  # TMA kernel, block scheme: scale the accumulator instead of each product
 
 
+# split_per_sm targets one or two waves of the programs an SM holds (16x128, 4 warps, 3 stages:
+# 3 by shared memory; 16x64: 4; 16x256, 8 warps: 2).
 SMALL_M_CANDIDATES = (
-    GemmConfig(SMALL_M, 128, 4, 3, split_per_sm=4), GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=4),
-    GemmConfig(SMALL_M, 128, 4, 4, split_per_sm=2), GemmConfig(SMALL_M, 256, 8, 3, split_per_sm=2),
+    GemmConfig(SMALL_M, 128, 4, 3, split_per_sm=3), GemmConfig(SMALL_M, 128, 4, 3, split_per_sm=6),
+    GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=4), GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=8),
+    GemmConfig(SMALL_M, 256, 8, 3, split_per_sm=2),
 )
 TILED_CANDIDATES: dict[int, tuple[GemmConfig, ...]] = {
     64: (GemmConfig(64, 64, 4, 4, group_m=1, split_per_sm=2), GemmConfig(32, 64, 4, 4, group_m=1, split_per_sm=2)),
@@ -358,12 +361,13 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
         if split is None:
             split = 1
             if workspace is not None and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K), target_programs(x.device, cfg.split_per_sm))
+                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K),
+                                       target_programs(x.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, n_tiles, workspace, x.device)
-        stride_wsn, stride_wsg = (weight_scale.stride(0), weight_scale.stride(1)) if groupwise else (weight_scale.stride(0), 0)
+        stride_wsg = weight_scale.stride(1) if groupwise else 0
         launch(_w8a8_small_m_kernel, (n_tiles, split),
                x, weight, weight_scale, out, bias if bias is not None else out, partial, counters,
-               m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), stride_wsn, stride_wsg,
+               m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), weight_scale.stride(0), stride_wsg,
                SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
                EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -436,7 +440,8 @@ def w8a8_gemm(
         if split is None:
             split = 1
             if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K), target_programs(a.device, cfg.split_per_sm))
+                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K),
+                                       target_programs(a.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, m_tiles * n_tiles, workspace, a.device)
         launch(_w8a8_gemm_kernel, (m_tiles * n_tiles, split),
                a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,

@@ -2,11 +2,12 @@
 
 Split-K (small M, where one tile per output block leaves most SMs idle): every K-slice writes
 its float32 partial tile to `partial` [SPLIT_K, M, N] (a scratch buffer per device, shared by
-all layers), then bumps the tile's counter in the layer's workspace. The slice that arrives last sums the partials in slice order (so results do
-not depend on arrival order), writes the output and resets the counter to zero for the next
-launch. The workspace is therefore all zeros between launches, which is what lets it be bound
-once with `bind_processed` and captured in CUDA graphs. Launches that share a workspace must be
-ordered (one stream), as the layers of one model are.
+all layers), then bumps the tile's counter in the layer's workspace. The slice that arrives
+last sums the partials in slice order (so results do not depend on arrival order), writes the
+output and resets the counter to zero for the next launch. The workspace is therefore all
+zeros between launches, which is what lets it be bound once with `bind_processed` and captured
+in CUDA graphs. Launches that share a workspace or the scratch must be ordered (one stream), as
+the layers of one model are.
 """
 
 from __future__ import annotations
@@ -76,13 +77,14 @@ def target_programs(device: torch.device, per_sm: int) -> int:
     return per_sm * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_split_k(tiles: int, k_tiles: int, target: int, max_split: int = SPLIT_K_MAX) -> int:
-    """The smallest power-of-two split that brings tiles * split up to `target` programs (at most
-    max_split, and at least two K tiles per slice so every program streams a useful run)."""
-    split = 1
-    while tiles * split < target and split * 2 <= min(max_split, k_tiles // 2):
-        split *= 2
-    return split
+def choose_split_k(tiles: int, k_tiles: int, target: int, m: int, n: int) -> int:
+    """The largest split that keeps tiles * split within `target` programs (so a target of the
+    resident programs per SM times the SMs fills one wave: a wave and a bit would take two),
+    with at least two K tiles per slice, partials within MAX_PARTIAL_BYTES, and no empty or
+    runt trailing slice."""
+    limit = min(SPLIT_K_MAX, k_tiles // 2, MAX_PARTIAL_BYTES // (4 * m * n))
+    split = max(1, min(target // tiles, limit))
+    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
 
 
 _scratch: dict[torch.device, list[torch.Tensor]] = {}
@@ -109,7 +111,8 @@ def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.T
         return _device_scratch(device, 1, torch.float32), counters
     if workspace is None or workspace.numel() < tiles:
         have = 0 if workspace is None else workspace.numel()
-        raise ValueError(f"split-K over {tiles} output tiles needs a workspace of >= {tiles} int32 counters, got {have}")
+        raise ValueError(f"split-K over {tiles} output tiles needs a workspace of >= {tiles} int32 counters, "
+                         f"got {have}")
     if split_k * m * n * 4 > MAX_PARTIAL_BYTES:
         raise ValueError(f"split-K {split_k} of a [{m}, {n}] output needs {split_k * m * n * 4} bytes of partials "
                          f"(limit {MAX_PARTIAL_BYTES}); split less")

@@ -107,7 +107,8 @@ class Autotuner:
                 results.append((config, do_bench(lambda: run(config), warmup=_WARMUP_MS, rep=_REP_MS,
                                                   return_mode="median"), None))
             except Exception as exc:  # noqa: BLE001 - e.g. a tile that needs more shared memory than this GPU has
-                results.append((config, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
+                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+                results.append((config, None, f"{type(exc).__name__}: {first_line}"))
         self.timings[key] = results
         timed = [(config, ms) for config, ms, _ in results if ms is not None]
         if not timed:

@@ -50,14 +50,15 @@ class W8A16Config:
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
 # shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
-# compilation. The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps
-# operands in registers).
+# compilation; split_per_sm targets one or two waves of the programs an SM holds (GEMV 128
+# columns, 4 warps: 3 per SM by registers; 64 columns: 5; dot 16x64: 6; 16x32: 9). The 64x128
+# tile is the largest that does not spill on sm_80 (mma.sync keeps operands in registers).
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
-    1: (W8A16Config(1, 128, 4, 1, 4), W8A16Config(1, 64, 4, 1, 8), W8A16Config(1, 128, 4, 1, 2),
-        W8A16Config(1, 256, 8, 1, 2)),
-    16: (W8A16Config(16, 64, 4, 3, 4), W8A16Config(16, 32, 4, 3, 4), W8A16Config(16, 128, 4, 4, 2),
-         W8A16Config(16, 64, 4, 4, 8)),
-    64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 2)),
+    1: (W8A16Config(1, 128, 4, 1, 3), W8A16Config(1, 128, 4, 1, 6), W8A16Config(1, 64, 4, 1, 5),
+        W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 256, 8, 1, 2)),
+    16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
+         W8A16Config(16, 32, 4, 3, 18), W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
+    64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
     256: (W8A16Config(64, 128, 4, 3), W8A16Config(64, 64, 4, 3)),
 }
 LARGE_M = (W8A16Config(64, 128, 4, 3),)
@@ -284,7 +285,8 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     if split_k is None:
         split_k = 1
         if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-            split_k = choose_split_k(n_tiles, triton.cdiv(k, GROUP_K), target_programs(x.device, cfg.split_per_sm))
+            split_k = choose_split_k(n_tiles, triton.cdiv(k, GROUP_K),
+                                     target_programs(x.device, cfg.split_per_sm), m, n)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
     if cfg.block_m == 1:  # float32 weights, 2^-120
