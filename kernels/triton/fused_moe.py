@@ -11,8 +11,18 @@ they quantize the float32 result in one more launch); a second grouped GEMM appl
 projection and the routing weight per slot. Summing a token's top-k slots is one torch
 reduction.
 
+Numerics (W8A8), the definition kernels/moe/reference.py checks against: activations are
+quantized by kernels/quant.py's rule, scale = float32(amax / 448) by one correctly rounded
+division (`div_rn`, never a product with a rounded 1/448), value = e4m3 round-to-nearest-even of
+float32(a / scale); for the intermediate, `a` is the float32 SiLU(gate) * up straight from the
+accumulators, never rounded to the activation dtype. Exactness matters because the intermediate
+is quantized: a relative difference d in the gate/up result moves about d / ulp of its FP8
+roundings by one step and costs about sqrt(d * ulp) of the output (the reference module says more).
+
 The sizes that change with the batch (slots, aligned rows) are not specialized on, so a new
-batch size does not compile new kernels; only the tile table's token bucket does.
+batch size does not compile new kernels; only the tile table's token bucket does. Nor are the
+scale strides (scalar-like loads): layers of other shapes, and channel and tensor scales, then
+share compilations.
 
 Rows of the intermediate are the aligned rows of `moe_align_block_size`, so the down GEMM
 reads them contiguously. FP8 dots add into the float32 accumulator one BLOCK_K (128) step at
@@ -55,12 +65,15 @@ class FusedMoEConfig:
     down: GemmTile
 
 
-# (largest token count, config): the first row with T <= largest applies. Starting points
-# for the H200, to be replaced by the sweep of benchmarks/bench_moe.py --tune.
+# (largest token count, config): the first row with T <= largest applies. H200 sweep of
+# benchmarks/bench_moe.py --tune (Qwen3-30B-A3B layer, results/h200-2026-11-29-run1). Edges are
+# geometric midpoints of the swept token counts. The T=1 winner was within the sweep's own noise
+# of the T=16 one (eager timings at T <= 16 are launch-bound: one config re-measured 0.186 and
+# 0.222 ms), so one row serves both and saves a compilation; bf16 kept its defaults (the
+# sweep ran out of time after T=1, a host-bound measurement).
 FP8_CONFIGS: tuple[tuple[int, FusedMoEConfig], ...] = (
-    (32, FusedMoEConfig(16, GemmTile(128, 128, 4, 4), GemmTile(64, 128, 4, 4))),
-    (128, FusedMoEConfig(16, GemmTile(128, 128, 4, 3), GemmTile(128, 128, 4, 3))),
-    (512, FusedMoEConfig(32, GemmTile(128, 128, 8, 3), GemmTile(128, 128, 4, 3))),
+    (64, FusedMoEConfig(16, GemmTile(128, 128, 4, 4), GemmTile(64, 128, 4, 4))),
+    (512, FusedMoEConfig(16, GemmTile(128, 128, 4, 4), GemmTile(128, 128, 4, 4, 8))),
     (1 << 62, FusedMoEConfig(64, GemmTile(128, 128, 8, 3, 8), GemmTile(128, 128, 4, 4, 8))),
 )
 BF16_CONFIGS: tuple[tuple[int, FusedMoEConfig], ...] = (
@@ -117,7 +130,10 @@ def program_tile(max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROU
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["num_slots", "max_rows"])
+_SCALE_STRIDES = ["stride_asm", "stride_asg", "stride_wse", "stride_wsn", "stride_wsk"]
+
+
+@triton.jit(do_not_specialize=["num_slots", "max_rows", *_SCALE_STRIDES, "up_scale_offset", "stride_osm"])
 def _gate_up_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, out_scale_ptr,
     sorted_slots_ptr, block_expert_ptr, num_padded_ptr,
@@ -199,7 +215,7 @@ def _gate_up_kernel(
         tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=in_n)
 
 
-@triton.jit(do_not_specialize=["num_slots", "max_rows"])
+@triton.jit(do_not_specialize=["num_slots", "max_rows", *_SCALE_STRIDES])
 def _down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr,
     sorted_slots_ptr, block_expert_ptr, num_padded_ptr,
