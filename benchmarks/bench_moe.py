@@ -709,10 +709,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.summary:
-        print_summary(json.loads(args.summary.read_text()))
         tune = args.summary.parent / "bench_moe_tune.json"
         if tune.exists():
             print_tune(json.loads(tune.read_text()))
+        print_summary(json.loads(args.summary.read_text()))  # the short table last
         return 0
     if args.compile_check:
         report, failed = run_compile_check(args.targets, args.jobs, args.verbose)
