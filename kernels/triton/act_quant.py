@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
-from .tuning import launch
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
@@ -114,8 +113,8 @@ def quantize_per_token_group(
         return q, scale
     per_program = min(triton.next_power_of_2(groups), max(1, 1024 // group))
     grid = (mp, triton.cdiv(groups, per_program))
-    launch(_group_quant_kernel, grid, x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
-           GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
+    _group_quant_kernel[grid](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+                              GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
     return q, scale
 
 
@@ -127,8 +126,8 @@ def quantize_per_token(x: torch.Tensor, *, row_multiple: int = 1) -> tuple[torch
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
     if mp and k:
-        launch(_row_quant_kernel, (mp,), x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
-               BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
+                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
     return q, scale
 
 
@@ -146,6 +145,6 @@ def quantize_per_tensor(
     mp = _padded_rows(m, row_multiple)
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     if mp and k:
-        launch(_row_quant_kernel, (mp,), x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
-               BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
+                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
     return q, scale

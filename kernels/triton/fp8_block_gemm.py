@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
 from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
-from .tuning import Autotuner, launch, m_bucket
+from .tuning import Autotuner, m_bucket
 
 BLOCK_K = 128
 SMALL_M = 16  # fused activation quantization up to here: larger M would quantize each row too often
@@ -94,7 +94,9 @@ def _tma_capable(device: torch.device) -> bool:
     return device.type == "cuda" and _capability(device)[0] == 9
 
 
-@triton.jit(do_not_specialize=["M", "split_k"])
+# Not specialized: arguments that vary with the batch or only address a scale row once, so that
+# one compilation serves every batch size and layer shape of a configuration.
+@triton.jit(do_not_specialize=["M", "split_k", "stride_wsn"])
 def _w8a8_small_m_kernel(
     x_ptr, w_ptr, ws_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k, stride_xm, stride_wn, stride_cm, stride_wsn, stride_wsg,
@@ -173,7 +175,7 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["M", "split_k"])
+@triton.jit(do_not_specialize=["M", "split_k", "stride_asg", "stride_bsn"])
 def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k,
@@ -234,7 +236,7 @@ def _w8a8_gemm_kernel(
                split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "stride_asg", "stride_bsn"])
 def _w8a8_tma_kernel(
     a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr,
     M, N, K, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,
@@ -365,12 +367,12 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
                                        target_programs(x.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, n_tiles, workspace, x.device)
         stride_wsg = weight_scale.stride(1) if groupwise else 0
-        launch(_w8a8_small_m_kernel, (n_tiles, split),
-               x, weight, weight_scale, out, bias if bias is not None else out, partial, counters,
-               m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), weight_scale.stride(0), stride_wsg,
-               SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
-               EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _w8a8_small_m_kernel[(n_tiles, split)](
+            x, weight, weight_scale, out, bias if bias is not None else out, partial, counters,
+            m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), weight_scale.stride(0), stride_wsg,
+            SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
+            EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if config is None:
         key = (m_bucket(m), n, k, x.dtype, out_dtype, groupwise, scale_block_n)
@@ -426,11 +428,12 @@ def w8a8_gemm(
             a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg.block_m, BLOCK_K])
             b_desc = TensorDescriptor(b, [n, k], [k, 1], [cfg.block_n, BLOCK_K])
             grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-            launch(_w8a8_tma_kernel, grid, a_desc, b_desc, out, a_scale, b_scale, bias if bias is not None else out,
-                   m, n, k, out.stride(0), *scale_strides,
-                   SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, RESCALE=cfg.rescale and groupwise,
-                   HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-                   GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            _w8a8_tma_kernel[grid](
+                a_desc, b_desc, out, a_scale, b_scale, bias if bias is not None else out,
+                m, n, k, out.stride(0), *scale_strides,
+                SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, RESCALE=cfg.rescale and groupwise,
+                HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+                GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
         run_tma(config or _TMA_TUNER.pick(key, TMA_CANDIDATES[groupwise], run_tma, a.device))
         return out
@@ -443,12 +446,12 @@ def w8a8_gemm(
                 split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K),
                                        target_programs(a.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, m_tiles * n_tiles, workspace, a.device)
-        launch(_w8a8_gemm_kernel, (m_tiles * n_tiles, split),
-               a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
-               m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides,
-               SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
-               EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-               GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _w8a8_gemm_kernel[(m_tiles * n_tiles, split)](
+            a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
+            m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides,
+            SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
+            EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
+            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if config is None:
         config = _TILED_TUNER.pick(key, TILED_CANDIDATES.get(m_bucket(m), TILED_LARGE), run, a.device)

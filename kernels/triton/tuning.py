@@ -1,32 +1,25 @@
-"""Launch configurations chosen by timing a few candidates once per shape, and parallel warm-up.
+"""Launch configurations chosen by timing a few candidates once per shape.
 
 The fastest tile, warp count and split-K of a Triton GEMM depend on the GPU and on (M, N, K);
 a table written for one GPU is wrong on the next. So each GEMM launcher offers a short list of
 candidate configurations, its heuristic default first, and `Autotuner.pick` times them once
 per key (M bucket, N, K, dtypes, scheme) on first use and keeps the fastest for the process.
 The engine's first use of a shape is its eager warm-up pass, before CUDA graphs are captured,
-so tuning costs start-up time (tens of milliseconds per key), never a decode step. It does
-not time, and takes the cached choice or else the default:
+so tuning costs start-up time (compiling each candidate once, then tens of milliseconds per
+key), never a decode step. It does not time, and takes the cached choice or else the default:
   - on CPU (the interpreter has nothing to time),
   - while a CUDA graph is being captured (timing needs synchronization),
   - when QUANTGATE_AUTOTUNE=0 (debugging, or reproducing a run bit for bit).
 Candidates differ only in the order of float32 additions, so all meet the same accuracy.
-
-`precompiling()` turns every launch made through `launch` into an asynchronous compilation,
-so a benchmark compiles all its variants on every CPU core before it times anything.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
-import triton
 
 AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
 _WARMUP_MS, _REP_MS = 2, 10
@@ -35,30 +28,7 @@ _WARMUP_MS, _REP_MS = 2, 10
 _MARGIN = 0.97
 
 T = TypeVar("T")
-_precompiling: contextvars.ContextVar[bool] = contextvars.ContextVar("quantgate_precompiling", default=False)
 _TUNERS: list[Autotuner] = []
-
-
-def launch(kernel, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
-    """kernel[grid](*args, **kwargs), or only its (asynchronous) compilation under `precompiling()`."""
-    if _precompiling.get():
-        kernel.warmup(*args, grid=grid, **kwargs)
-    else:
-        kernel[grid](*args, **kwargs)
-
-
-@contextlib.contextmanager
-def precompiling(workers: int | None = None) -> Iterator[None]:
-    """Launches inside compile their kernels on a thread pool and run nothing; autotuned
-    launchers compile every candidate. Leaving the block waits for all compilations. A variant
-    that fails to compile is left out here: its first real launch raises the error."""
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
-        with triton.AsyncCompileMode(pool, ignore_errors=True):
-            token = _precompiling.set(True)
-            try:
-                yield
-            finally:
-                _precompiling.reset(token)
 
 
 def m_bucket(m: int) -> int:
@@ -88,12 +58,8 @@ class Autotuner:
         chosen = self.best.get(key)
         if chosen is not None:
             return chosen
-        will_time = len(candidates) > 1 and device.type == "cuda" and _enabled()
-        if _precompiling.get():
-            for config in candidates if will_time else candidates[:1]:
-                run(config)
-            return candidates[0]
-        if not will_time or torch.cuda.is_current_stream_capturing():
+        if (len(candidates) == 1 or device.type != "cuda" or not _enabled()
+                or torch.cuda.is_current_stream_capturing()):
             return candidates[0]
         self.best[key] = chosen = self._time(key, candidates, run)
         return chosen

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
-from .tuning import Autotuner, launch, m_bucket
+from .tuning import Autotuner, m_bucket
 
 GROUP_K = 128  # K tile = scale group along K for block checkpoints
 PLANE_K = GROUP_K // 4
@@ -290,21 +290,21 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
     if cfg.block_m == 1:  # float32 weights, 2^-120
-        launch(_w8a16_gemv_kernel, (n_tiles, split_k),
-               x, packed, scale, out, bias if bias is not None else out, partial, counters,
-               n, k, split_k, scale.stride(0) if groupwise else 0,
-               X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
-               HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _w8a16_gemv_kernel[(n_tiles, split_k)](
+            x, packed, scale, out, bias if bias is not None else out, partial, counters,
+            n, k, split_k, scale.stride(0) if groupwise else 0,
+            X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
+            HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
     else:
         out_kind, w_exp, x_exp = 2, 8, 0
-    launch(_w8a16_gemm_kernel, (m_tiles, n_tiles, split_k),
-           x, packed, scale, out, bias if bias is not None else out, partial, counters,
-           m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
-           X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
-           GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
-           EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _w8a16_gemm_kernel[(m_tiles, n_tiles, split_k)](
+        x, packed, scale, out, bias if bias is not None else out, partial, counters,
+        m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
+        X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
+        GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
+        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)

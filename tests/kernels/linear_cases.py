@@ -6,7 +6,6 @@ so the reference is computed from exactly the quantized operands the kernel saw.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pytest
@@ -15,8 +14,9 @@ import torch
 from quantgate.kernels import LinearLayerConfig, Scheme, quant
 
 SCHEMES = (Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR)
-# GPU tests share one layer shape so that they (and the benchmark after them) reuse compilations:
-# K and N multiples of 16 (TMA rows), N not a multiple of 128 (a partial scale block and tile).
+# GPU tests share one layer shape so that they (and the benchmark after them, which runs K and N
+# multiples of 128) reuse compilations: K a multiple of 128, N a multiple of 16 (TMA rows) but
+# not of 128 (a partial scale block and column tile). K tails run in the CPU tests.
 GPU_K, GPU_N = 1408, 1008
 GPU_MS = (1, 16, 300)  # the GEMV / small-M, and the large-M (TMA on Hopper) paths
 
@@ -130,25 +130,3 @@ def untuned(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv(AUTOTUNE_ENV, "0")
 
-
-def precompile(launches: Iterable[Callable[[], object]]) -> None:
-    """Compile the kernels `launches` use on every CPU core before the tests run them one by one
-    (a GPU test session would otherwise spend its time compiling, one variant after another)."""
-    import os
-    import warnings
-
-    from quantgate.kernels.triton.tuning import AUTOTUNE_ENV, precompiling
-
-    old = os.environ.get(AUTOTUNE_ENV)
-    os.environ[AUTOTUNE_ENV] = "0"
-    try:
-        with precompiling():
-            for fn in launches:
-                fn()
-    except Exception as exc:  # noqa: BLE001 - the tests then compile as they go, and fail on their own
-        warnings.warn(f"parallel precompilation failed: {type(exc).__name__}: {exc}", stacklevel=2)
-    finally:
-        if old is None:
-            os.environ.pop(AUTOTUNE_ENV)
-        else:
-            os.environ[AUTOTUNE_ENV] = old

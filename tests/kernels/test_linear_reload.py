@@ -93,7 +93,8 @@ def test_processing_twice_without_a_reload_is_refused(kernel_cls):
 @pytest.mark.parametrize("kernel_cls, scheme", [(TritonBlockFp8LinearKernel, B), (MarlinFp8LinearKernel, B),
                                                 (MarlinFp8LinearKernel, C), (TorchScaledMMLinearKernel, C)],
                          ids=lambda v: getattr(v, "__name__", getattr(v, "value", str(v))))
-def test_cuda_graph_replays_with_reloaded_weights(seed, untuned, kernel_cls, scheme):
+@pytest.mark.usefixtures("untuned")
+def test_cuda_graph_replays_with_reloaded_weights(seed, kernel_cls, scheme):
     ok, reason = kernel_cls.is_supported(Platform.detect("cuda"))
     if not ok:
         pytest.skip(reason)
