@@ -15,11 +15,13 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
+_INTERPRETED = tl.constexpr(knobs.runtime.interpret)  # read when kernels are defined, as triton.jit does
 
 
 @triton.jit
@@ -29,11 +31,21 @@ def _scale_from_amax(amax):
 
 @triton.jit
 def _to_fp8(x, scale):
+    """x / scale rounded to e4m3 (nearest even, saturating), with the bits of quant.py: the
+    quotient must be the IEEE one, so a division, not a multiplication by the reciprocal."""
+    if not _INTERPRETED:
+        # One division per scale (scale is broadcast: a row or group shares it), not per element:
+        # r = RN(1/scale), q0 = RN(x r), then one FMA correction (Markstein) gives the correctly
+        # rounded quotient. The cast is cvt.rn.satfinite: nearest even, saturating at +-448 (the
+        # clamp of quant.to_fp8), one instruction per pair.
+        r = tl.math.div_rn(1.0, scale)
+        q0 = x * r
+        return tl.math.fma(tl.math.fma(-q0, scale, x), r, q0).to(tl.float8e4nv)
     q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
-    # Round to the e4m3 grid in float32 (round-to-nearest-even by adding and removing a power of
-    # two whose ulp is the e4m3 spacing at q's exponent), so the cast below is exact. Hardware
-    # cvt.rn would round the same; the Triton 3.6 interpreter's cast does not (no ties-to-even,
-    # no carry into the exponent), and CPU CI runs these kernels under it.
+    # The Triton 3.6 interpreter's cast does not round to nearest even (no ties-to-even, no carry
+    # into the exponent), and CPU CI runs these kernels under it: round to the e4m3 grid in float32
+    # first (add and remove a power of two whose ulp is the e4m3 spacing at q's exponent), so the
+    # cast is exact and gives the hardware's bits.
     bits = q.to(tl.int32, bitcast=True)
     biased_exp = (bits >> 23) & 0xFF
     spacing_exp = tl.maximum(biased_exp, 127 - 6) - 3  # 3 mantissa bits; subnormal below 2^-6
