@@ -10,8 +10,10 @@ pre-quantized operands. Two timings of everything:
   every call reads its weight from HBM, as decode reads layer after layer), replayed and timed
   with events; time per call = replay time / calls. No host overhead: what a decode step under
   the engine's CUDA graphs sees.
-- eager: triton.testing.do_bench (L2 flushed before each call): host launch overhead shows
-  whenever it exceeds the GPU time.
+- eager: one call at a time from Python, each after an L2 eviction by reading a large buffer
+  (triton's do_bench zeroes one: the dirty L2 then costs every timed call ~50 MB of write-back,
+  which inflated round 1's small-M times): host launch overhead shows whenever it exceeds the
+  GPU time.
 The acceptance checks of issue 3 use the graph times at M <= 16 and the eager times above (both
 are in the results). Also measured: the device copy bandwidth and marlin's weight bandwidth at
 M=1; the activation-quantization kernels alone (what the torch backend adds to a bare
@@ -42,7 +44,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 from quantgate.kernels import LinearLayerConfig, Scheme, quant
 from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
@@ -107,7 +108,9 @@ def _environment() -> dict:
 
 
 def eager_ms(fn: Callable[[], object]) -> float:
-    return do_bench(fn, warmup=EAGER_WARMUP_MS, rep=EAGER_REP_MS, return_mode="median")
+    """Median time of `fn` launched from Python one call at a time (host overhead included when
+    it exceeds the GPU time), each after an L2 eviction that leaves no dirty lines."""
+    return tuning.time_ms(fn, EAGER_REP_MS, EAGER_WARMUP_MS)
 
 
 def graph_ms(calls: list[Callable[[], object]], estimate_ms: float) -> float:
@@ -486,8 +489,8 @@ def _markdown(env, bandwidth, rows, correct, exactness, checks, best, tuned) -> 
              f"autotune {'on' if env['autotune'] else 'off'}", "",
              f"Device copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s", "",
              "## Times", "",
-             "graph: per call in a CUDA graph over rotating weight copies (no host overhead); eager: do_bench, L2 "
-             "flushed. Acceptance uses graph at M <= 16 and eager above. Backends time `apply` (activation "
+             "graph: per call in a CUDA graph over rotating weight copies (no host overhead); eager: one call at a "
+             "time after an L2 eviction by reads (host overhead included). Acceptance uses graph at M <= 16 and eager above. Backends time `apply` (activation "
              "quantization included); peers are bare GEMMs on pre-quantized operands; act_quant_* rows are the "
              "activation quantization kernels alone. 'output error': the timed launch's output against float64 "
              "rounded to bf16.", "",

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
-_WARMUP_MS, _REP_MS = 2, 10
+_REP_MS = 10
 # A candidate replaces an earlier one only when it is this much faster: timing noise must not
 # make the choice (and the summation order) flip between runs for configs that tie.
 _MARGIN = 0.97
@@ -65,13 +65,10 @@ class Autotuner:
         return chosen
 
     def _time(self, key: tuple, candidates: Sequence[T], run: Callable[[T], None]) -> T:
-        from triton.testing import do_bench
-
         results: list[tuple[Any, float | None, str | None]] = []
         for config in candidates:
             try:
-                results.append((config, do_bench(lambda: run(config), warmup=_WARMUP_MS, rep=_REP_MS,
-                                                  return_mode="median"), None))
+                results.append((config, time_ms(lambda: run(config), _REP_MS), None))
             except Exception as exc:  # noqa: BLE001 - e.g. a tile that needs more shared memory than this GPU has
                 first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 results.append((config, None, f"{type(exc).__name__}: {first_line}"))
@@ -84,6 +81,37 @@ class Autotuner:
             if ms < best_ms * _MARGIN:
                 best, best_ms = config, ms
         return best
+
+
+def time_ms(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2.0) -> float:
+    """Median time of `fn`, launched one call at a time, each after evicting the L2 by reading
+    a buffer twice its size. (triton.testing.do_bench zeroes one instead: the L2 is then full of
+    dirty lines, and each timed call also pays for writing them back, tens of MB, which at small
+    M is as much traffic as the weights.)"""
+    device = torch.device("cuda", torch.cuda.current_device())
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    flush = torch.empty(l2_bytes // 2, dtype=torch.float32, device=device)  # read, never written
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(round(warmup_ms / estimate)):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(max(5, min(300, round(rep_ms / estimate))))]
+    for begin, finish in events:
+        flush.amax()
+        begin.record()
+        fn()
+        finish.record()
+    torch.cuda.synchronize()
+    times = sorted(begin.elapsed_time(finish) for begin, finish in events)
+    return times[len(times) // 2]
 
 
 def tuning_report() -> list[dict]:
