@@ -164,9 +164,8 @@ class Weights:
         self.q = {s: _quantize(self.float, s) for s in (B, C, T)}
         self.input_scale = torch.tensor(0.05, device=DEVICE)  # static per-tensor activation scale
 
-    def layer(self, kernel_cls, scheme: Scheme, dtype: torch.dtype | None = None):
-        config = LinearLayerConfig(self.k, self.n, scheme, act_dtype=dtype or self.dtype,
-                                   static_input_scale=scheme is T)
+    def layer(self, kernel_cls, scheme: Scheme):
+        config = LinearLayerConfig(self.k, self.n, scheme, act_dtype=self.dtype, static_input_scale=scheme is T)
         ok, reason = kernel_cls.can_implement(config)
         if not ok:
             raise RuntimeError(reason)
@@ -458,6 +457,7 @@ def fastest(rows: list[dict]) -> dict:
     """Per scheme: the fastest backend at each M (acceptance timing, summed over shapes) and the
     order by geometric-mean time over every (M, K, N): what LINEAR_PRIORITY should say."""
     out = {}
+    shapes = len({(r["k"], r["n"]) for r in rows})
     for scheme in (B, C, T):
         mine = [r for r in rows if r["scheme"] == scheme.value]
         by_backend: dict[str, list[float | None]] = {}
@@ -471,7 +471,7 @@ def fastest(rows: list[dict]) -> dict:
             for r in mine:
                 if r["m"] == m and r["ms"]:
                     totals.setdefault(r["backend"], []).append(r["ms"])
-            complete = {b: sum(ts) for b, ts in totals.items() if len(ts) == len(SHAPES)}
+            complete = {b: sum(ts) for b, ts in totals.items() if len(ts) == shapes}
             per_m[m] = min(complete, key=complete.get) if complete else None
         out[scheme.value] = {"order_by_geomean": sorted(means, key=means.get), "geomean_ms": means,
                              "fastest_at_m": per_m}
