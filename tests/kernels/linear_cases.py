@@ -77,8 +77,13 @@ def load_checkpoint(layer: torch.nn.Module, config: LinearLayerConfig, device: s
 
 
 def reference_w8a8(case: Fp8LinearCase, x: torch.Tensor) -> torch.Tensor:
-    """float64 x_q @ w_q^T with the scheme's activation quantization (what W8A8 kernels compute)."""
-    x2 = x.reshape(-1, x.shape[-1])
+    """float64 x_q @ w_q^T with the scheme's activation quantization (what W8A8 kernels compute).
+
+    The activations are quantized on the CPU: torch on CUDA divides by a Python scalar as a
+    product with its rounded reciprocal, so quant.py's scales (amax / 448) there can be one
+    float32 ulp off the IEEE quotient the kernels compute, and bf16 activations often sit exactly
+    on an FP8 rounding tie that such a scale decides the other way."""
+    x2 = x.reshape(-1, x.shape[-1]).cpu()
     scheme = case.config.scheme
     if scheme is Scheme.FP8_BLOCK:
         group = case.config.block_size[1]
@@ -88,9 +93,10 @@ def reference_w8a8(case: Fp8LinearCase, x: torch.Tensor) -> torch.Tensor:
         xq, xs = quant.quantize_act_per_token(x2)
         xd = xq.double() * xs.double()
     else:
-        xq, xs = quant.quantize_act_per_tensor(x2, case.input_scale)
+        static = case.input_scale.cpu() if case.input_scale is not None else None
+        xq, xs = quant.quantize_act_per_tensor(x2, static)
         xd = xq.double() * xs.double()
-    return _finish(case, xd @ case.dequantized_weight().t(), x)
+    return _finish(case, xd.to(x.device) @ case.dequantized_weight().t(), x)
 
 
 def reference_w8a16(case: Fp8LinearCase, x: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:

@@ -97,15 +97,17 @@ def test_triton_quant_rejects_strided_rows_and_odd_groups():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
     """Every W8A8 result depends on these bits: a mismatch the interpreter cannot show (compiled
-    division or rounding) moves all of them off the reference."""
+    division or rounding) moves all of them off the reference. The reference runs on the CPU,
+    whose division is IEEE (torch on CUDA divides by a Python scalar through its reciprocal)."""
     from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token, quantize_per_token_group
 
     x = (torch.randn(257, 4096, device="cuda") * 3).to(dtype)
+    x[0, :128] = x[0, 5]  # a group of equal values: every one of them is the group's amax
+    cpu, static = x.cpu(), torch.tensor(0.02)
     for (q, s), (ref_q, ref_s) in (
-        (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(x, 128)),
-        (quantize_per_token(x), quant.quantize_act_per_token(x)),
-        (quantize_per_tensor(x), quant.quantize_act_per_tensor(x)),
-        (quantize_per_tensor(x, torch.tensor(0.02, device="cuda")),
-         quant.quantize_act_per_tensor(x, torch.tensor(0.02, device="cuda"))),
+        (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
+        (quantize_per_token(x), quant.quantize_act_per_token(cpu)),
+        (quantize_per_tensor(x), quant.quantize_act_per_tensor(cpu)),
+        (quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
     ):
-        assert _same_fp8(q, ref_q) and torch.equal(s.reshape(ref_s.shape), ref_s)
+        assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu().reshape(ref_s.shape), ref_s)
