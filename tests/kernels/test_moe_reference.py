@@ -135,6 +135,16 @@ def test_reference_matches_a_per_token_loop(seed: int) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_near_fp8_tie_flags_rows_with_a_value_at_a_tie() -> None:
+    cfg = moe_config(Scheme.FP8_CHANNEL)
+    a = torch.full((3, 4), 7 * 8 / 1024)  # amax 3.0625: scale 7 / 1024, so a / scale = 8 (on the grid)
+    a[:, 0] = 3.0625
+    a[1, 2] = 7 * 17 / 1024  # a / scale = 17: halfway between 16 and 18
+    a[2, 2] = 7 * 17.01 / 1024  # 6e-4 (relative) from that tie
+    assert near_fp8_tie(a, cfg, None, margin=1e-5).tolist() == [False, True, False]
+    assert near_fp8_tie(a, cfg, None, margin=1e-3).tolist() == [False, True, True]
+
+
 @pytest.mark.parametrize("scheme", FP8_SCHEMES)
 def test_quantize_experts_round_trips(scheme: Scheme, seed: int) -> None:
     cfg = moe_config(scheme, hidden=200, inter=128)
