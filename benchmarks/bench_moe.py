@@ -478,7 +478,7 @@ TABLES = {"triton_fp8_block": "fused_moe.FP8_CONFIGS", "triton_bf16": "fused_moe
 def print_tune(result: dict) -> None:
     """The sweep's winners, and each table as a literal to paste: a measured token count's row
     reaches the geometric midpoint (rounded down to a power of two) to the next count of TOKENS;
-    beyond the last measured count the current table's rows stay."""
+    outside the measured counts the current table's rows stay."""
     print("\ntile sweep (Qwen3-30B-A3B shape): default vs best config per token count")
     winners: dict[str, dict[int, str]] = {}
     for row in result["found"]:
@@ -492,6 +492,10 @@ def print_tune(result: dict) -> None:
         winners.setdefault(row["method"], {})[row["tokens"]] = row["best"]
     for method, found in winners.items():
         print(f"\n{TABLES[method]} = (")
+        earlier = [t for t in TOKENS if t < min(found)]
+        if earlier:
+            edge = 1 << round((earlier[-1] * min(found)) ** 0.5).bit_length() - 1
+            print(f"    # up to {edge} tokens: not swept, keep the current rows")
         previous = None
         for tokens in sorted(found):
             later = [t for t in TOKENS if t > tokens]
