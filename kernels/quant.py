@@ -33,7 +33,10 @@ def fp8_to_float(q: torch.Tensor) -> torch.Tensor:
 
 
 def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    return (amax.float() / FP8_MAX).clamp(min=MIN_SCALE)
+    # A tensor divisor: CUDA divides by a Python scalar through a rounded reciprocal, whose
+    # quotient can be one ulp off the IEEE one the kernels (and the CPU) compute.
+    fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
+    return (amax.float() / fp8_max).clamp(min=MIN_SCALE)
 
 
 def block_scale_shape(n: int, k: int, block: tuple[int, int]) -> tuple[int, int]:
