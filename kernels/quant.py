@@ -32,7 +32,8 @@ def fp8_to_float(q: torch.Tensor) -> torch.Tensor:
     return _FP8_VALUES.index_select(0, codes).view(q.shape)
 
 
-def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """float32 amax / FP8_MAX by one correctly rounded division on every device, at least MIN_SCALE."""
     # A tensor divisor: CUDA divides by a Python scalar through a rounded reciprocal, whose
     # quotient can be one ulp off the IEEE one the kernels (and the CPU) compute.
     fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
@@ -54,20 +55,20 @@ def quantize_weight_block(w: torch.Tensor, block: tuple[int, int] = (128, 128)) 
     n, k = w.shape
     gn, gk = block_scale_shape(n, k, block)
     padded = _pad_to_blocks(w.float(), block).view(gn, block[0], gk, block[1])
-    scale = _amax_scale(padded.abs().amax(dim=(1, 3)))
+    scale = scale_from_amax(padded.abs().amax(dim=(1, 3)))
     q = to_fp8(padded / scale[:, None, :, None]).view(gn * block[0], gk * block[1])[:n, :k]
     return q.contiguous(), scale
 
 
 def quantize_weight_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K] -> (fp8 [N, K], scale [N, 1])."""
-    scale = _amax_scale(w.abs().amax(dim=1, keepdim=True))
+    scale = scale_from_amax(w.abs().amax(dim=1, keepdim=True))
     return to_fp8(w.float() / scale), scale
 
 
 def quantize_weight_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K] -> (fp8 [N, K], scale []) ."""
-    scale = _amax_scale(w.abs().amax())
+    scale = scale_from_amax(w.abs().amax())
     return to_fp8(w.float() / scale), scale
 
 
@@ -97,21 +98,21 @@ def quantize_act_per_token_group(x: torch.Tensor, group: int = 128) -> tuple[tor
         padded = torch.nn.functional.pad(padded, (0, groups * group - k))
     padded = padded.view(m, groups, group)
     low, high = torch.aminmax(padded, dim=2)  # one pass instead of abs() then amax()
-    scale = _amax_scale(torch.maximum(-low, high))
+    scale = scale_from_amax(torch.maximum(-low, high))
     q = to_fp8(padded / scale[:, :, None]).view(m, groups * group)
     return (q[:, :k].contiguous() if k % group else q), scale
 
 
 def quantize_act_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] -> (fp8 [M, K], scale [M, 1])."""
-    scale = _amax_scale(x.abs().amax(dim=1, keepdim=True))
+    scale = scale_from_amax(x.abs().amax(dim=1, keepdim=True))
     return to_fp8(x.float() / scale), scale
 
 
 def quantize_act_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Static (given `scale`) or dynamic per-tensor activation quantization; scale is 0-d."""
     if scale is None:
-        scale = _amax_scale(x.abs().amax())
+        scale = scale_from_amax(x.abs().amax())
     scale = scale.float().reshape(())
     return to_fp8(x.float() / scale), scale
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE, scale_from_amax
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
@@ -150,9 +150,8 @@ def quantize_per_tensor(
     _check_input(x)
     m, k = x.shape
     if scale is None:
-        # One reduction kernel; the floor matches quant._amax_scale.
         amax = torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32)
-        scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+        scale = scale_from_amax(amax)
     scale = scale.to(torch.float32).reshape(())
     mp = _padded_rows(m, row_multiple)
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
