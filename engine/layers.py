@@ -158,15 +158,33 @@ class FusedMoE(KernelLayer):
         return self.kernel.apply(self, x, topk_weights, topk_ids)
 
 
+def uses_triton_ops(x: torch.Tensor) -> bool:
+    """Whether the fused Triton kernels of `triton_ops` run on this tensor's device (CUDA); tests
+    patch it to run them under the interpreter."""
+    return x.is_cuda
+
+
 class RMSNorm(nn.Module):
-    """Qwen3's RMSNorm: normalised in float32, scaled in the input dtype (as transformers does)."""
+    """Qwen3's RMSNorm: normalised in float32, scaled in the input dtype (as transformers does).
+
+    With `residual`, normalises x + residual and also returns that sum (the next residual), so
+    the residual add of a decoder layer and the norm after it are one kernel on CUDA."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if uses_triton_ops(x):
+            from . import triton_ops  # triton is optional on CPU installs
+
+            out = triton_ops.rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
+        if residual is not None:
+            residual = x + residual
+            return self.weight * F.rms_norm(residual.float(), self.weight.shape, eps=self.eps).to(x.dtype), residual
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
@@ -193,4 +211,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if uses_triton_ops(gate):
+        from . import triton_ops
+
+        return triton_ops.silu_and_mul(gate, up)
     return F.silu(gate, inplace=True).mul_(up)

@@ -21,6 +21,7 @@ from quantgate.kernels.moe.routing import select_experts
 
 from .config import ModelConfig
 from .kv_cache import KVCache
+from . import layers
 from .layers import FusedMoE, QuantLinear, RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 
@@ -55,19 +56,27 @@ class ForwardBatch:
 @dataclass
 class LayerInputs:
     """What every layer derives from the batch in the same way, so the model computes it once
-    per forward (inside a CUDA graph too)."""
+    per forward (inside a CUDA graph too).
+
+    `fused`: norms, RoPE, cache writes and decode attention run as the Triton kernels of
+    `triton_ops` (on CUDA), which read the rotary tables and decode lengths themselves; the
+    eager PyTorch path uses the fields below."""
 
     batch: ForwardBatch
-    cos: torch.Tensor  # [T, 1, head_dim] RoPE, activation dtype
-    sin: torch.Tensor
+    rotary: RotaryEmbedding
+    fused: bool
+    cos: torch.Tensor | None  # [T, 1, head_dim] RoPE, activation dtype
+    sin: torch.Tensor | None
     decode_rows: torch.Tensor | None  # row of each decode sequence in the slot range; None: rows are sequences
     decode_mask: torch.Tensor | None  # [rows, 1, 1, decode_kv_len] keys each decode row may attend to
 
     @classmethod
-    def build(cls, batch: ForwardBatch, rotary: RotaryEmbedding, dtype: torch.dtype) -> LayerInputs:
+    def build(cls, batch: ForwardBatch, rotary: RotaryEmbedding, dtype: torch.dtype, fused: bool) -> LayerInputs:
+        if fused:
+            return cls(batch, rotary, True, None, None, None, None)
         cos, sin = rotary(batch.positions, dtype)
         if not batch.num_decode:
-            return cls(batch, cos, sin, None, None)
+            return cls(batch, rotary, False, cos, sin, None, None)
         rows, lens = None, batch.decode_lens
         if batch.decode_slot_range is not None:
             first, end = batch.decode_slot_range
@@ -75,7 +84,7 @@ class LayerInputs:
                 rows = batch.decode_slots - first
                 lens = torch.ones(end - first, dtype=lens.dtype, device=lens.device).index_copy_(0, rows, lens)
         keys = torch.arange(batch.decode_kv_len, device=lens.device)
-        return cls(batch, cos, sin, rows, (keys[None, :] < lens[:, None])[:, None, None, :])
+        return cls(batch, rotary, False, cos, sin, rows, (keys[None, :] < lens[:, None])[:, None, None, :])
 
 
 LinearFactory = Callable[[str, int, int, bool], QuantLinear]
@@ -99,12 +108,21 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
         batch, t = inputs.batch, x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)
-        k_cache[batch.slots, :, batch.positions] = k
-        v_cache[batch.slots, :, batch.positions] = v
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if inputs.fused:
+            from . import triton_ops
+
+            q, k = triton_ops.qk_norm_rope_to_cache(
+                q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, inputs.rotary.cos,
+                inputs.rotary.sin, batch.positions, batch.slots, k_cache, v_cache)
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+        else:
+            q = self.q_norm(q.view(t, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)
+            k_cache[batch.slots, :, batch.positions] = k
+            v_cache[batch.slots, :, batch.positions] = v
 
         out = torch.empty_like(q)
         for first, length in batch.prefill_segments:
@@ -113,7 +131,12 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             out[rows] = o[0].transpose(0, 1)
         if batch.num_decode:
-            out[batch.num_prefill_tokens :] = self._decode(q[batch.num_prefill_tokens :], inputs, k_cache, v_cache)
+            n = batch.num_prefill_tokens
+            if inputs.fused:
+                triton_ops.decode_attention(q[n:], k_cache, v_cache, batch.decode_slots, batch.decode_lens,
+                                            self.scale, out[n:])
+            else:
+                out[n:] = self._decode(q[n:], inputs, k_cache, v_cache)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
     def _decode(self, q: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
@@ -168,10 +191,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
-    def forward(self, x: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), inputs, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, inputs: LayerInputs, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this layer's output, the residual stream before it): the caller's next norm adds them,
+        one kernel for the residual add and the norm (the first layer's residual is its input)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, inputs, k_cache, v_cache), residual)
+        return self.mlp(x), residual
 
 
 class Qwen3Model(nn.Module):
@@ -196,8 +225,10 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
         x = self.model.embed_tokens(batch.input_ids)
-        inputs = LayerInputs.build(batch, self.model.rotary_emb, x.dtype)
+        inputs = LayerInputs.build(batch, self.model.rotary_emb, x.dtype, layers.uses_triton_ops(x))
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, inputs, kv.k[i], kv.v[i])
-        x = self.model.norm(x[batch.logits_indices])
+            x, residual = layer(x, residual, inputs, kv.k[i], kv.v[i])
+        rows = batch.logits_indices
+        x, _ = self.model.norm(x[rows], residual[rows])
         return self.lm_head(x).float()

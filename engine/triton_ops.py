@@ -1,0 +1,190 @@
+"""Triton kernels for the model's non-GEMM work on CUDA: one launch where eager PyTorch needs many.
+
+A batch-1 decode step is latency-bound: inside a CUDA graph every kernel still costs a few
+microseconds however little it does, and the eager ops of one Qwen3 layer (RMSNorm alone is
+five of them) came to about 50 kernels, 1,400 per step for 28 layers: more time than reading
+the weights. These kernels do the same arithmetic, rounding to the activation dtype at the
+points PyTorch does, in one launch each:
+
+  - `rms_norm`: RMSNorm, optionally after adding the residual (which it updates in place);
+  - `qk_norm_rope_to_cache`: q/k head norms and rotary embedding, k and v written to the cache;
+  - `decode_attention`: one query per sequence against its cache slot, GQA, online softmax;
+  - `silu_and_mul`.
+
+`layers.py` and `model.py` pick them for CUDA tensors; tests run them under the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """Round float32 to the activation dtype and back: where an eager op would store its result."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, rows, n, stride_x, stride_res, stride_out, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        x = _round(x + tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32), dtype)
+        tl.store(res_ptr + row * stride_res + cols, x.to(dtype), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * _round(x * rstd, dtype)).to(dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, n] -> weight * rmsnorm(x) (normalised in float32, scaled in x.dtype). With `residual`,
+    the input is x + residual, and residual is overwritten with that sum (the next layer's input)."""
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    if rows:
+        res = residual if residual is not None else x
+        _rms_norm_kernel[(rows,)](x, res, weight, out, rows, n, x.stride(0), res.stride(0), out.stride(0), eps,
+                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+@triton.jit
+def _norm_rope_half(lo, hi, w_ptr, cos_ptr, sin_ptr, half, eps, head_dim, dtype: tl.constexpr):
+    """RMSNorm of one head given as its two halves, then neox rotary: rotate_half(x) = (-hi, lo)."""
+    rstd = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=0) + tl.sum(hi * hi, axis=0)) / head_dim + eps)
+    lo = _round(tl.load(w_ptr + half).to(tl.float32) * _round(lo * rstd, dtype), dtype)
+    hi = _round(tl.load(w_ptr + half + head_dim // 2).to(tl.float32) * _round(hi * rstd, dtype), dtype)
+    cos_lo, cos_hi = _round(tl.load(cos_ptr + half), dtype), _round(tl.load(cos_ptr + half + head_dim // 2), dtype)
+    sin_lo, sin_hi = _round(tl.load(sin_ptr + half), dtype), _round(tl.load(sin_ptr + half + head_dim // 2), dtype)
+    out_lo = _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype)
+    out_hi = _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype)
+    return out_lo, out_hi
+
+
+@triton.jit(do_not_specialize=["tokens"])
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr,
+    v_cache_ptr, tokens, stride_q, stride_k, stride_v, stride_qo, stride_ko, stride_cos,
+    stride_cs, stride_ch, stride_cp, eps,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """Program (token, head): heads [0, NUM_HEADS) are queries, the rest key/value heads."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    half = tl.arange(0, HEAD_DIM // 2)
+    dtype = q_out_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr + t)
+    cos_row, sin_row = cos_ptr + pos * stride_cos, sin_ptr + pos * stride_cos
+    if h < NUM_HEADS:
+        src = q_ptr + t * stride_q + h * HEAD_DIM
+        lo, hi = _norm_rope_half(tl.load(src + half).to(tl.float32), tl.load(src + half + HEAD_DIM // 2).to(tl.float32),
+                                 q_w_ptr, cos_row, sin_row, half, eps, HEAD_DIM, dtype)
+        dst = q_out_ptr + t * stride_qo + h * HEAD_DIM
+    else:
+        kv_head = h - NUM_HEADS
+        src = k_ptr + t * stride_k + kv_head * HEAD_DIM
+        lo, hi = _norm_rope_half(tl.load(src + half).to(tl.float32), tl.load(src + half + HEAD_DIM // 2).to(tl.float32),
+                                 k_w_ptr, cos_row, sin_row, half, eps, HEAD_DIM, dtype)
+        cache = tl.load(slot_ptr + t) * stride_cs + kv_head * stride_ch + pos * stride_cp
+        tl.store(k_cache_ptr + cache + half, lo.to(dtype))
+        tl.store(k_cache_ptr + cache + half + HEAD_DIM // 2, hi.to(dtype))
+        v_src = v_ptr + t * stride_v + kv_head * HEAD_DIM
+        tl.store(v_cache_ptr + cache + half, tl.load(v_src + half))
+        tl.store(v_cache_ptr + cache + half + HEAD_DIM // 2, tl.load(v_src + half + HEAD_DIM // 2))
+        dst = k_out_ptr + t * stride_ko + kv_head * HEAD_DIM
+    tl.store(dst + half, lo.to(dtype))
+    tl.store(dst + half + HEAD_DIM // 2, hi.to(dtype))
+
+
+def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor,
+                          k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                          positions: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H*D], k and v [T, Hkv*D] (projection outputs) -> q [T, H, D] and k [T, Hkv, D], each
+    head RMS-normed and rotated; that k and v are also written to the caches [slots, Hkv, max_len, D]
+    at (slot, position). cos/sin: float32 tables [max_positions, D], rounded to q.dtype as the eager
+    path does."""
+    tokens, num_kv_heads, head_dim = q.shape[0], k_cache.shape[1], k_cache.shape[3]
+    num_heads = q.shape[1] // head_dim
+    q_out = torch.empty(tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(tokens, num_kv_heads, head_dim, dtype=q.dtype, device=q.device)
+    if tokens:
+        assert all(a.stride(-1) == 1 for a in (q, k, v, k_cache, v_cache, cos, sin))
+        assert k_cache.stride() == v_cache.stride() and cos.stride() == sin.stride()
+        _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
+            q, k, v, q_out, k_out, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache,
+            tokens, q.stride(0), k.stride(0), v.stride(0), q_out.stride(0), k_out.stride(0), cos.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim)
+    return q_out, k_out
+
+
+@triton.jit(do_not_specialize=["batch"])
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, batch, scale,
+                             stride_qb, stride_ob, stride_cs, stride_ch, stride_cp,
+                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (sequence, query head): keys [0, len) of its slot, online softmax in float32."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, HEAD_DIM)
+    keys = tl.arange(0, BLOCK_N)
+    q = tl.load(q_ptr + b * stride_qb + h * HEAD_DIM + d).to(tl.float32) * scale
+    length = tl.load(len_ptr + b)
+    base = tl.load(slot_ptr + b) * stride_cs + (h // GROUP) * stride_ch
+    m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for start in range(0, length, BLOCK_N):
+        valid = (start + keys) < length
+        offsets = base + (start + keys)[:, None] * stride_cp + d[None, :]
+        k = tl.load(k_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m - m_new)
+        v = tl.load(v_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        total = total * alpha + tl.sum(p, axis=0)
+        m = m_new
+    tl.store(out_ptr + b * stride_ob + h * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     lens: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """q [B, H, D], one query per sequence at the last of its `lens` positions of cache `slots`;
+    writes softmax(q k^T * scale) v over those positions into out [B, H, D]."""
+    batch, num_heads, head_dim = q.shape
+    if batch:
+        assert q.stride(2) == 1 and q.stride(1) == head_dim and out.stride(2) == 1 and out.stride(1) == head_dim
+        _decode_attention_kernel[(batch, num_heads)](
+            q, k_cache, v_cache, slots, lens, out, batch, scale, q.stride(0), out.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=64, num_warps=4)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    dtype = out_ptr.dtype.element_ty
+    g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offsets, (_round(g / (1.0 + tl.exp(-g)), dtype) * u).to(dtype), mask=mask)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, silu rounded to the dtype first (as the two eager ops are)."""
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    if n:
+        _silu_and_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024)
+    return out

@@ -1,0 +1,114 @@
+"""The engine's Triton kernels against float64 references (under the interpreter on CPU), and the
+whole model with them against the eager PyTorch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.engine import LLMEngine, SamplingParams, layers, load_model
+from quantgate.engine.layers import RotaryEmbedding
+
+from .conftest import run_to_completion
+
+triton_ops = pytest.importorskip("quantgate.engine.triton_ops")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Tolerances against float64: the kernels round to the dtype where eager PyTorch does, a few times per op.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+DTYPES = list(TOLERANCE)
+
+
+def _random(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x = x.double()
+    return w.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [96, 200])
+def test_rms_norm_with_and_without_residual(seed, dtype, n):
+    x, residual, w = _random(5, n, dtype=dtype), _random(5, n, dtype=dtype), _random(n, dtype=dtype).abs() + 0.5
+    torch.testing.assert_close(triton_ops.rms_norm(x, w, 1e-6).double(), _rms(x, w), **TOLERANCE[dtype])
+    updated = residual.clone()
+    out = triton_ops.rms_norm(x, w, 1e-6, updated)
+    expected_sum = x.double() + residual.double()
+    torch.testing.assert_close(updated.double(), expected_sum, **TOLERANCE[dtype])
+    torch.testing.assert_close(out.double(), _rms(expected_sum, w), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(seed, dtype):
+    gate, up = _random(3, 1100, dtype=dtype), _random(3, 1100, dtype=dtype)  # two programs, the second partial
+    expected = torch.nn.functional.silu(gate.double()) * up.double()
+    torch.testing.assert_close(triton_ops.silu_and_mul(gate, up).double(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_writes_the_cache_at_slot_and_position(seed, dtype):
+    tokens, heads, kv_heads, head_dim, slots, max_len = 5, 4, 2, 32, 3, 40
+    rotary = RotaryEmbedding(head_dim, 1e6, 64, torch.device(DEVICE))
+    q, k, v = (_random(tokens, h * head_dim, dtype=dtype) for h in (heads, kv_heads, kv_heads))
+    q_w, k_w = (_random(head_dim, dtype=dtype).abs() + 0.5 for _ in range(2))
+    positions = torch.tensor([0, 7, 39, 3, 8], device=DEVICE)
+    slot_ids = torch.tensor([0, 2, 1, 3, 2], device=DEVICE)  # slot 3: the scratch slot
+    k_cache = torch.zeros(slots + 1, kv_heads, max_len, head_dim, dtype=dtype, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    q_out, k_out = triton_ops.qk_norm_rope_to_cache(q, k, v, q_w, k_w, 1e-6, rotary.cos, rotary.sin, positions,
+                                                     slot_ids, k_cache, v_cache)
+    cos, sin = (t[positions].double()[:, None, :] for t in (rotary.cos, rotary.sin))
+    expected_q = _rotate(_rms(q.view(tokens, heads, head_dim), q_w), cos, sin)
+    expected_k = _rotate(_rms(k.view(tokens, kv_heads, head_dim), k_w), cos, sin)
+    torch.testing.assert_close(q_out.double(), expected_q, **TOLERANCE[dtype])
+    torch.testing.assert_close(k_out.double(), expected_k, **TOLERANCE[dtype])
+    written = torch.zeros(slots + 1, max_len, dtype=torch.bool, device=DEVICE)
+    written[slot_ids, positions] = True
+    torch.testing.assert_close(k_cache[slot_ids, :, positions].double(), expected_k, **TOLERANCE[dtype])
+    assert torch.equal(v_cache[slot_ids, :, positions], v.view(tokens, kv_heads, head_dim))
+    assert not k_cache.transpose(1, 2)[~written].any() and not v_cache.transpose(1, 2)[~written].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_reads_each_sequence_up_to_its_length(seed, dtype):
+    heads, kv_heads, head_dim, max_len = 4, 2, 32, 150
+    k_cache, v_cache = (_random(4, kv_heads, max_len, head_dim, dtype=dtype) for _ in range(2))
+    slots = torch.tensor([2, 0, 3], device=DEVICE)
+    lens = torch.tensor([150, 1, 65], device=DEVICE)  # full, a single key, one past a 64-key block
+    q = _random(3, heads, head_dim, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    triton_ops.decode_attention(q, k_cache, v_cache, slots, lens, head_dim**-0.5, out)
+    for b, (slot, length) in enumerate(zip(slots.tolist(), lens.tolist())):
+        keys = k_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
+        values = v_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
+        weights = torch.softmax(q[b].double()[:, None, :] @ keys.transpose(1, 2) * head_dim**-0.5, dim=-1)
+        torch.testing.assert_close(out[b].double(), (weights @ values)[:, 0], **TOLERANCE[dtype])
+
+
+def test_engine_with_triton_ops_matches_the_eager_path(dense_dir, monkeypatch):
+    """Prefills batched with decodes, sequences finishing at different steps: same tokens and logprobs."""
+    prompts = [[5, 6, 7], list(range(1, 10)), [9] * 4]
+
+    def generate() -> dict[str, list]:
+        engine = LLMEngine(load_model(dense_dir, device=DEVICE), max_num_seqs=4, max_model_len=64)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, SamplingParams(max_tokens=1 + i, temperature=0, logprobs=2,
+                                                              ignore_eos=True))
+        outs = run_to_completion(engine)
+        return {rid: [(o.new_token_ids, o.token_logprobs) for o in seq] for rid, seq in outs.items()}
+
+    monkeypatch.setattr(layers, "uses_triton_ops", lambda x: False)
+    eager = generate()
+    monkeypatch.setattr(layers, "uses_triton_ops", lambda x: True)
+    fused = generate()
+    assert fused.keys() == eager.keys()
+    for rid in eager:
+        assert [tokens for tokens, _ in fused[rid]] == [tokens for tokens, _ in eager[rid]]
+        torch.testing.assert_close([lp for _, lp in fused[rid]], [lp for _, lp in eager[rid]], rtol=1e-4, atol=1e-4)
