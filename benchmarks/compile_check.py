@@ -136,18 +136,16 @@ def variants() -> list[Variant]:
                 "HAS_BIAS": False, "SPLIT": bool(cfg.split_per_sm), "EVEN_K": True, "BLOCK_M": cfg.block_m,
                 "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m}, 89,
                 {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-    for groupwise, cands in g.TMA_CANDIDATES.items():
-        for cfg in cands:
-            out.append(Variant(name("w8a8.tma", groupwise, "bf16", cfg, ".rescale" if cfg.rescale else ""),
-                               g._w8a8_tma_kernel, {
+    for cfg in g.TMA_CANDIDATES:
+        for groupwise in (True, False):
+            out.append(Variant(name("w8a8.tma", groupwise, "bf16", cfg), g._w8a8_tma_kernel, {
                 "a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {g.BLOCK_K}]>",
                 "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {g.BLOCK_K}]>", "c_ptr": torch.bfloat16,
                 "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32, "bias_ptr": torch.bfloat16,
                 "M": "i32", "N": "i32/16", "K": "i32/16", "stride_cm": "i32/16", "stride_asm": "i32",
                 "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
-                "RESCALE": cfg.rescale and groupwise, "HAS_BIAS": False, "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m}, 90,
-                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+                "HAS_BIAS": False, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K,
+                "GROUP_M": cfg.group_m}, 90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 
     w = w8a16_gemm
     common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "K": "i32/16",

@@ -14,10 +14,11 @@ from ..schemes import LinearLayerConfig, Scheme
 
 
 def fp8_weight(layer: torch.nn.Module, config: LinearLayerConfig) -> torch.Tensor:
-    """layer.weight as the checkpoint's float8_e4m3fn [N, K]."""
+    """layer.weight as the checkpoint's contiguous float8_e4m3fn [N, K]."""
     w = layer.weight.detach()
     expected = (config.out_features, config.in_features)
-    if w.dtype != quant.FP8_DTYPE or tuple(w.shape) != expected:
+    # Contiguous too: a processed weight may be a transposed view whose shape matches when N == K.
+    if w.dtype != quant.FP8_DTYPE or tuple(w.shape) != expected or not w.is_contiguous():
         raise ValueError(
             f"{type(layer).__name__}.weight must be the checkpoint's {quant.FP8_DTYPE} tensor of shape {list(expected)}, "
             f"got {w.dtype} {list(w.shape)}; if this layer was processed already, load the checkpoint tensors "

@@ -4,6 +4,13 @@ Two kernels because the platforms differ: per-tensor and per-channel (row-wise) 
 CPU and on CUDA >= 8.9; 1x128 x 128x128 block scales run only on Hopper (cuBLASLt 12.9+).
 Activations are quantized per scheme with the Triton kernels on CUDA (one launch, scales
 written in the layout `_scaled_mm` checks) and with the torch reference on CPU.
+
+Prefill-sized eager calls are bound by host time, not by the GEMM (~5-10 us per torch op or
+launch on a server CPU against ~20 us of GPU time at M=512, K=N=4096), so `apply` runs the
+quantization launch, one allocation per output and `_scaled_mm`, nothing else: the weight (and
+the block scales) are stored in the transposed layout `_scaled_mm` reads, the bias joins in the
+GEMM epilogue (one rounding of the float32 sum, as the reference has), 2-D activations are not
+reshaped, and rows are sliced only when padded.
 """
 
 from __future__ import annotations
@@ -56,10 +63,10 @@ class TorchScaledMMLinearKernel(LinearKernel):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         cfg = self.config
-        weight = fp8_weight(layer, cfg).contiguous()
+        weight = fp8_weight(layer, cfg)
         scale = weight_scale(layer, cfg)
         input_scale = static_input_scale(layer, cfg)
-        bind_processed(layer, "weight", weight)
+        bind_processed(layer, "weight", weight.t())  # [K, N] column-major: _scaled_mm's mat2
         # Row-wise wants scale_b as a contiguous [1, N] row; tensor-wise a single value.
         bind_processed(layer, cfg.scale_name, scale.reshape(1, -1) if cfg.scheme is Scheme.FP8_CHANNEL else scale)
         if input_scale is not None:
@@ -67,16 +74,14 @@ class TorchScaledMMLinearKernel(LinearKernel):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         cfg = self.config
-        x2 = x.reshape(-1, cfg.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = _rows(x, cfg.in_features)
         if cfg.scheme is Scheme.FP8_CHANNEL:
             xq, xs = _quantize_per_token(x2)
         else:
-            xq, xs = _quantize_per_tensor(x2, getattr(layer, "input_scale", None) if cfg.static_input_scale else None)
-        out = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=getattr(layer, cfg.scale_name),
+            xq, xs = _quantize_per_tensor(x2, layer.input_scale if cfg.static_input_scale else None)
+        out = torch._scaled_mm(xq, layer.weight, scale_a=xs, scale_b=getattr(layer, cfg.scale_name),
                                bias=_bias(bias, x.dtype), out_dtype=x.dtype)
-        return out.reshape(*x.shape[:-1], cfg.out_features)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], cfg.out_features)
 
 
 class TorchBlockScaledMMLinearKernel(LinearKernel):
@@ -107,25 +112,31 @@ class TorchBlockScaledMMLinearKernel(LinearKernel):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         cfg = self.config
-        weight = fp8_weight(layer, cfg).contiguous()
+        weight = fp8_weight(layer, cfg)
         scale = weight_scale(layer, cfg)
-        bind_processed(layer, "weight", weight)
-        bind_processed(layer, cfg.scale_name, scale)
+        # The transposed views _scaled_mm reads: weight [K, N] column-major, scales
+        # [ceil(K/128), N/128] with unit stride along K.
+        bind_processed(layer, "weight", weight.t())
+        bind_processed(layer, cfg.scale_name, scale.t())
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from ..triton.act_quant import quantize_per_token_group
 
         cfg = self.config
-        x2 = x.reshape(-1, cfg.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = _rows(x, cfg.in_features)
         m = x2.shape[0]
         xq, xs = quantize_per_token_group(x2, _BLOCK[1], column_major_scales=True, row_multiple=_BLOCK_ROW_MULTIPLE)
-        out = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=getattr(layer, cfg.scale_name).t(),
-                               out_dtype=x.dtype)[:m]
-        if bias is not None:
-            out = out + bias
-        return out.reshape(*x.shape[:-1], cfg.out_features)
+        out = torch._scaled_mm(xq, layer.weight, scale_a=xs, scale_b=getattr(layer, cfg.scale_name),
+                               bias=_bias(bias, x.dtype), out_dtype=x.dtype)
+        if xq.shape[0] != m:
+            out = out[:m]
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], cfg.out_features)
+
+
+def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x as [M, K] with unit K stride, without a torch call when it already is."""
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -118,7 +118,7 @@ def quantize_per_token_group(
     groups = math.ceil(k / group)
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     if column_major_scales:
-        scale = torch.empty((groups, mp), dtype=torch.float32, device=x.device).t()
+        scale = torch.empty_strided((mp, groups), (1, mp), dtype=torch.float32, device=x.device)
     else:
         scale = torch.empty((mp, groups), dtype=torch.float32, device=x.device)
     if mp == 0 or k == 0:
@@ -152,7 +152,8 @@ def quantize_per_tensor(
     if scale is None:
         amax = torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32)
         scale = scale_from_amax(amax)
-    scale = scale.to(torch.float32).reshape(())
+    elif scale.dtype != torch.float32 or scale.dim():  # a checkpoint's static scale is bound as 0-d float32
+        scale = scale.to(torch.float32).reshape(())
     mp = _padded_rows(m, row_multiple)
     q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
     if mp and k:

@@ -1,8 +1,8 @@
 """The triton backend (W8A8 block / channel GEMMs). On CPU it runs under TRITON_INTERPRET=1 in
 float16 (the interpreter truncates bfloat16 stores); bfloat16 runs in the GPU tests. Every
-kernel path (small M with in-kernel quantization, pointer tiles, TMA tiles with and without
-accumulator rescaling) is checked on CPU with explicit configs; the GPU tests run the default
-configs (the benchmark checks the output of every configuration the tuner picks)."""
+kernel path (small M with in-kernel quantization, pointer tiles, TMA tiles) is checked on CPU
+with explicit configs; the GPU tests run the default configs (the benchmark checks the output of
+every configuration the tuner picks)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _paths():
         ("small_m", 5, GemmConfig(16, 64, 4, 3), 2, (128, 128)),
         ("tiled", 20, GemmConfig(32, 64, 4, 3, group_m=1), 2, (128, 128)),  # split-K: one row tile
         ("tma", 70, GemmConfig(64, 64, 4, 3), None, (128, 128)),
-        ("tma", 70, GemmConfig(64, 128, 4, 3, rescale=True), None, (64, 128)),  # two scale rows per tile
+        ("tma", 70, GemmConfig(64, 128, 4, 3), None, (64, 128)),  # two scale rows per tile
     ]
 
 
@@ -66,22 +66,6 @@ def test_every_kernel_path_matches_float64_reference(seed, scheme, path, m, conf
                       split_k=split_k)
     assert rel_error(out, reference_w8a8(case, x)) < 1e-3
     assert workspace.eq(0).all()
-
-
-def test_rescaling_survives_zero_weight_scales(seed):
-    """The rescaling accumulator divides by each step's scale: an all-zero weight block stored
-    with scale 0 (degenerate checkpoints do this) must neither produce inf/NaN nor contribute."""
-    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_linear
-
-    case = make_case(128, 384, B, device=DEVICE)
-    scale = case.layer.weight_scale.clone()
-    scale[:, 1] = 0.0  # the middle 128-wide K block of every row block
-    case.scale.copy_(scale)
-    x = torch.randn(70, 384, device=DEVICE).half()
-    out = w8a8_linear(x, case.weight, scale, torch.float16, groupwise=True, path="tma",
-                      config=GemmConfig(64, 64, 4, 3, rescale=True))
-    assert torch.isfinite(out).all()
-    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
 
 
 @pytest.mark.usefixtures("untuned")
@@ -148,10 +132,14 @@ GPU_CASES = [(scheme, dtype, m) for scheme in SCHEMES for dtype in (torch.bfloat
 @pytest.mark.usefixtures("untuned")
 def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
     # M 1 and 16: in-kernel quantization; 300: TMA tiles on Hopper, pointer tiles on sm_89.
-    case = make_case(GPU_N, GPU_K, scheme, act_dtype=dtype, device="cuda")
+    # A long K and a bar of 5e-4 (correct kernels: ~1.3e-4 vs the rounded reference in bf16,
+    # ~2.3e-4 raw in fp16) catch sums the FP8 tensor cores carry across K steps: Hopper's
+    # reduced-precision accumulation cost the channel scheme ~1.1e-3 at K = 4096.
+    k = 4 * GPU_K
+    case = make_case(GPU_N, k, scheme, act_dtype=dtype, device="cuda")
     kernel = TritonBlockFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(m, GPU_K, device="cuda").to(dtype)
+    x = torch.randn(m, k, device="cuda").to(dtype)
     out = kernel.apply(case.layer, x)
     assert out.shape == (m, GPU_N) and out.dtype == dtype
-    assert rel_error(out, reference_w8a8(case, x), round_ref=dtype == torch.bfloat16) < 1e-3
+    assert rel_error(out, reference_w8a8(case, x), round_ref=dtype == torch.bfloat16) < 5e-4
