@@ -1,14 +1,15 @@
 """Build accuracy.json and accuracy.md from `quantgate calibrate` output directories.
 
-    python benchmarks/results/accuracy/build_table.py CALIBRATIONS_DIR [--machine TEXT]
+    python benchmarks/results/accuracy/build_table.py CALIBRATIONS_DIR [--machine TEXT] [--out DIR]
 
-CALIBRATIONS_DIR holds one directory per config, named after it, each written by
-`quantgate calibrate eval_configs/tiny/<name>.yaml --runs 2 --output-dir CALIBRATIONS_DIR/<name>`
-(`calibration.json`, `run-<i>/<name>/{result.json,samples.jsonl}`). Each row is one config:
+CALIBRATIONS_DIR holds one directory per config file, named after its stem, each written by
+`quantgate calibrate eval_configs/tiny/<stem>.yaml --runs 2 --output-dir CALIBRATIONS_DIR/<stem>`
+(`calibration.json`, `run-<i>/<config name>/{result.json,samples.jsonl}`). Each row is one config:
 its checkpoint's format and scheme (from models/MANIFEST.json), the backends it ran, the
 accuracy of its runs, the delta and McNemar flips against the bf16 model measured the same
 way (`<base>-bf16-emulation`, same questions), and the wall time of each run. The calibrate
 proposals are copied to calibrations/<name>.json, the provenance of the configs' `reference:`.
+Everything is written to --out (default: this folder).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ TINY = REPO / "eval_configs" / "tiny"
 ACCEPTED_DROP = 0.03  # issue 6: every FP8 variant within 3 points of its bf16 model
 
 
-def _machine() -> str:
+def _machine(result: dict) -> str:
+    """The GPU a run used, else this machine's CPU."""
+    device = (result.get("kernels") or {}).get("platform") or {}
+    if device.get("device") == "cuda":
+        return f"{device.get('name')} (compute capability {device.get('capability')})"
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
@@ -61,13 +66,14 @@ def _runs(directory: Path, name: str) -> list[tuple[dict, dict[str, bool]]]:
     return out
 
 
-def build(calibrations: Path, machine: str) -> list[dict]:
+def build(calibrations: Path, machine: str | None, out: Path) -> list[dict]:
     rows, correct = [], {}
     for directory in sorted(p for p in calibrations.iterdir() if (p / "calibration.json").is_file()):
-        name = directory.name
-        config = load_config(TINY / f"{name}.yaml") if (TINY / f"{name}.yaml").is_file() else None
-        if config is None or config.name != name:
-            raise SystemExit(f"error: {directory} is not named after a config in {TINY}")
+        path = TINY / f"{directory.name}.yaml"
+        if not path.is_file():
+            raise SystemExit(f"error: {directory} is not named after a config file in {TINY}")
+        config = load_config(path)
+        name = config.name
         proposal = json.loads((directory / "calibration.json").read_text())
         runs = _runs(directory, name)
         first = runs[0][0]
@@ -93,11 +99,11 @@ def build(calibrations: Path, machine: str) -> list[dict]:
             "server_start_s": [r["timings"]["server_start_s"] for r, _ in runs],
             "date": proposal["reference"]["date"],
             "commit": proposal["reference"]["commit"],
-            "machine": machine,
+            "machine": machine or _machine(first),
             "versions": first["versions"],
-            "command": f"quantgate calibrate eval_configs/tiny/{name}.yaml --runs {len(runs)}",
+            "command": f"quantgate calibrate eval_configs/tiny/{path.name} --runs {len(runs)}",
         })
-        shutil.copyfile(directory / "calibration.json", HERE / "calibrations" / f"{name}.json")
+        shutil.copyfile(directory / "calibration.json", out / "calibrations" / f"{name}.json")
     by_name = {row["config"]: row for row in rows}
     for row in rows:
         bf16 = by_name.get(f"{row['model']}-bf16-emulation")
@@ -139,15 +145,19 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("calibrations", type=Path)
-    parser.add_argument("--machine", default=None, help="machine description (default: from /proc/cpuinfo)")
+    parser.add_argument("--machine", default=None, help="machine description (default: the run's GPU, else the CPU)")
+    parser.add_argument("--out", type=Path, default=HERE, help="where the table goes (default: this folder)")
     args = parser.parse_args()
-    (HERE / "calibrations").mkdir(exist_ok=True)
-    rows = build(args.calibrations, args.machine or _machine())
+    (args.out / "calibrations").mkdir(parents=True, exist_ok=True)
+    rows = build(args.calibrations, args.machine, args.out)
+    if not rows:
+        print(f"error: no calibrate output (<name>/calibration.json) in {args.calibrations}")
+        return 1
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    (HERE / "accuracy.json").write_text(json.dumps({"table_built_at_commit": commit, "rows": rows}, indent=2) + "\n")
-    (HERE / "accuracy.md").write_text(markdown(rows))
-    print((HERE / "accuracy.md").read_text())
+    (args.out / "accuracy.json").write_text(json.dumps({"table_built_at_commit": commit, "rows": rows}, indent=2) + "\n")
+    (args.out / "accuracy.md").write_text(markdown(rows))
+    print((args.out / "accuracy.md").read_text())
     return 0
 
 
