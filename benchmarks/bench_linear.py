@@ -561,8 +561,8 @@ def _config_text(cfg) -> str:
     text = f"{fields['block_m']}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
     if fields.get("split_per_sm"):
         text += f" split/SM {fields['split_per_sm']}"
-    if fields.get("rescale"):
-        text += " rescale"
+    if fields.get("prefetch", 1) > 1:
+        text += f" prefetch {fields['prefetch']}"
     return text
 
 
@@ -656,7 +656,7 @@ def _dry_run(out: Path) -> int:
                for m, k, n in CORRECTNESS_SHAPES for d in ("float16", "bfloat16") for label, _, s in BACKENDS]
     exactness = [{"kernel": "group128", "dtype": "bfloat16", "triton_fp8_mismatch": 0.0, "triton_scale_mismatch": 0.0,
                   "torch_cuda_fp8_mismatch": 3e-3, "torch_cuda_scale_mismatch": 0.2}]
-    cands = TMA_CANDIDATES[True]
+    cands = TMA_CANDIDATES
     tuned = [{"kernel": "w8a8_tma", "key": (4096, 4096, 4096, torch.bfloat16, True, 128), "chosen": cands[1],
               "candidates": [{"config": c, "ms": rng.uniform(0.05, 0.1), "error": None} for c in cands]}]
     _write(out, env, 4.2e12, rows, correct, exactness, tuned, 0.0, None, MS, SHAPES)

@@ -154,13 +154,16 @@ def variants() -> list[Variant]:
     configs = {c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
     for dtype, tag in dtypes:
         ptrs = {"x_ptr": dtype, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype}
-        for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_per_sm)):
+        for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.prefetch,
+                                                  c.split_per_sm)):
             split = bool(cfg.split_per_sm)
             for groupwise in (True, False):
                 if cfg.block_m == 1:
-                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg), w._w8a16_gemv_kernel, {
+                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.pf{cfg.prefetch}"),
+                                       w._w8a16_gemv_kernel, {
                         **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
-                        "BLOCK_N": cfg.block_n}, 80, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+                        "BLOCK_N": cfg.block_n, "PREFETCH": cfg.prefetch}, 80,
+                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
                 else:
                     out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
                                        w._w8a16_gemm_kernel, {

@@ -16,8 +16,10 @@ scale. Activations are pre-multiplied by 2^64 (exact) on those paths so that pro
 activations and small weights stay far from float32 subnormals.
 
 Small M streams the weights with K split across programs (gemm_epilogue); the GEMV prefetches
-the next K tile into registers while it converts the current one, because Triton pipelines only
-loads that feed a dot. Tiles and splits are tuned per shape on the GPU (tuning.py).
+the next one or two K tiles into registers while it converts the current one, because Triton
+pipelines only loads that feed a dot (one tile ahead kept the H200 at 45-69% of its copy
+bandwidth at M=1: too few bytes in flight per SM). Tiles, prefetch depth and splits are tuned
+per shape on the GPU (tuning.py).
 """
 
 from __future__ import annotations
@@ -46,18 +48,23 @@ class W8A16Config:
     num_warps: int
     num_stages: int
     split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
+    prefetch: int = 1  # GEMV: K tiles loaded ahead of the one being converted (1 or 2)
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
 # shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
-# compilation; split_per_sm targets one or two waves of the programs an SM holds (GEMV 128
-# columns, 4 warps: 3 per SM by registers; 64 columns: 5; dot 16x64: 6; 16x32: 9). The 64x128
-# tile is the largest that does not spill on sm_80 (mma.sync keeps operands in registers).
+# compilation; split_per_sm targets one or two waves of the programs an SM holds (GEMV 64
+# columns, 4 warps: 5 per SM by registers (95), 4 with two tiles in flight (128); 128 columns
+# with two tiles in flight: 2 (240); dot 16x64: 6; 16x32: 9). The GEMV default is the H200's choice for every shape of run 2; the
+# two-tile prefetch and the unsplit launch (no partials, no reduction) are what it did not try.
+# The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps operands in
+# registers).
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
-    1: (W8A16Config(1, 128, 4, 1, 3), W8A16Config(1, 128, 4, 1, 6), W8A16Config(1, 64, 4, 1, 5),
-        W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 256, 8, 1, 2)),
+    1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, prefetch=2),
+        W8A16Config(1, 64, 4, 1, 8, prefetch=2), W8A16Config(1, 64, 4, 1, 0, prefetch=2),
+        W8A16Config(1, 128, 4, 1, 2, prefetch=2)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
-         W8A16Config(16, 32, 4, 3, 18), W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
+         W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
     256: (W8A16Config(64, 128, 4, 3), W8A16Config(64, 64, 4, 3)),
 }
@@ -128,6 +135,7 @@ def _w8a16_gemv_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,  # K tiles in flight while one is converted: 1 or 2
 ):
     """One activation row: float32 FMAs into a [32, BLOCK_N] accumulator laid out like the
     weight tile, reduced over its 32 rows once at the end."""
@@ -148,9 +156,15 @@ def _w8a16_gemv_kernel(
     x_ptrs = x_ptr + k_first * 128 + rj
     acc = tl.zeros((32, BLOCK_N), dtype=tl.float32)
     packed = tl.load(w_ptrs, mask=k_first < k_last, other=0)
+    if PREFETCH == 2:
+        second = tl.load(w_ptrs + 32 * N, mask=k_first + 1 < k_last, other=0)
     for kt in range(k_first, k_last):
-        # The next tile's weights are in flight while this one is converted and multiplied.
-        following = tl.load(w_ptrs + 32 * N, mask=kt + 1 < k_last, other=0)
+        # The next tiles' weights are in flight while this one is converted and multiplied.
+        if PREFETCH == 2:
+            following = second
+            second = tl.load(w_ptrs + 64 * N, mask=kt + 2 < k_last, other=0)
+        else:
+            following = tl.load(w_ptrs + 32 * N, mask=kt + 1 < k_last, other=0)
         if GROUPWISE:
             s = tl.load(s_ptrs).to(tl.float32)
         t = tl.zeros((32, BLOCK_N), dtype=tl.float32)
@@ -295,7 +309,7 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
             n, k, split_k, scale.stride(0) if groupwise else 0,
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP

@@ -82,6 +82,28 @@ def test_split_k_sums_every_slice_once(seed, split_k, m):
     assert counters.eq(0).all()
 
 
+def _gemv_candidates():
+    from quantgate.kernels.triton.w8a16_gemm import candidates_for
+
+    return candidates_for(1)
+
+
+@pytest.mark.parametrize("config", _gemv_candidates(), ids=str)
+def test_every_gemv_candidate_matches_float64_reference(seed, config):
+    # 5 K tiles (the last partial): split ones get slices of 3 and 2 tiles, so the one- and
+    # two-tile prefetch runs past each slice's end (masked); split_per_sm 0 runs all 5 unsplit.
+    from quantgate.kernels.triton.w8a16_gemm import w8a16_gemm, workspace_size
+
+    case = make_case(96, 600, Scheme.FP8_BLOCK, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(1, 600, device=DEVICE).half()
+    workspace = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
+    out = w8a16_gemm(x, case.layer.weight, case.layer.weight_scale, groupwise=True, workspace=workspace, config=config)
+    assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3
+    assert workspace.eq(0).all()
+
+
 def test_gemv_config_refuses_more_than_one_row():
     from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm
 

@@ -65,4 +65,6 @@ def test_cuda_matches_float64_reference(seed, scheme, m):
     x = torch.randn(m, 1536, device="cuda").bfloat16()
     out = kernel.apply(case.layer, x, case.layer.bias)
     assert out.shape == (m, 1024)
-    assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 1e-3
+    # Correct outputs sit ~1.3e-4 from the rounded reference; a bias added after rounding the
+    # GEMM to bf16 (a second rounding) sat at 1.0-1.1e-3.
+    assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 5e-4
