@@ -25,9 +25,15 @@ scale strides (scalar-like loads): layers of other shapes, and channel and tenso
 share compilations.
 
 Rows of the intermediate are the aligned rows of `moe_align_block_size`, so the down GEMM
-reads them contiguously. FP8 dots add into the float32 accumulator one BLOCK_K (128) step at
-a time: the block scales change there, and it bounds Hopper's reduced-precision FP8
-accumulation to 128 products for the channel and tensor scales too.
+reads them contiguously.
+
+FP8 operands enter the tensor cores as fp16 (`_exact_dot`: every e4m3 value is an fp16 value,
+and fp16 products accumulate in float32). FP8 tensor-core instructions accumulate with about 13
+significant bits (Hopper's QGMMA, which Triton emits for BLOCK_M >= 64 on sm_90 and leaves
+unpromoted by default, and sm_89's QMMA), a relative error of ~1e-4 in gate/up that the
+intermediate's FP8 quantization turns into ~3e-3 of the output (H200 run 2: 2.9e-3 at 2048
+tokens against 2.8e-4 at 16, whose BLOCK_M = 16 tiles Triton already ran as fp16 mma.sync). The
+weights stay FP8 in memory, which is where a MoE layer spends its time at these sizes.
 """
 
 from __future__ import annotations
@@ -117,6 +123,15 @@ def tensor_scales(scale: torch.Tensor) -> ExpertScales:
 
 
 @triton.jit
+def _exact_dot(a, b, acc):
+    """acc + a @ b in float32 with exact products, FP8 operands as fp16 (module docstring);
+    acc None starts from zero."""
+    if a.dtype == tl.float8e4nv:
+        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def program_tile(max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M row blocks (mostly one expert's) sweep the columns together."""
     pid = tl.program_id(0)
@@ -186,16 +201,13 @@ def _gate_up_kernel(
             a = tl.load(a_base + a_offs, mask=live[:, None] & in_k[None, :], other=0.0)
             bg = tl.load(w_base + w_offs, mask=in_k[:, None], other=0.0)
             bu = tl.load(w_base + w_up + w_offs, mask=in_k[:, None], other=0.0)
-        if A_SCALES == 1:
+        if A_SCALES == 1:  # the block scales change every BLOCK_K (128) step
             a_s = tl.load(a_scale_ptr + tokens * stride_asm + kt * stride_asg)[:, None]
-            acc_g += tl.dot(a, bg) * (a_s * tl.load(sg_ptrs + kt * stride_wsk)[None, :])
-            acc_u += tl.dot(a, bu) * (a_s * tl.load(su_ptrs + kt * stride_wsk)[None, :])
-        elif A_SCALES == 2:
-            acc_g += tl.dot(a, bg)
-            acc_u += tl.dot(a, bu)
+            acc_g += _exact_dot(a, bg, None) * (a_s * tl.load(sg_ptrs + kt * stride_wsk)[None, :])
+            acc_u += _exact_dot(a, bu, None) * (a_s * tl.load(su_ptrs + kt * stride_wsk)[None, :])
         else:
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
+            acc_g = _exact_dot(a, bg, acc_g)
+            acc_u = _exact_dot(a, bu, acc_u)
         a_base += BLOCK_K
         w_base += BLOCK_K
     if A_SCALES == 2:
@@ -255,11 +267,9 @@ def _down_kernel(
             b = tl.load(w_base + w_offs, mask=in_k[:, None], other=0.0)
         if A_SCALES == 1:
             a_s = tl.load(a_scale_ptr + rows * stride_asm + kt * stride_asg)
-            acc += tl.dot(a, b) * (a_s[:, None] * tl.load(s_ptrs + kt * stride_wsk)[None, :])
-        elif A_SCALES == 2:
-            acc += tl.dot(a, b)
+            acc += _exact_dot(a, b, None) * (a_s[:, None] * tl.load(s_ptrs + kt * stride_wsk)[None, :])
         else:
-            acc = tl.dot(a, b, acc)
+            acc = _exact_dot(a, b, acc)
         a_base += BLOCK_K
         w_base += BLOCK_K
     if A_SCALES == 2:
