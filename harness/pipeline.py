@@ -146,13 +146,18 @@ def kernel_files(config: EvalConfig) -> list[str]:
     backends and everything of quantgate.kernels they import (lazy imports inside functions
     too). A config on CPU also exercises what `auto` picks there. Kernels it cannot reach stay
     out, so a change to one backend re-runs only the configs that use it."""
+    from quantgate.kernels import Platform
     from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS, LINEAR_PRIORITY, MOE_PRIORITY
 
     backends = exercised_backends(config)
     kernels = [k for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS) if k.backend in backends]
     if config.requires.gpus == 0:
+        # The CPU rows also list GPU kernels (so a strict request can say why they refuse);
+        # only those that run on a CPU can be what `auto` picks there.
+        cpu = Platform.hypothetical("cpu")
         for table in (LINEAR_PRIORITY, MOE_PRIORITY):
-            kernels += [k for device, _, by_scheme in table if device == "cpu" for ks in by_scheme.values() for k in ks]
+            kernels += [k for device, _, by_scheme in table if device == "cpu" for ks in by_scheme.values()
+                        for k in ks if k.is_supported(cpu)[0]]
     files: set[str] = set()
     for kernel in kernels:
         files |= _module_closure(kernel.__module__)
