@@ -6,6 +6,10 @@ input buffers below, the KV cache, and every weight buffer of the model. Weight 
 therefore copy into the same storage (see `layers.KernelLayer`), so a graph captured before
 a reload computes with the new weights. Padding rows of a bucket write to the cache's
 scratch slot and are dropped.
+
+Every graph is captured when the engine starts (`num_captures` counts them; it never grows
+while serving), and each also computes the greedy tokens, so a greedy step reads back one
+int64 per sequence rather than running argmax and indexing eagerly.
 """
 
 from __future__ import annotations
@@ -45,11 +49,13 @@ class DecodeGraphs:
         self.contexts = context_buckets(kv.max_len)
         n = self.sizes[-1]
         # Rows: token ids, positions, slots, context lengths. One host-to-device copy per step
-        # fills all four (per-step host overhead is a large part of a small model's decode step).
+        # fills all four, written through a numpy view of pinned memory (no tensor built per step).
         self.static = torch.zeros(4, n, dtype=torch.int64, device=kv.k.device)
         self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()
+        self._host_rows = self.host.numpy()
         self.rows = torch.arange(n, device=kv.k.device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.num_captures = 0
         self._fill_padding(0, n)
         self.static.copy_(self.host)
         self._capture()
@@ -76,7 +82,9 @@ class DecodeGraphs:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         logits = self.model(batch, self.kv)
-                    self.graphs[size, context] = (graph, logits)
+                        greedy = logits.argmax(dim=-1)
+                    self.graphs[size, context] = (graph, logits, greedy)
+                    self.num_captures += 1
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         logger.info("Captured %d CUDA graphs: decode batch sizes %s x context lengths %s", len(self.graphs),
@@ -86,22 +94,23 @@ class DecodeGraphs:
         return 0 < batch_size <= self.sizes[-1]
 
     def _fill_padding(self, start: int, end: int) -> None:
-        self.host[:, start:end] = torch.tensor([0, 0, self.kv.scratch_slot, 1])[:, None]
+        self._host_rows[:, start:end] = [[0], [0], [self.kv.scratch_slot], [1]]
 
     def buckets(self, batch_size: int, context: int) -> tuple[int, int]:
         """The smallest captured (batch size, context length) that holds this decode batch."""
         return (self.sizes[bisect.bisect_left(self.sizes, batch_size)],
                 self.contexts[bisect.bisect_left(self.contexts, context)])
 
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
-        """Replay the graph for this decode batch -> logits [len(token_ids), vocab]."""
+    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph for this decode batch -> (logits [b, vocab], greedy tokens [b]), b = len(token_ids)."""
         b = len(token_ids)
         size, context = self.buckets(b, max(positions) + 1)
-        # The previous step's copy has finished: its logits were read on the host since.
-        self.host[:3, :b] = torch.tensor([token_ids, positions, slots])
-        self.host[3, :b] = self.host[1, :b] + 1
+        # The previous step's copy has finished: its tokens were read on the host since.
+        rows = self._host_rows
+        rows[0, :b], rows[1, :b], rows[2, :b] = token_ids, positions, slots
+        rows[3, :b] = rows[1, :b] + 1
         self._fill_padding(b, size)
         self.static[:, :size].copy_(self.host[:, :size], non_blocking=True)
-        graph, logits = self.graphs[size, context]
+        graph, logits, greedy = self.graphs[size, context]
         graph.replay()
-        return logits[:b]
+        return logits[:b], greedy[:b]

@@ -147,17 +147,22 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if step.empty:
             return []
+        greedy = None
         if self.graphs is not None and not step.prefills and self.graphs.can_run(len(step.decodes)):
             seqs = step.decodes
-            logits = self.graphs.run([s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs],
-                                     [s.slot for s in seqs])
+            logits, greedy = self.graphs.run([s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs],
+                                             [s.slot for s in seqs])
             prompt_spans, sample_rows = {}, {s.request_id: i for i, s in enumerate(seqs)}
         else:
             batch, prompt_spans, sample_rows = self._build_batch(step)
             logits = self.model(batch, self.kv)
         seqs = step.prefills + step.decodes
         sampling = [s for s in seqs if s.max_tokens > 0]
-        tokens, logprobs = sample(logits[[sample_rows[s.request_id] for s in sampling]], sampling)
+        rows = [sample_rows[s.request_id] for s in sampling]
+        sampled_logits = logits
+        if rows != list(range(logits.shape[0])):  # decode-only steps sample every row in order: no gather
+            sampled_logits, greedy = logits[rows], None
+        tokens, logprobs = sample(sampled_logits, sampling, greedy)
         sampled = {s.request_id: (t, lp) for s, t, lp in zip(sampling, tokens, logprobs)}
         outputs = []
         for seq in seqs:

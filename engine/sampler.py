@@ -15,10 +15,12 @@ from .sequence import Sequence
 TokenLogprob = tuple[float, dict[int, float]]  # (chosen token's logprob, {token id: logprob} top-k)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
-    """logits [len(seqs), vocab] float32 -> (token per row, logprobs per row where requested)."""
-    tokens = logits.argmax(dim=-1)
+def sample(logits: torch.Tensor, seqs: list[Sequence],
+           greedy: torch.Tensor | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+    """logits [len(seqs), vocab] float32 -> (token per row, logprobs per row where requested).
+    `greedy`: the argmax of each row when already computed (inside a CUDA graph); not modified."""
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    tokens = logits.argmax(dim=-1) if greedy is None else greedy.clone() if rows else greedy
     if rows:
         index = torch.tensor(rows, device=logits.device)
         temps = torch.tensor([seqs[i].params.temperature for i in rows], device=logits.device)
