@@ -72,6 +72,37 @@ def test_activations_on_rounding_ties_round_as_the_reference(scheme, seed):
     assert _run(TritonFusedMoEKernel, cfg, 8, draw=tied_activations) < TOLERANCE
 
 
+# Every row of the tile tables, forced on a small layer (hidden not a multiple of 128, several row
+# blocks per expert at BLOCK_M 16). The interpreter computes FP8 dots exactly whatever the tile;
+# on a GPU the rows compile to different instructions (H200: BLOCK_M 64 ran FP8 warpgroup MMAs,
+# whose ~13-bit accumulation cost 10x this tolerance), so the GPU job runs this test too, with
+# channel scales (GPU only: the interpreter quantizes the padded intermediate a row per program).
+TILE_ROWS = [pytest.param(scheme, cfg, id=f"{scheme.value}-upto{largest}-bm{cfg.block_m}",
+                          marks=[pytest.mark.gpu] if scheme is Scheme.FP8_CHANNEL else [])
+             for scheme, table in ((Scheme.FP8_BLOCK, fused_moe.FP8_CONFIGS), (Scheme.FP8_CHANNEL, fused_moe.FP8_CONFIGS),
+                                   (Scheme.UNQUANTIZED, fused_moe.BF16_CONFIGS))
+             for largest, cfg in table]
+
+
+@pytest.mark.parametrize("scheme,tile_config", TILE_ROWS)
+def test_every_tile_row_matches_float64_reference(scheme, tile_config, seed):
+    cfg = moe_config(scheme, experts_=4, top_k=2, hidden=200, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel_class = TritonUnquantizedMoEKernel if scheme is Scheme.UNQUANTIZED else TritonFusedMoEKernel
+    kernel_class(cfg).process_weights_after_loading(layer)
+    x, weights, ids = tie_free_inputs(raw, cfg, 40, DEVICE)
+    if scheme is Scheme.UNQUANTIZED:
+        out = fused_moe.fused_moe_unquantized(x, weights, ids, layer.w13_weight, layer.w2_weight, config=tile_config)
+    else:
+        per_rows, activation = ((fused_moe.block_scales, "group") if scheme is Scheme.FP8_BLOCK
+                                else (fused_moe.channel_scales, "token"))
+        out = fused_moe.fused_moe_fp8(x, weights, ids, layer.w13_weight, per_rows(layer.w13_weight_scale, 128),
+                                      layer.w2_weight, per_rows(layer.w2_weight_scale), activation=activation,
+                                      config=tile_config)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
 def test_all_tokens_on_one_expert_with_tied_logits(seed):
     cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float16, top_k=2)
     layer = moe_layer(cfg, DEVICE)
