@@ -9,9 +9,10 @@ Three measurements, one command each:
   python benchmarks/bench_engine.py gsm8k --model models/tiny-qwen3-fp8-block-native \
       --linear-backend emulation --requests 500 --concurrency 64
 
-  # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block
+  # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block (one run
+  # per FP8 backend), with a per-step breakdown: host ms, GPU ms, kernels per step, graph captures
   python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
-      --linear-backend auto --out $OUT
+      --linear-backend marlin triton --out $OUT
 
 For throughput and decode the checkpoints are written to a temporary folder from random
 weights (FP8 variants are quantized with quantgate.kernels.quant, native block format), so
@@ -180,18 +181,77 @@ def gsm8k(args: argparse.Namespace) -> list[dict]:
     return [row]
 
 
-def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int) -> float:
-    """Decode tokens/s of one sequence (batch 1): the prefill step is not timed."""
-    best = 0.0
+class TimedForward:
+    """Wraps the engine's model to time each forward, synchronised (eager steps read the sampled
+    tokens on the host right after it anyway)."""
+
+    def __init__(self, model: torch.nn.Module, device: str) -> None:
+        self.model, self.device, self.seconds = model, device, 0.0
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        out = self.model(*args)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int) -> dict:
+    """Decode of one sequence (batch 1), best of `repeats`: the prefill step is not timed."""
+    best: dict = {}
     for r in range(repeats):
         engine.add_request(f"d{r}", list(range(1, prompt_len + 1)),
                            SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True))
         engine.step()  # prefill and the first token; step() ends by reading the sampled token on the host
-        start, tokens = time.perf_counter(), 0
+        captures = engine.graphs.num_captures if engine.graphs else 0
+        forward = engine.model
+        if engine.graphs is None:
+            engine.model = forward = TimedForward(forward, engine.device.type)
+        start, tokens, steps = time.perf_counter(), 0, 0
         while engine.has_unfinished():
             tokens += sum(len(o.new_token_ids) for o in engine.step())
-        best = max(best, tokens / (time.perf_counter() - start))
+            steps += 1
+        seconds = time.perf_counter() - start
+        if isinstance(forward, TimedForward):
+            engine.model = forward.model
+        if tokens / seconds > best.get("decode_tokens_per_s", 0.0):
+            best = {"decode_tokens_per_s": tokens / seconds, "step_ms": 1e3 * seconds / steps,
+                    "captures_during_timing": (engine.graphs.num_captures - captures) if engine.graphs else 0,
+                    "forward_ms": 1e3 * forward.seconds / steps if isinstance(forward, TimedForward) else None}
     return best
+
+
+def graph_gpu_ms(engine: LLMEngine, context: int, replays: int = 50) -> float:
+    """GPU time of one batch-1 decode graph: back-to-back replays between CUDA events (the host
+    launches run ahead, so this is what a step would cost with no host time at all)."""
+    graph = engine.graphs.graphs[engine.graphs.buckets(1, context)][0]
+    graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / replays
+
+
+def kernels_per_step(engine: LLMEngine, prompt_len: int) -> tuple[int, float]:
+    """(CUDA kernels, their summed GPU ms) of one profiled decode step (graph kernels included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.add_request("profiled", list(range(1, prompt_len + 1)),
+                       SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.step()
+    engine.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize()
+    while engine.has_unfinished():
+        engine.step()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3
 
 
 def decode(args: argparse.Namespace) -> list[dict]:
@@ -202,36 +262,63 @@ def decode(args: argparse.Namespace) -> list[dict]:
         for variant in args.variants:
             path = write_random_checkpoint(Path(tmp) / variant, shape, DTYPES[args.dtype], variant == "fp8-block",
                                            "cuda" if device == "cuda" else "cpu")
-            backend = args.linear_backend if variant != "bf16" else "auto"
-            loaded = load_model(path, device=device, linear_backend=backend)
-            kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
-            for eager in (False, True) if device == "cuda" else (True,):
-                engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
-                                   enforce_eager=eager, kv_cache_memory=2**30)
-                decode_speed(engine, args.prompt_len, 8, 1)  # warm-up
-                tps = decode_speed(engine, args.prompt_len, args.gen_tokens, args.repeats)
-                rows.append({"variant": variant, "graphs": not eager, "decode_tokens_per_s": tps, "kernels": kernels,
-                             "linear_backend": backend, "shape": args.shape, "device": loaded.platform.name})
-                del engine
-            del loaded
-            if device == "cuda":
-                torch.cuda.empty_cache()
-    by = {(r["variant"], r["graphs"]): r["decode_tokens_per_s"] for r in rows}
-    print(f"\ndecode tokens/s at batch 1, {args.shape}, {args.gen_tokens} tokens after a "
-          f"{args.prompt_len}-token prompt")
-    print(f"{'variant':>10} {'graphs':>7} {'tok/s':>9}  kernels")
-    for r in rows:
-        print(f"{r['variant']:>10} {str(r['graphs']):>7} {r['decode_tokens_per_s']:>9.1f}  {', '.join(r['kernels'])}")
+            for backend in args.linear_backend if variant != "bf16" else ["auto"]:
+                loaded = load_model(path, device=device, linear_backend=backend)
+                kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
+                for eager in (False, True) if device == "cuda" else (True,):
+                    # Eager decode is slow and only checks the graphs' gain: fewer tokens, one timed run.
+                    gen_tokens, repeats = (args.eager_tokens, 1) if eager else (args.gen_tokens, args.repeats)
+                    engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
+                                       enforce_eager=eager, kv_cache_memory=2**30)
+                    decode_speed(engine, args.prompt_len, gen_tokens, 1)  # warm-up (tuners, Triton compilation)
+                    row = {"variant": variant, "linear_backend": backend, "graphs": not eager,
+                           **decode_speed(engine, args.prompt_len, gen_tokens, repeats), "kernels": kernels,
+                           "shape": args.shape, "device": loaded.platform.name, "gen_tokens": gen_tokens}
+                    if device == "cuda":
+                        if not eager:
+                            row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
+                        row["kernels_per_step"], row["kernel_ms_per_step"] = kernels_per_step(engine, args.prompt_len)
+                    # Host time per step: what the GPU waits for (graphs), or step minus forward (eager).
+                    busy = row.get("gpu_ms") or row["forward_ms"]
+                    row["host_ms"] = row["step_ms"] - busy if busy is not None else None
+                    rows.append(row)
+                    del engine
+                del loaded
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    print_decode_table(args, rows)
+    return rows + [{"ratios": decode_ratios(rows)}]
+
+
+def decode_ratios(rows: list[dict]) -> dict[str, float]:
+    by = {(r["variant"], r["linear_backend"], r["graphs"]): r["decode_tokens_per_s"] for r in rows}
     ratios = {}
-    if ("fp8-block", True) in by and ("bf16", True) in by:
-        ratios["fp8_graphs_vs_bf16_graphs"] = by[("fp8-block", True)] / by[("bf16", True)]
-    if ("fp8-block", True) in by and ("fp8-block", False) in by:
-        ratios["fp8_graphs_vs_fp8_eager"] = by[("fp8-block", True)] / by[("fp8-block", False)]
-    for name, value in ratios.items():
+    for (variant, backend, graphs), tps in by.items():
+        if variant != "fp8-block":
+            continue
+        if graphs and ("bf16", "auto", True) in by:
+            ratios[f"fp8_{backend}_graphs_vs_bf16_graphs"] = tps / by[("bf16", "auto", True)]
+        if graphs and (variant, backend, False) in by:
+            ratios[f"fp8_{backend}_graphs_vs_fp8_{backend}_eager"] = tps / by[(variant, backend, False)]
+    return ratios
+
+
+def print_decode_table(args: argparse.Namespace, rows: list[dict]) -> None:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    print(f"\ndecode at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt "
+          f"(eager: {args.eager_tokens}); ms per step: step = host + GPU")
+    print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'tok/s':>7} {'step':>6} {'GPU':>6} {'host':>6} "
+          f"{'kernels':>7} {'kern ms':>7} {'captures':>8}  linear kernels")
+    for r in rows:
+        print(f"{r['variant']:>10} {r['linear_backend']:>8} {str(r['graphs']):>6} {r['decode_tokens_per_s']:>7.1f} "
+              f"{ms(r['step_ms']):>6} {ms(r.get('gpu_ms') or r['forward_ms']):>6} {ms(r['host_ms']):>6} "
+              f"{r.get('kernels_per_step', '-'):>7} {ms(r.get('kernel_ms_per_step')):>7} "
+              f"{r['captures_during_timing']:>8}  {', '.join(r['kernels'])}")
+    for name, value in decode_ratios(rows).items():
         target = 1.2 if "bf16" in name else 3.0
         print(f"{name}: {value:.2f}x (target >= {target}x: {'met' if value >= target else 'NOT met'})")
-    rows.append({"ratios": ratios})
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--prompt-len", type=int, default=64)
     d.add_argument("--gen-tokens", type=int, default=256)
     d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--eager-tokens", type=int, default=64, help="tokens generated in the eager runs")
+    d.add_argument("--linear-backend", nargs="+", default=["auto"],
+                   help="backends for the FP8 layers, one run each (e.g. marlin triton)")
+    t.add_argument("--linear-backend", default="auto", help="backend for the FP8 layers (e.g. triton, torch, marlin)")
     g = sub.add_parser("gsm8k", help="the embedded eval's workload on a shipped model folder")
     g.add_argument("--model", type=Path, default=Path("models/tiny-qwen3-fp8-block-native"))
     g.add_argument("--data", type=Path, default=Path("models/data/synth-gsm8k-v1"))
@@ -263,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--shape", choices=sorted(SHAPES), default="tiny" if p is t else "qwen3-1.7b")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
         p.add_argument("--device", default="cpu" if p is t else "auto")
-        p.add_argument("--linear-backend", default="auto",
-                       help="backend for the FP8 layers (e.g. triton, torch, marlin)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
         p.add_argument("--out", type=Path, help="directory for results JSON")

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One-shot GPU job for the engine (issues 2 and 5), about 6 minutes on an H200:
-#   1. the GPU-marked engine tests (CUDA graph replay equals eager; reload under captured graphs),
-#   2. bench_engine.py decode: Qwen3-1.7B-shaped random model, batch 1, bf16 and FP8 block,
-#      CUDA graphs vs --enforce-eager (targets: FP8+graphs >= 1.2x bf16+graphs, >= 3x FP8 eager).
+# One-shot GPU job for the engine (issues 2 and 5), about 2 minutes on an H200:
+#   1. the GPU-marked engine tests (CUDA graph replay equals eager; reload under captured graphs;
+#      the Triton norm/RoPE/attention kernels on the device),
+#   2. bench_engine.py decode: Qwen3-1.7B-shaped random model, batch 1, bf16 and FP8 block (one run
+#      per backend in LINEAR_BACKENDS), CUDA graphs vs --enforce-eager, with a per-step breakdown
+#      (host ms, GPU ms, kernels per step, graph captures while timing). Targets: FP8+graphs >= 1.2x
+#      bf16+graphs, >= 3x FP8 eager.
 # Each step has its own time limit and a failing step does not stop the others. Full logs and
-# results go to $OUT; a short summary is printed at the end.
+# results go to $OUT; a short summary is printed at the end, the decode table last.
 #
-#   OUT=/tmp/out bash benchmarks/gpu_engine.sh            # FP8 layers with --linear-backend auto
-#   OUT=/tmp/out LINEAR_BACKEND=marlin bash benchmarks/gpu_engine.sh
+#   OUT=/tmp/out bash benchmarks/gpu_engine.sh                        # FP8 with marlin and triton
+#   OUT=/tmp/out LINEAR_BACKENDS=marlin bash benchmarks/gpu_engine.sh
 #
 # Works without installing the package (no pip there): a temporary `quantgate` package of
 # symlinks to this checkout is put on PYTHONPATH.
@@ -16,7 +19,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_engine}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
-BACKEND=${LINEAR_BACKEND:-auto}
+BACKENDS=${LINEAR_BACKENDS:-${LINEAR_BACKEND:-marlin triton}}
 
 shim=$(mktemp -d)
 mkdir "$shim/quantgate"
@@ -38,11 +41,12 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
 }
 
 : > "$OUT/steps.txt"
-step engine_tests 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda_graphs.py \
-  --junitxml "$OUT/engine_tests.xml"
-step bench_decode 300 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
-  --linear-backend "$BACKEND" --out "$OUT"
+step engine_tests 75 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
+  tests/engine/test_triton_ops.py --junitxml "$OUT/engine_tests.xml"
+# shellcheck disable=SC2086  # one argument per backend
+step bench_decode 120 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
+  --linear-backend $BACKENDS --repeats 2 --eager-tokens 32 --out "$OUT"
 
 echo "== steps"; cat "$OUT/steps.txt"
-echo "== engine tests"; tail -n 5 "$OUT/engine_tests.log"
-echo "== decode benchmark"; sed -n '/^decode tokens/,$p' "$OUT/bench_decode.log" | tail -n 12
+echo "== engine tests"; tail -n 8 "$OUT/engine_tests.log"
+echo "== decode benchmark"; sed -n '/^decode at batch 1/,$p' "$OUT/bench_decode.log" | tail -n 14

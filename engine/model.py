@@ -225,7 +225,9 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
         x = self.model.embed_tokens(batch.input_ids)
-        inputs = LayerInputs.build(batch, self.model.rotary_emb, x.dtype, layers.uses_triton_ops(x))
+        head_dim = self.config.head_dim
+        fused = layers.uses_triton_ops(x) and (head_dim & (head_dim - 1)) == 0  # the kernels' tiles are powers of two
+        inputs = LayerInputs.build(batch, self.model.rotary_emb, x.dtype, fused)
         residual = None
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, inputs, kv.k[i], kv.v[i])

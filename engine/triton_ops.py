@@ -9,9 +9,11 @@ points PyTorch does, in one launch each:
   - `rms_norm`: RMSNorm, optionally after adding the residual (which it updates in place);
   - `qk_norm_rope_to_cache`: q/k head norms and rotary embedding, k and v written to the cache;
   - `decode_attention`: one query per sequence against its cache slot, GQA, online softmax;
+    it reads each sequence's own length, so a step's cost follows its context;
   - `silu_and_mul`.
 
-`layers.py` and `model.py` pick them for CUDA tensors; tests run them under the interpreter.
+`layers.py` and `model.py` pick them for CUDA tensors (the attention ones for power-of-two head
+sizes); tests run them under the interpreter.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr,
     d = tl.arange(0, HEAD_DIM)
     keys = tl.arange(0, BLOCK_N)
     q = tl.load(q_ptr + b * stride_qb + h * HEAD_DIM + d).to(tl.float32) * scale
-    length = tl.load(len_ptr + b)
+    length = tl.load(len_ptr + b).to(tl.int32)
     base = tl.load(slot_ptr + b) * stride_cs + (h // GROUP) * stride_ch
     m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)

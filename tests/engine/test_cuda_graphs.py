@@ -48,7 +48,8 @@ def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int, first_position: i
     slots = list(range(batch_size))
     positions = [first_position + 3 * i for i in slots]
     with torch.inference_mode():
-        replayed = engine.graphs.run([7 + i for i in slots], positions, slots).clone()
+        replayed, greedy = (t.clone() for t in engine.graphs.run([7 + i for i in slots], positions, slots))
+        assert torch.equal(greedy, replayed.argmax(dim=-1))
         eager = engine.model(engine.graphs.batch(*engine.graphs.buckets(batch_size, max(positions) + 1)), engine.kv)
     return replayed, eager[:batch_size]
 
@@ -61,9 +62,12 @@ def test_graph_replay_equals_eager(tmp_path, variant, backend):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]
     assert _greedy_tokens(graphs, prompts) == _greedy_tokens(_engine(path, backend, eager=True), prompts)
     assert graphs.graphs.contexts == [256, 512, 600] and graphs.graphs.buckets(3, 300) == (4, 512)
+    # Every bucket was captured at start-up, and serving captured nothing more.
+    assert graphs.graphs.num_captures == len(graphs.graphs.sizes) * len(graphs.graphs.contexts) == 4 * 3
     for size, first_position in ((1, 4), (3, 300), (8, 570)):
         replayed, eager = _graph_vs_eager_logits(graphs, size, first_position)
         torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)
+    assert graphs.graphs.num_captures == 4 * 3
 
 
 @pytest.mark.parametrize("variant,backend", VARIANTS)
