@@ -687,6 +687,11 @@ def run_compile_check(targets: list[int], jobs: int, verbose: bool) -> tuple[lis
     print(f"{'variant':<48} {'sm':>3} {'ok':>3} {'regs':>5} {'spill':>6} {'smem':>7} mma", flush=True)
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         for row in pool.map(_compile_one, work):  # in order, each printed as soon as it is known
+            fp8_mma = {"QGMMA", "QMMA"} & set(row.get("sass_mma", "").split("+"))
+            if row["ok"] and row["variant"].startswith("fp8.") and fp8_mma:
+                # FP8 tensor-core instructions accumulate with ~13 bits (fused_moe.py's docstring).
+                row.update(ok=False, error=f"{'+'.join(sorted(fp8_mma))} in the SASS: FP8 dots must enter the tensor "
+                                           f"cores as fp16 (fused_moe._exact_dot)")
             report.append(row)
             failed += not row["ok"]
             if row["ok"] and (verbose or row["spill_bytes"]):
