@@ -38,11 +38,18 @@ _lin_emul, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin, _lin_dense = 
 )
 
 # (device, minimum capability) -> scheme -> kernels, fastest first. The first row whose
-# device matches and whose capability the platform reaches applies. Orders follow
-# benchmarks/results/ (bench_linear.py, bench_moe.py on an H200): on 9.0 the geometric mean over
-# M in {1..8192} and three Llama-sized shapes (h200-2026-11-29-run1) ranks torch, then triton,
-# then marlin for every scheme, though marlin is fastest at M <= 16. Every FP8 scheme ends in
-# emulation, which runs anywhere. On 8.0 (no FP8 tensor cores) marlin serves every scheme.
+# device matches and whose capability the platform reaches applies. Rule for the CUDA rows: the
+# order of the geometric mean of graph times (no host overhead) over bench_linear.py's M set
+# {1, 16, 512, 2048, 8192} and its three Llama-sized (K, N), which bench_linear prints as
+# "fastest <scheme>". 9.0, H200 run 2 (benchmarks/results/h200-2026-11-29-run2), in us: block
+# torch 67.6 < triton 75.3 < marlin 146; tensor torch 58.5 < marlin 135; channel triton 70.1 <
+# torch 73.3 < marlin 134, but that triton time is of channel dots that let Hopper's FP8 tensor
+# cores carry the K sum (1e-3 error); with the float32 promotion every 128 of K they now share,
+# its large-M GEMMs cost what the block ones do (run 2's block times there give ~86 us), so
+# torch stays first until a run measures otherwise. Marlin is last though fastest at M = 1: a
+# layer has one kernel for every batch size. 8.9: the same order without the Hopper-only block
+# class. Every FP8 scheme ends in emulation, which runs anywhere. On 8.0 (no FP8 tensor cores)
+# marlin serves every scheme.
 LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearKernel]]]]] = [
     ("cuda", (9, 0), {
         B: [_lin_torch_block, _lin_triton, _lin_marlin, _lin_emul],
