@@ -236,8 +236,9 @@ def graph_gpu_ms(engine: LLMEngine, context: int, replays: int = 50) -> float:
     return begin.elapsed_time(end) / replays
 
 
-def kernels_per_step(engine: LLMEngine, prompt_len: int) -> tuple[int, float]:
-    """(CUDA kernels, their summed GPU ms) of one profiled decode step (graph kernels included)."""
+def kernels_per_step(engine: LLMEngine, prompt_len: int) -> tuple[int, float, list[dict]]:
+    """(CUDA kernels, their summed GPU ms, per kernel name: calls and us, largest first) of one
+    profiled decode step (graph kernels included)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine.add_request("profiled", list(range(1, prompt_len + 1)),
@@ -251,7 +252,13 @@ def kernels_per_step(engine: LLMEngine, prompt_len: int) -> tuple[int, float]:
         engine.step()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
-    return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    by_name: dict[str, dict] = {}
+    for e in kernels:
+        entry = by_name.setdefault(e.name[:80], {"kernel": e.name[:80], "calls": 0, "us": 0.0})
+        entry["calls"] += 1
+        entry["us"] += e.time_range.elapsed_us()
+    breakdown = sorted(by_name.values(), key=lambda r: -r["us"])
+    return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3, breakdown
 
 
 def decode(args: argparse.Namespace) -> list[dict]:
@@ -278,8 +285,8 @@ def decode(args: argparse.Namespace) -> list[dict]:
                         if not eager:
                             row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
                         try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
-                            row["kernels_per_step"], row["kernel_ms_per_step"] = kernels_per_step(engine,
-                                                                                                  args.prompt_len)
+                            (row["kernels_per_step"], row["kernel_ms_per_step"],
+                             row["kernel_breakdown"]) = kernels_per_step(engine, args.prompt_len)
                         except Exception as err:  # noqa: BLE001
                             print(f"kernel profile of {variant}/{backend} failed: {err!r}", file=sys.stderr)
                     # Host time per step: what the GPU waits for (graphs), or step minus forward (eager).
@@ -311,6 +318,11 @@ def print_decode_table(args: argparse.Namespace, rows: list[dict]) -> None:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
+    for r in rows:
+        if r.get("kernel_breakdown"):
+            print(f"\nkernels of one step, {r['variant']}/{r['linear_backend']} graphs={r['graphs']}: calls, us")
+            for k in r["kernel_breakdown"][:12]:
+                print(f"  {k['calls']:>4} {k['us']:>8.1f}  {k['kernel']}")
     print(f"\ndecode at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt "
           f"(eager: {args.eager_tokens}); ms per step: step = host + GPU")
     print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'tok/s':>7} {'step':>6} {'GPU':>6} {'host':>6} "

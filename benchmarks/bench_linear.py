@@ -560,6 +560,8 @@ def _config_text(cfg) -> str:
     if cfg is None:
         return "-"
     fields = cfg.__dict__
+    if "block_k" in fields:  # the GEMV: one row, K tiles of block_k
+        return f"1x{fields['block_n']}x{fields['block_k']} w{fields['num_warps']}"
     text = f"{fields['block_m']}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
     if fields.get("split_per_sm"):
         text += f" split/SM {fields['split_per_sm']}"
@@ -580,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for bench_linear.json and .md")
     parser.add_argument("--quick", action="store_true", help="M in {1, 2048} on one shape (smoke test)")
+    parser.add_argument("--ms", type=int, nargs="+", help=f"rows to time (default {' '.join(map(str, MS))})")
+    parser.add_argument("--shapes", nargs="+", metavar="KxN",
+                        help="weight shapes to time, e.g. 2048x4096 (default: the acceptance shapes)")
     parser.add_argument("--budget-s", type=float, default=170.0, help="skip what is left after this long")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: run the reporting on made-up measurements (checks this script, not kernels)")
@@ -597,6 +602,10 @@ def main(argv: list[str] | None = None) -> int:
           f"autotune {'on' if env['autotune'] else 'off'}", flush=True)
     bandwidth = copy_bandwidth()
     ms, shapes = ((1, 2048), SHAPES[:1]) if args.quick else (MS, SHAPES)
+    if args.ms:
+        ms = tuple(args.ms)
+    if args.shapes:
+        shapes = tuple(tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes)
     dtype = torch.bfloat16
     rows, correct, exactness, stopped = [], [], [], None
     try:
@@ -637,6 +646,7 @@ def _dry_run(out: Path) -> int:
     import random
 
     from quantgate.kernels.triton.fp8_block_gemm import TMA_CANDIDATES
+    from quantgate.kernels.triton.fp8_gemv import CANDIDATES as GEMV_CANDIDATES
 
     rng = random.Random(0)
     env = {"device": "dry run", "capability": "9.0", "sms": 132, "l2_bytes": 50 << 20, "date": "-", "torch": torch.__version__,
@@ -658,9 +668,10 @@ def _dry_run(out: Path) -> int:
                for m, k, n in CORRECTNESS_SHAPES for d in ("float16", "bfloat16") for label, _, s in BACKENDS]
     exactness = [{"kernel": "group128", "dtype": "bfloat16", "triton_fp8_mismatch": 0.0, "triton_scale_mismatch": 0.0,
                   "torch_cuda_fp8_mismatch": 3e-3, "torch_cuda_scale_mismatch": 0.2}]
-    cands = TMA_CANDIDATES
-    tuned = [{"kernel": "w8a8_tma", "key": (4096, 4096, 4096, torch.bfloat16, True, 128), "chosen": cands[1],
-              "candidates": [{"config": c, "ms": rng.uniform(0.05, 0.1), "error": None} for c in cands]}]
+    tuned = [{"kernel": kernel, "key": key, "chosen": cands[1],
+              "candidates": [{"config": c, "ms": rng.uniform(0.05, 0.1), "error": None} for c in cands]}
+             for kernel, key, cands in (("w8a8_tma", (4096, 4096, 4096, torch.bfloat16, True, 128), TMA_CANDIDATES),
+                                        ("w8a8_gemv", (1, 4096, 4096, torch.bfloat16, True, 128), GEMV_CANDIDATES))]
     _write(out, env, 4.2e12, rows, correct, exactness, tuned, 0.0, None, MS, SHAPES)
     return 0
 

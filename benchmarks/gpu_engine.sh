@@ -12,8 +12,7 @@
 #   OUT=/tmp/out bash benchmarks/gpu_engine.sh                        # FP8 with marlin and triton
 #   OUT=/tmp/out LINEAR_BACKENDS=marlin bash benchmarks/gpu_engine.sh
 #
-# Works without installing the package (no pip there): a temporary `quantgate` package of
-# symlinks to this checkout is put on PYTHONPATH.
+# Works without installing the package (no pip there): see gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_engine}
@@ -21,12 +20,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python}
 BACKENDS=${LINEAR_BACKENDS:-${LINEAR_BACKEND:-marlin triton}}
 
-shim=$(mktemp -d)
-mkdir "$shim/quantgate"
-touch "$shim/quantgate/__init__.py"
-for part in kernels engine harness; do ln -s "$PWD/$part" "$shim/quantgate/$part"; done
-export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+source benchmarks/gpu_env.sh
 
 { nvidia-smi; $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > "$OUT/environment.txt" 2>&1

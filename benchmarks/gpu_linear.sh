@@ -11,8 +11,7 @@
 #
 #   OUT=/tmp/out bash benchmarks/gpu_linear.sh
 #
-# Works without installing the package (no pip there): a temporary `quantgate` package of
-# symlinks to this checkout is put on PYTHONPATH.
+# Works without installing the package (no pip there): see gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_linear}
@@ -20,13 +19,7 @@ LIN="$OUT/lin"
 mkdir -p "$LIN"
 PY=${PYTHON:-python}
 
-shim=$(mktemp -d)
-mkdir "$shim/quantgate"
-touch "$shim/quantgate/__init__.py"
-for part in kernels engine harness; do ln -s "$PWD/$part" "$shim/quantgate/$part"; done
-export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
-export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source benchmarks/gpu_env.sh
 
 { nvidia-smi; $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > "$LIN/environment.txt" 2>&1
@@ -70,7 +63,6 @@ else
   echo "tests  skipped (no pytest)" >> "$LIN/steps.txt"
 fi
 step bench 125 $PY benchmarks/bench_linear.py --out "$LIN" --budget-s 105
-rm -rf "$shim"
 
 echo "===================== gpu_linear summary ($(date -u +%FT%TZ), commit $QUANTGATE_COMMIT)"
 cat "$LIN/steps.txt"

@@ -45,14 +45,7 @@ run_stage() {  # name, time cap, log file, command...
     esac
 }
 
-# pyproject maps quantgate.kernels -> kernels/ etc.; without an install, a shim package does it.
-if ! python -c "import quantgate.kernels" 2>/dev/null; then
-    SHIM=$(mktemp -d)
-    mkdir -p "$SHIM/quantgate"
-    for part in kernels engine harness; do ln -s "$REPO/$part" "$SHIM/quantgate/$part"; done
-    export PYTHONPATH="$SHIM:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-fi
-unset TRITON_INTERPRET
+source benchmarks/gpu_env.sh
 
 echo "== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

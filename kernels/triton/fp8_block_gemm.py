@@ -9,7 +9,8 @@ end, and its dots promote to the float32 accumulator every 128 of K as well
 and Triton lets them carry the whole K sum by default on sm_90, which cost the channel GEMMs
 ~1e-3 relative error over K = 4096 (5x the block scheme's) on the H200.
 
-Three kernels, by M:
+Four kernels, by M:
+- one row (batch-1 decode): the GEMV of fp8_gemv.py, one launch, no workspace.
 - small M (<= 16, decode): one launch per call. The bf16/fp16 activations are quantized in the
   kernel (the same bits as act_quant.py, 1x128 groups or per token), and the GEMM runs
   transposed, out^T = W x^T, so the weight tile fills the wide side of the MMA and the padded
@@ -33,6 +34,8 @@ import triton
 import triton.language as tl
 
 from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
+from . import fp8_gemv
+from .fp8_gemv import GemvConfig, w8a8_gemv
 from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
 
@@ -282,7 +285,7 @@ def w8a8_linear(
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     path: str | None = None,
-    config: GemmConfig | None = None,
+    config: GemmConfig | GemvConfig | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16/fp16/fp32 (unit K stride) -> out [M, N] in out_dtype, with the activation
@@ -290,7 +293,7 @@ def w8a8_linear(
 
     weight [N, K] fp8 contiguous; weight_scale [ceil(N/scale_block_n), ceil(K/128)] (groupwise)
     or [N]. `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M.
-    `path` ("small_m", "tiled", "tma") and `config`/`split_k` pin a launch (tests, sweeps);
+    `path` ("gemv", "small_m", "tiled", "tma") and `config`/`split_k` pin a launch (tests, sweeps);
     by default the path follows M and the GPU, and the tuner picks the config.
     """
     m, k = x.shape
@@ -298,7 +301,10 @@ def w8a8_linear(
     if weight.shape[1] != k or x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError(f"w8a8_linear: x {tuple(x.shape)} (unit K stride) and contiguous weight [N, {k}] expected, "
                          f"got weight {tuple(weight.shape)}")
-    path = path or _default_path(m, k, n, x.device)
+    path = path or _default_path(m, k, n, x.device, groupwise, scale_block_n)
+    if path == "gemv":
+        return w8a8_gemv(x, weight, weight_scale, out_dtype, groupwise=groupwise, scale_block_n=scale_block_n,
+                         bias=bias, config=config)
     if path == "small_m":
         return _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k)
     if groupwise:
@@ -309,7 +315,9 @@ def w8a8_linear(
                      bias=bias, workspace=workspace, tma=path == "tma", config=config, split_k=split_k)
 
 
-def _default_path(m: int, k: int, n: int, device: torch.device) -> str:
+def _default_path(m: int, k: int, n: int, device: torch.device, groupwise: bool, scale_block_n: int) -> str:
+    if m == 1 and fp8_gemv.supports(groupwise, scale_block_n):
+        return "gemv"
     if m <= SMALL_M:
         return "small_m"
     # TMA rows of K fp8 bytes (and of N output elements) must be 16-byte aligned.

@@ -38,9 +38,13 @@ def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
 
 def _paths():
     from quantgate.kernels.triton.fp8_block_gemm import GemmConfig
+    from quantgate.kernels.triton.fp8_gemv import GemvConfig
 
     # (path, rows, config, split_k, weight block): every kernel and scale-indexing branch.
     return [
+        ("gemv", 1, GemvConfig(16, 256, 4), None, (128, 128)),  # two K steps: the prefetch runs past K
+        ("gemv", 1, GemvConfig(8, 512, 4), None, (8, 128)),  # 8-row scale blocks: 8-column tiles
+        ("gemv", 1, GemvConfig(32, 128, 4), None, (64, 128)),  # two tiles per scale row
         ("small_m", 5, GemmConfig(16, 64, 4, 3), 2, (128, 128)),
         ("tiled", 20, GemmConfig(32, 64, 4, 3, group_m=1), 2, (128, 128)),  # split-K: one row tile
         ("tma", 70, GemmConfig(64, 64, 4, 3), None, (128, 128)),

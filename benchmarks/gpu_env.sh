@@ -1,0 +1,14 @@
+# Sourced by the gpu_*.sh jobs: makes `import quantgate.*` work on the GPU machine, where the
+# checkout is copied but not installed (no pip there). pyproject maps quantgate.kernels ->
+# kernels/ etc.; a temporary package of symlinks does the same. Also runs kernels compiled, not
+# interpreted, and names the commit measured.
+#   source benchmarks/gpu_env.sh   (from the repository root)
+if ! python -c "import quantgate.kernels" 2>/dev/null; then
+    QUANTGATE_SHIM=$(mktemp -d)
+    mkdir -p "$QUANTGATE_SHIM/quantgate"
+    touch "$QUANTGATE_SHIM/quantgate/__init__.py"
+    for part in kernels engine harness; do ln -s "$PWD/$part" "$QUANTGATE_SHIM/quantgate/$part"; done
+    export PYTHONPATH="$QUANTGATE_SHIM${PYTHONPATH:+:$PYTHONPATH}"
+fi
+unset TRITON_INTERPRET
+export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
