@@ -10,6 +10,10 @@ One command step per config, grouped per list file. Tiers:
   that exercise that kernel before merge: an optional nightly job is never the only place a
   crash can show. `select_for_changes` applies the same globs locally.
 
+A config tagged `negative-check` is built to FAIL (e.g. `expect:` names a kernel that does not
+run): its step passes only when the run's verdict is FAIL, so the check it exercises runs in CI
+without turning the build red.
+
 Paths in the pipeline are relative to the repository root (the working directory of a
 Buildkite job), so `pipeline` runs from there.
 """
@@ -40,6 +44,7 @@ from .config import (
 Tier = Literal["pr", "nightly", "release"]
 TIERS: tuple[Tier, ...] = ("pr", "nightly", "release")
 RUN_EVAL = ".buildkite/scripts/run-eval.sh"
+NEGATIVE_TAG = "negative-check"
 RESULTS_DIR = "results"
 RETRYABLE_EXIT = 2  # SPEC: an error without a verdict (server died, eval incomplete)
 RETRY_LIMIT = 2
@@ -232,7 +237,7 @@ def step_for(config: EvalConfig, tier: Tier) -> dict[str, Any]:
     step: dict[str, Any] = {
         "label": config.name,
         "key": _key(config.name),
-        "command": f"{RUN_EVAL} {path}",
+        "command": f"{RUN_EVAL} --expect-fail {path}" if NEGATIVE_TAG in config.tags else f"{RUN_EVAL} {path}",
         "agents": agents_for(config),
         "timeout_in_minutes": timeout_minutes(config),
         "retry": {"automatic": [{"exit_status": RETRYABLE_EXIT, "limit": RETRY_LIMIT}]},

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # One eval step: install, run the config, annotate the build. The exit status is quantgate's
 # (0 pass, 1 gate failed, 2 error without a verdict: retried by the pipeline, 3 invalid config).
+# --expect-fail: a negative check (tag `negative-check`), built to FAIL: a FAIL verdict exits 0,
+# a PASS exits 1 (the check it exercises has stopped catching what it must); 2 and 3 stay.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-config="${1:?usage: run-eval.sh CONFIG}"
+expect_fail=false
+if [[ "${1:-}" == "--expect-fail" ]]; then
+  expect_fail=true
+  shift
+fi
+config="${1:?usage: run-eval.sh [--expect-fail] CONFIG}"
 
 source .buildkite/scripts/env.sh
 ensure_quantgate || exit 2
@@ -15,6 +22,12 @@ out="$QUANTGATE_RESULTS"
 echo "--- :test_tube: quantgate run $config"
 quantgate run "$config" --output-dir "$out" --junit "$out/junit.xml" --markdown "$out/summary.md"
 status=$?
+if $expect_fail; then
+  case "$status" in
+    1) echo "negative check: the verdict is FAIL, as it must be"; status=0 ;;
+    0) echo "negative check PASSED but must FAIL: the check it exercises no longer catches its case" >&2; status=1 ;;
+  esac
+fi
 
 echo "--- :memo: annotate"
 .buildkite/scripts/annotate.sh "$out/summary.md" "quantgate-$(basename "$config" .yaml)" "$status"

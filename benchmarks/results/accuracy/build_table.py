@@ -124,18 +124,24 @@ def markdown(rows: list[dict]) -> str:
         "backend": r["linear_backend"] + (f" / moe {r['moe_backend']}" if r["moe_backend"] else ""),
         "n": r["n"], "strict": r["strict"], "flexible": r["flexible"],
         "delta vs bf16": r["delta_vs_bf16"],
+        "within 3 points": r["within_3_points"],
         "flips vs bf16 (R->W / W->R, p worse)": None if r["flips_vs_bf16"] is None else
         f"{r['flips_vs_bf16']['flips_right_to_wrong']} / {r['flips_vs_bf16']['flips_wrong_to_right']}, "
         f"p={r['flips_vs_bf16']['p_value_worse']:.3g}",
         "runs identical": r["identical_runs"],
         "seconds per run": " / ".join(f"{s:.0f}" for s in r["seconds"]),
     } for r in rows])
-    first = rows[0]
+
+    def each(key: str) -> str:
+        return ", ".join(dict.fromkeys(str(r[key]) for r in rows))
+
+    versions = ", ".join(dict.fromkeys(f"torch {r['versions'].get('torch')}, lm-eval {r['versions'].get('lm_eval')}"
+                                       for r in rows))
     return (f"# Accuracy of the tiny models and their FP8 variants (built-in engine)\n\n"
             f"Strict-match (`exact_match,strict-match`, lm-eval gsm8k 5-shot) on the first n questions of "
-            f"`models/data/synth-gsm8k-v1/test.jsonl`.\nMeasured {first['date']} at commit {first['commit']} "
-            f"on {first['machine']} (shared with other jobs: seconds are indicative), "
-            f"torch {first['versions'].get('torch')}, lm-eval {first['versions'].get('lm_eval')}.\n"
+            f"`models/data/synth-gsm8k-v1/test.jsonl`.\nMeasured {each('date')} on {each('machine')} (shared with "
+            f"other jobs: seconds are indicative), {versions}; commits (HEAD when each calibration ran): "
+            f"{each('commit')}.\n"
             f"Each row: `quantgate calibrate eval_configs/tiny/<config>.yaml --runs 2`; seconds per run are "
             f"server start to verdict.\nDelta and flips are against the bf16 model measured the same way "
             f"(`<model>-bf16-emulation`, same questions); p is the exact one-sided McNemar p-value that the "
