@@ -298,7 +298,34 @@ def decode(args: argparse.Namespace) -> list[dict]:
                 if device == "cuda":
                     torch.cuda.empty_cache()
     print_decode_table(args, rows)
-    return rows + [{"ratios": decode_ratios(rows)}]
+    tuned = tuned_shapes()
+    print_tuned(tuned)
+    return rows + [{"ratios": decode_ratios(rows)}, {"tuned": tuned}]
+
+
+def tuned_shapes() -> list[dict]:
+    """What the kernels' tuners measured while the models warmed up (L2 evicted, one launch at a
+    time): per GEMM shape, each candidate's time and the choice."""
+    from quantgate.kernels.triton.tuning import tuning_report
+
+    return [{"kernel": t["kernel"], "key": [str(v) for v in t["key"]], "chosen": repr(t["chosen"]),
+             "candidates": [{"config": repr(c["config"]), "ms": c["ms"], "error": c["error"]} for c in t["candidates"]]}
+            for t in tuning_report()]
+
+
+def print_tuned(tuned: list[dict]) -> None:
+    if not tuned:
+        return
+    print("\ntuned GEMM shapes (us, eager with the L2 evicted): chosen config, then the best of each family")
+    for t in tuned:
+        best: dict[str, float] = {}
+        for c in t["candidates"]:
+            family = c["config"].split("(")[0] + ("/mma" if "block_m=16" in c["config"] else "")
+            if c["ms"] is not None:
+                best[family] = min(best.get(family, float("inf")), 1e3 * c["ms"])
+        chosen = next((1e3 * c["ms"] for c in t["candidates"] if c["config"] == t["chosen"]), float("nan"))
+        families = ", ".join(f"{f} {us:.1f}" for f, us in sorted(best.items()))
+        print(f"  {t['kernel']:<14} N={t['key'][1]:>6} K={t['key'][2]:>6} {chosen:6.1f}  [{families}]")
 
 
 def decode_ratios(rows: list[dict]) -> dict[str, float]:

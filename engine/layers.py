@@ -105,10 +105,20 @@ class KernelLayer(nn.Module):
 
 
 class QuantLinear(KernelLayer):
-    def __init__(self, name: str, config: LinearLayerConfig, device: torch.device) -> None:
+    """One kernel-backed linear. `shards` (checkpoint module name, output rows) makes it a merged
+    projection (q/k/v as `qkv_proj`, gate/up as `gate_up_proj`): the loader concatenates those
+    modules' tensors along the output rows, so one GEMM streams all of their weights."""
+
+    def __init__(self, name: str, config: LinearLayerConfig, device: torch.device,
+                 shards: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__(name, device)
         self.layer_config = config
+        self.shards = shards
         self.register_buffer("bias", None, persistent=False)
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A merged projection's output -> one view per shard (no copy)."""
+        return out.split([rows for _, rows in self.shards], dim=-1)
 
     def raw_specs(self) -> dict[str, Spec]:
         cfg = self.layer_config
@@ -211,6 +221,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up; gate and up may be column views of one merged projection's output."""
     if uses_triton_ops(gate):
         from . import triton_ops
 

@@ -43,6 +43,8 @@ DTYPE_NAMES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 _ALWAYS_UNQUANTIZED = ("lm_head", ".mlp.gate")  # suffixes: vLLM keeps these unquantized too
+# Projections of one input that run as one GEMM (engine module name -> checkpoint modules).
+MERGED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def resolve_dtype(requested: str | torch.dtype, checkpoint_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -109,7 +111,7 @@ def load_model(
     cfg = dataclasses.replace(cfg, dtype=act_dtype)
     factory = _LayerFactory(cfg, platform, torch_device, linear_backend, moe_backend)
     with torch.inference_mode():
-        model = Qwen3ForCausalLM(cfg, torch_device, factory.linear, factory.moe)
+        model = Qwen3ForCausalLM(cfg, torch_device, factory)
         with Checkpoint(path) as ckpt:
             _load_weights(model, ckpt, cfg)
         for module in model.modules():
@@ -145,13 +147,31 @@ class _LayerFactory:
             return {}
         return dict(block_size=q.block_size, scale_name=q.scale_name, static_input_scale=q.static_input_scale)
 
-    def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> QuantLinear:
-        scheme = self._scheme(name)
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool,
+               shards: tuple[tuple[str, int], ...] = ()) -> QuantLinear:
+        scheme = self._scheme(shards[0][0] if shards else name)
         config = LinearLayerConfig(in_features, out_features, scheme, self.cfg.dtype, has_bias=bias,
                                    **self._quant_fields(scheme))
-        layer = QuantLinear(name, config, self.device)
+        layer = QuantLinear(name, config, self.device, shards)
         layer.bind_kernel(select_linear_kernel(self.platform, config, self._requested(scheme, self.linear_backend)))
         return layer
+
+    def merged_linear(self, prefix: str, name: str, in_features: int, sizes: tuple[int, ...],
+                      bias: bool) -> QuantLinear | None:
+        """One GEMM for the projections MERGED_PROJECTIONS[name] of one input (vLLM's qkv_proj and
+        gate_up_proj): at batch 1 each GEMM is a weight stream with a fixed cost, and q/k/v alone
+        are three. Only where the checkpoint's tensors concatenate exactly: one scheme for all
+        parts, no per-tensor or static input scales (one per part), block scales whole per part."""
+        names = tuple(f"{prefix}.{part}" for part in MERGED_PROJECTIONS[name])
+        schemes = {self._scheme(n) for n in names}
+        if len(schemes) != 1:
+            return None
+        scheme = schemes.pop()
+        if scheme is Scheme.FP8_TENSOR or (scheme.is_fp8 and self.cfg.quant.static_input_scale):
+            return None
+        if scheme is Scheme.FP8_BLOCK and any(rows % self.cfg.quant.block_size[0] for rows in sizes):
+            return None
+        return self.linear(f"{prefix}.{name}", in_features, sum(sizes), bias, tuple(zip(names, sizes)))
 
     def moe(self, name: str) -> FusedMoE:
         cfg = self.cfg
@@ -171,7 +191,14 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig) -
         return ckpt.get(name)
 
     for name, module in model.named_modules():
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantLinear) and module.shards:
+            for attr in module.raw_specs():
+                keys = [f"{shard}.{attr}" for shard, _ in module.shards]
+                parts = [take(key) for key in keys]
+                if attr not in ("weight", "bias"):  # scales: block rows, or channel rows saved as [N] or [N, 1]
+                    parts = [_as_rows(part) for part in parts]
+                module.set_raw(attr, torch.cat(parts), " + ".join(keys))
+        elif isinstance(module, QuantLinear):
             for attr in module.raw_specs():
                 key = f"{name}.{attr}"
                 if name == "lm_head" and attr == "weight" and key not in ckpt and cfg.tie_word_embeddings:

@@ -11,7 +11,7 @@ cache slot). Linears, norms and MLPs see all rows at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -87,28 +87,49 @@ class LayerInputs:
         return cls(batch, rotary, False, cos, sin, rows, (keys[None, :] < lens[:, None])[:, None, None, :])
 
 
-LinearFactory = Callable[[str, int, int, bool], QuantLinear]
-MoEFactory = Callable[[str], FusedMoE]
+class LayerFactory(Protocol):
+    """Builds the kernel-backed layers (the loader's, which selects their kernels)."""
+
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> QuantLinear: ...
+
+    def merged_linear(self, prefix: str, name: str, in_features: int, sizes: tuple[int, ...],
+                      bias: bool) -> QuantLinear | None:
+        """`prefix.name` (e.g. self_attn.qkv_proj) standing for the checkpoint's projections of
+        that input, or None when their tensors do not concatenate exactly."""
+
+    def moe(self, name: str) -> FusedMoE: ...
+
+
+def _projections(factory: LayerFactory, prefix: str, merged: str, parts: tuple[str, ...], in_features: int,
+                 sizes: tuple[int, ...], bias: bool) -> tuple[QuantLinear | None, list[QuantLinear]]:
+    """(the merged projection, []) or (None, one linear per part)."""
+    layer = factory.merged_linear(prefix, merged, in_features, sizes, bias)
+    if layer is not None:
+        return layer, []
+    return None, [factory.linear(f"{prefix}.{p}", in_features, n, bias) for p, n in zip(parts, sizes)]
 
 
 class Attention(nn.Module):
-    def __init__(self, prefix: str, cfg: ModelConfig, device: torch.device, linear: LinearFactory) -> None:
+    def __init__(self, prefix: str, cfg: ModelConfig, device: torch.device, factory: LayerFactory) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = linear(f"{prefix}.q_proj", cfg.hidden_size, q_size, bias)
-        self.k_proj = linear(f"{prefix}.k_proj", cfg.hidden_size, kv_size, bias)
-        self.v_proj = linear(f"{prefix}.v_proj", cfg.hidden_size, kv_size, bias)
-        self.o_proj = linear(f"{prefix}.o_proj", q_size, cfg.hidden_size, bias)
+        self.qkv_proj, separate = _projections(factory, prefix, "qkv_proj", ("q_proj", "k_proj", "v_proj"),
+                                               cfg.hidden_size, (q_size, kv_size, kv_size), bias)
+        self.q_proj, self.k_proj, self.v_proj = separate or (None, None, None)
+        self.o_proj = factory.linear(f"{prefix}.o_proj", q_size, cfg.hidden_size, bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.dtype, device)
 
     def forward(self, x: torch.Tensor, inputs: LayerInputs, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
         batch, t = inputs.batch, x.shape[0]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if inputs.fused:
             from . import triton_ops
 
@@ -156,22 +177,25 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, prefix: str, hidden: int, intermediate: int, linear: LinearFactory) -> None:
+    def __init__(self, prefix: str, hidden: int, intermediate: int, factory: LayerFactory) -> None:
         super().__init__()
-        self.gate_proj = linear(f"{prefix}.gate_proj", hidden, intermediate, False)
-        self.up_proj = linear(f"{prefix}.up_proj", hidden, intermediate, False)
-        self.down_proj = linear(f"{prefix}.down_proj", intermediate, hidden, False)
+        self.gate_up_proj, separate = _projections(factory, prefix, "gate_up_proj", ("gate_proj", "up_proj"), hidden,
+                                                   (intermediate, intermediate), False)
+        self.gate_proj, self.up_proj = separate or (None, None)
+        self.down_proj = factory.linear(f"{prefix}.down_proj", intermediate, hidden, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            return self.down_proj(silu_and_mul(*self.gate_up_proj.split(self.gate_up_proj(x))))
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, prefix: str, cfg: ModelConfig, linear: LinearFactory, moe: MoEFactory) -> None:
+    def __init__(self, prefix: str, cfg: ModelConfig, factory: LayerFactory) -> None:
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.gate = linear(f"{prefix}.gate", cfg.hidden_size, cfg.num_experts, False)
-        self.experts = moe(f"{prefix}.experts")
+        self.gate = factory.linear(f"{prefix}.gate", cfg.hidden_size, cfg.num_experts, False)
+        self.experts = factory.moe(f"{prefix}.experts")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
@@ -179,15 +203,14 @@ class SparseMoeBlock(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, index: int, cfg: ModelConfig, device: torch.device, linear: LinearFactory,
-                 moe: MoEFactory) -> None:
+    def __init__(self, index: int, cfg: ModelConfig, device: torch.device, factory: LayerFactory) -> None:
         super().__init__()
         prefix = f"model.layers.{index}"
-        self.self_attn = Attention(f"{prefix}.self_attn", cfg, device, linear)
+        self.self_attn = Attention(f"{prefix}.self_attn", cfg, device, factory)
         if cfg.is_moe_layer(index):
-            self.mlp = SparseMoeBlock(f"{prefix}.mlp", cfg, linear, moe)
+            self.mlp = SparseMoeBlock(f"{prefix}.mlp", cfg, factory)
         else:
-            self.mlp = MLP(f"{prefix}.mlp", cfg.hidden_size, cfg.intermediate_size, linear)
+            self.mlp = MLP(f"{prefix}.mlp", cfg.hidden_size, cfg.intermediate_size, factory)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
@@ -204,23 +227,23 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, device: torch.device, linear: LinearFactory, moe: MoEFactory) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device, factory: LayerFactory) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=cfg.dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, device)
-        self.layers = nn.ModuleList(DecoderLayer(i, cfg, device, linear, moe) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(i, cfg, device, factory) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
 
 
 class Qwen3ForCausalLM(nn.Module):
     """Dense Qwen3 and Qwen3-MoE (the MoE layers are chosen per layer by the config)."""
 
-    def __init__(self, cfg: ModelConfig, device: torch.device, linear: LinearFactory, moe: MoEFactory) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device, factory: LayerFactory) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg, device, linear, moe)
-        self.lm_head = linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
+        self.model = Qwen3Model(cfg, device, factory)
+        self.lm_head = factory.linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""

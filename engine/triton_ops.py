@@ -172,21 +172,25 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=64, num_warps=4)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
+@triton.jit(do_not_specialize=["rows", "n"])
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, rows, n, stride_gate, stride_up, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
     dtype = out_ptr.dtype.element_ty
-    g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offsets, (_round(g / (1.0 + tl.exp(-g)), dtype) * u).to(dtype), mask=mask)
+    g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (_round(g / (1.0 + tl.exp(-g)), dtype) * u).to(dtype), mask=mask)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, silu rounded to the dtype first (as the two eager ops are)."""
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
-        _silu_and_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024)
+    """silu(gate) * up for [T, n] tensors with unit column stride (column views of a merged
+    gate_up projection need no copy), silu rounded to the dtype first (as the two eager ops are)."""
+    if gate.stride(-1) != 1 or up.stride(-1) != 1:
+        gate, up = gate.contiguous(), up.contiguous()
+    rows, n = gate.shape
+    out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
+    if rows and n:
+        _silu_and_mul_kernel[(rows, triton.cdiv(n, 1024))](gate, up, out, rows, n, gate.stride(0), up.stride(0),
+                                                           BLOCK=1024)
     return out

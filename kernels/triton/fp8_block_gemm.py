@@ -10,7 +10,8 @@ and Triton lets them carry the whole K sum by default on sm_90, which cost the c
 ~1e-3 relative error over K = 4096 (5x the block scheme's) on the H200.
 
 Four kernels, by M:
-- one row (batch-1 decode): the GEMV of fp8_gemv.py, one launch, no workspace.
+- one row (batch-1 decode): the GEMV of fp8_gemv.py (one launch, no workspace) or the small-M
+  kernel below, whichever the tuner measures faster for the shape.
 - small M (<= 16, decode): one launch per call. The bf16/fp16 activations are quantized in the
   kernel (the same bits as act_quant.py, 1x128 groups or per token), and the GEMM runs
   transposed, out^T = W x^T, so the weight tile fills the wide side of the MMA and the padded
@@ -269,6 +270,7 @@ def _w8a8_tma_kernel(
     _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
 
 
+_ONE_ROW_TUNER = Autotuner("w8a8_one_row")
 _SMALL_M_TUNER = Autotuner("w8a8_small_m")
 _TILED_TUNER = Autotuner("w8a8_tiled")
 _TMA_TUNER = Autotuner("w8a8_tma")
@@ -293,7 +295,7 @@ def w8a8_linear(
 
     weight [N, K] fp8 contiguous; weight_scale [ceil(N/scale_block_n), ceil(K/128)] (groupwise)
     or [N]. `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M.
-    `path` ("gemv", "small_m", "tiled", "tma") and `config`/`split_k` pin a launch (tests, sweeps);
+    `path` ("one_row", "gemv", "small_m", "tiled", "tma") and `config`/`split_k` pin a launch (tests, sweeps);
     by default the path follows M and the GPU, and the tuner picks the config.
     """
     m, k = x.shape
@@ -302,9 +304,11 @@ def w8a8_linear(
         raise ValueError(f"w8a8_linear: x {tuple(x.shape)} (unit K stride) and contiguous weight [N, {k}] expected, "
                          f"got weight {tuple(weight.shape)}")
     path = path or _default_path(m, k, n, x.device, groupwise, scale_block_n)
+    if path == "one_row":
+        return _one_row(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace)
     if path == "gemv":
         return w8a8_gemv(x, weight, weight_scale, out_dtype, groupwise=groupwise, scale_block_n=scale_block_n,
-                         bias=bias, config=config)
+                         bias=bias, config=config or fp8_gemv.candidates(groupwise, scale_block_n)[0])
     if path == "small_m":
         return _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k)
     if groupwise:
@@ -316,14 +320,31 @@ def w8a8_linear(
 
 
 def _default_path(m: int, k: int, n: int, device: torch.device, groupwise: bool, scale_block_n: int) -> str:
-    if m == 1 and fp8_gemv.supports(groupwise, scale_block_n):
-        return "gemv"
+    if m == 1:
+        return "one_row"
     if m <= SMALL_M:
         return "small_m"
     # TMA rows of K fp8 bytes (and of N output elements) must be 16-byte aligned.
     if m >= TMA_MIN_M and k % 16 == 0 and n % 16 == 0 and _tma_capable(device):
         return "tma"
     return "tiled"
+
+
+def _one_row(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace):
+    """M = 1: the GEMV (candidates first: the default) or the small-M kernel, timed together."""
+    m, k = x.shape
+    if m != 1:
+        raise ValueError(f"w8a8_linear: the one-row path takes one row, got {m}")
+
+    def run(cfg: GemvConfig | GemmConfig) -> torch.Tensor:
+        if isinstance(cfg, GemvConfig):
+            return w8a8_gemv(x, weight, weight_scale, out_dtype, groupwise=groupwise, scale_block_n=scale_block_n,
+                             bias=bias, config=cfg)
+        return _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, cfg, None)
+
+    key = (1, weight.shape[0], k, x.dtype, out_dtype, groupwise, scale_block_n)
+    candidates = fp8_gemv.candidates(groupwise, scale_block_n) + SMALL_M_CANDIDATES
+    return run(_ONE_ROW_TUNER.pick(key, candidates, run, x.device))
 
 
 def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k):

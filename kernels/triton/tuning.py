@@ -4,6 +4,8 @@ The fastest tile, warp count and split-K of a Triton GEMM depend on the GPU and 
 a table written for one GPU is wrong on the next. So each GEMM launcher offers a short list of
 candidate configurations, its heuristic default first, and `Autotuner.pick` times them once
 per key (M bucket, N, K, dtypes, scheme) on first use and keeps the fastest for the process.
+Times are GPU times inside a CUDA graph with the L2 evicted before each call (`graph_time_ms`):
+what a decode step pays, without the host launch cost that eager timing adds to every call.
 The engine's first use of a shape is its eager warm-up pass, before CUDA graphs are captured,
 so tuning costs start-up time (compiling each candidate once, then tens of milliseconds per
 key), never a decode step. It does not time, and takes the cached choice or else the default:
@@ -22,7 +24,6 @@ from typing import Any, TypeVar
 import torch
 
 AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
-_REP_MS = 10
 # A candidate replaces an earlier one only when it is this much faster: timing noise must not
 # make the choice (and the summation order) flip between runs for configs that tie.
 _MARGIN = 0.97
@@ -68,7 +69,7 @@ class Autotuner:
         results: list[tuple[Any, float | None, str | None]] = []
         for config in candidates:
             try:
-                results.append((config, time_ms(lambda: run(config), _REP_MS), None))
+                results.append((config, graph_time_ms(lambda: run(config)), None))
             except Exception as exc:  # noqa: BLE001 - e.g. a tile that needs more shared memory than this GPU has
                 first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 results.append((config, None, f"{type(exc).__name__}: {first_line}"))
@@ -87,10 +88,9 @@ def time_ms(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2.0) -> 
     """Median time of `fn`, launched one call at a time, each after evicting the L2 by reading
     a buffer twice its size. (triton.testing.do_bench zeroes one instead: the L2 is then full of
     dirty lines, and each timed call also pays for writing them back, tens of MB, which at small
-    M is as much traffic as the weights.)"""
+    M is as much traffic as the weights.) Host launch time is included: see `graph_time_ms`."""
     device = torch.device("cuda", torch.cuda.current_device())
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
-    flush = torch.empty(l2_bytes // 2, dtype=torch.float32, device=device)  # read, never written
+    flush = _flush_buffer(device)
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -112,6 +112,43 @@ def time_ms(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2.0) -> 
     torch.cuda.synchronize()
     times = sorted(begin.elapsed_time(finish) for begin, finish in events)
     return times[len(times) // 2]
+
+
+def graph_time_ms(fn: Callable[[], object], calls: int = 16, replays: int = 7) -> float:
+    """GPU time of one call of `fn` with a cold L2 and no host in the way, as inside the engine's
+    CUDA graphs: `calls` x (L2 eviction, fn) captured in a graph, minus the same graph without
+    fn, median over replays. A small-M GEMM runs for a few microseconds where its eager launch
+    costs tens on the host: timed eagerly, the launch decided which configuration won."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    flush = _flush_buffer(device)
+    fn()  # compiles, and allocates what fn keeps (scratch buffers) outside the capture
+    torch.cuda.synchronize()
+
+    def replay_ms(with_fn: bool) -> float:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                flush.amax()
+                if with_fn:
+                    fn()
+        graph.replay()
+        times = []
+        for _ in range(replays):
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            graph.replay()
+            finish.record()
+            finish.synchronize()
+            times.append(begin.elapsed_time(finish))
+        return sorted(times)[len(times) // 2]
+
+    return max((replay_ms(True) - replay_ms(False)) / calls, 0.0)
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    """Twice the L2 in float32, read (never written) to evict it."""
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    return torch.empty(l2_bytes // 2, dtype=torch.float32, device=device)
 
 
 def tuning_report() -> list[dict]:

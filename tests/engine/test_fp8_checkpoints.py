@@ -43,6 +43,12 @@ def _dequantized(q_dir, name: str, scheme: Scheme, scale_name: str) -> torch.Ten
     return quant.dequantize_weight(w, s, (128, 128) if scheme is B else None)
 
 
+def _dequantized_layer(q_dir, layer: QuantLinear, scheme: Scheme, scale_name: str) -> torch.Tensor:
+    """The layer's dequantized weight; a merged projection's is its checkpoint modules' stacked."""
+    names = [shard for shard, _ in layer.shards] or [layer.module_name]
+    return torch.cat([_dequantized(q_dir, f"{name}.weight", scheme, scale_name) for name in names])
+
+
 def _reference(src, q_dir, scheme: Scheme, scale_name: str, static: bool):
     """transformers' model with dequantized weights; each quantized linear quantize-dequantizes its input."""
     hf = _hf(src)
@@ -87,7 +93,7 @@ def _check(src, q_dir, scheme: Scheme, scale_name: str, static: bool, seed: int)
         for name, layer in loaded.kernel_layers().items():
             if isinstance(layer, QuantLinear) and layer.layer_config.scheme.is_fp8:
                 x = torch.randn(7, layer.layer_config.in_features, generator=gen)
-                expected = _qdq(x, scheme, input_scale) @ _dequantized(q_dir, f"{name}.weight", scheme, scale_name).t()
+                expected = _qdq(x, scheme, input_scale) @ _dequantized_layer(q_dir, layer, scheme, scale_name).t()
                 assert _rel_err(layer(x), expected) < 1e-5, name
             elif isinstance(layer, FusedMoE):
                 cfg = layer.layer_config
@@ -113,6 +119,15 @@ def test_dense_fp8_checkpoint_matches_dequantized_reference(dense_dir, tmp_path,
     scale_name = "weight_scale_inv" if fmt == "fp8" and scheme is B else "weight_scale"
     loaded = _check(dense_dir, q_dir, scheme, scale_name, static, seed)
     modules = loaded.kernel_report()["modules"]
+    # q/k/v and gate/up run as one GEMM each, except where per-tensor or static input scales
+    # differ between the projections, or 128-row scale blocks would straddle two of them
+    cfg = loaded.model_config
+    whole_blocks = {"qkv": cfg.num_kv_heads * cfg.head_dim % 128 == 0 and cfg.num_heads * cfg.head_dim % 128 == 0,
+                    "gate_up": cfg.intermediate_size % 128 == 0}
+    for merged_name, part, mlp in (("qkv_proj", "k_proj", False), ("gate_up_proj", "up_proj", True)):
+        merged = scheme is not T and not static and (scheme is not B or whole_blocks["gate_up" if mlp else "qkv"])
+        prefix = "model.layers.1." + ("mlp." if mlp else "self_attn.")
+        assert (prefix + merged_name in modules) is merged and (prefix + part in modules) is not merged
     assert modules["model.layers.1.mlp.down_proj"]["scheme"] == scheme.value
     assert modules["model.layers.1.mlp.down_proj"]["kernel"] == "EmulationLinearKernel"
     # lm_head is unquantized and selected with auto, whatever --linear-backend says

@@ -24,15 +24,15 @@ def test_kernel_report_has_the_spec_shape_and_logs_each_selection(dense_dir, cap
         loaded = load_model(dense_dir, device="cpu")
     report = loaded.kernel_report()
     assert report["platform"]["device"] == "cpu"
-    entry = report["modules"]["model.layers.0.self_attn.q_proj"]
+    entry = report["modules"]["model.layers.0.self_attn.qkv_proj"]  # q, k and v: one merged GEMM
     assert set(entry) == {"layer", "scheme", "kernel", "backend", "rejected"}
     assert entry["layer"] == "linear" and entry["scheme"] == "unquantized"
-    assert len(report["modules"]) == 2 * 7 + 1  # 7 linears per layer, and lm_head
+    assert len(report["modules"]) == 2 * 4 + 1  # qkv, o, gate_up and down per layer, and lm_head
     assert "Selected UnquantizedLinearKernel for model.layers.1.mlp.down_proj" in caplog.messages
 
 
 def test_unquantized_checkpoint_with_a_weight_only_fp8_backend_is_a_strict_error(dense_dir):
-    with pytest.raises(KernelSelectionError, match="MarlinFp8LinearKernel.*model.layers.0.self_attn.q_proj"):
+    with pytest.raises(KernelSelectionError, match="MarlinFp8LinearKernel.*model.layers.0.self_attn.qkv_proj"):
         load_model(dense_dir, device="cpu", linear_backend="marlin")
 
 

@@ -50,6 +50,10 @@ def test_silu_and_mul(seed, dtype):
     gate, up = _random(3, 1100, dtype=dtype), _random(3, 1100, dtype=dtype)  # two programs, the second partial
     expected = torch.nn.functional.silu(gate.double()) * up.double()
     torch.testing.assert_close(triton_ops.silu_and_mul(gate, up).double(), expected, **TOLERANCE[dtype])
+    merged = torch.cat([gate, up], dim=1)  # the column views of a gate_up projection's output
+    out = triton_ops.silu_and_mul(merged[:, :1100], merged[:, 1100:])
+    assert out.is_contiguous()
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
