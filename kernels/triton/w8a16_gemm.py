@@ -62,10 +62,7 @@ class W8A16Config:
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
     1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, prefetch=2),
         W8A16Config(1, 64, 4, 1, 8, prefetch=2), W8A16Config(1, 64, 4, 1, 0, prefetch=2),
-        W8A16Config(1, 128, 4, 1, 2, prefetch=2),
-        # The row padded to a 16-row tensor-core tile: weights widened to bf16 two per integer op
-        # and multiplied by the MMA, where the GEMV spends float32 ALU work on every weight.
-        W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 32, 4, 3, 9)),
+        W8A16Config(1, 128, 4, 1, 2, prefetch=2)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
          W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
