@@ -316,7 +316,7 @@ def tuned_shapes() -> list[dict]:
 def print_tuned(tuned: list[dict]) -> None:
     if not tuned:
         return
-    print("\ntuned GEMM shapes (us, eager with the L2 evicted): chosen config, then the best of each family")
+    print("\ntuned GEMM shapes (us of GPU time in a CUDA graph, L2 evicted): chosen config, then the best of each family")
     for t in tuned:
         best: dict[str, float] = {}
         for c in t["candidates"]:
