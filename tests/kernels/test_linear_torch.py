@@ -31,6 +31,27 @@ def test_cpu_matches_float64_reference(seed, scheme, dtype, static, scale_name, 
     assert getattr(case.layer, scale_name).dtype == torch.float32
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_cpu_per_tensor_runs_row_wise(seed, monkeypatch, static):
+    """CPU tensor-wise `_scaled_mm` is ~1000x slower than row-wise, so per-tensor scales go in as rows."""
+    m, k, n = 300, 336, 208
+    case = make_case(n, k, Scheme.FP8_TENSOR, act_dtype=torch.bfloat16, bias=True, static_input_scale=static)
+    kernel = TorchScaledMMLinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    scale_shapes = []
+    scaled_mm = torch._scaled_mm
+
+    def recording_scaled_mm(*args, scale_a, scale_b, **kwargs):
+        scale_shapes.append((tuple(scale_a.shape), tuple(scale_b.shape)))
+        return scaled_mm(*args, scale_a=scale_a, scale_b=scale_b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording_scaled_mm)
+    x = torch.randn(m, k).bfloat16()
+    out = kernel.apply(case.layer, x, case.layer.bias)
+    assert scale_shapes == [((m, 1), (1, n))]
+    assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 1e-3
+
+
 def test_platform_verdicts():
     assert TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cpu")) == (True, None)
     ok, reason = TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cuda", "8.0"))
