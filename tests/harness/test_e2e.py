@@ -59,7 +59,7 @@ def test_run_through_quantgate_serve_proves_the_kernel(tmp_path: Path, gsm8k_dir
     bad = load_json(tmp_path / "out" / "fp8-claims-marlin" / "result.json")
     assert bad["verdict"] == "FAIL" and bad["gate"]["passed"] is True
     assert "expected 'marlin'" in bad["reason"] and "EmulationLinearKernel (backend emulation)" in bad["reason"]
-    assert "model.layers.0.self_attn.q_proj" in bad["reason"]  # 64-row k/v: block scales keep q/k/v apart
+    assert "model.layers.0.self_attn.q_proj" in bad["reason"]  # 128-row scale blocks would straddle q/k/v (64 rows each)
     assert "accuracy passed, but the backend under test did not run" in run.output
 
 
