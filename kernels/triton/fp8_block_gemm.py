@@ -303,7 +303,7 @@ def w8a8_linear(
     if weight.shape[1] != k or x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError(f"w8a8_linear: x {tuple(x.shape)} (unit K stride) and contiguous weight [N, {k}] expected, "
                          f"got weight {tuple(weight.shape)}")
-    path = path or _default_path(m, k, n, x.device, groupwise, scale_block_n)
+    path = path or _default_path(m, k, n, x.device)
     if path == "one_row":
         return _one_row(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace)
     if path == "gemv":
@@ -319,7 +319,7 @@ def w8a8_linear(
                      bias=bias, workspace=workspace, tma=path == "tma", config=config, split_k=split_k)
 
 
-def _default_path(m: int, k: int, n: int, device: torch.device, groupwise: bool, scale_block_n: int) -> str:
+def _default_path(m: int, k: int, n: int, device: torch.device) -> str:
     if m == 1:
         return "one_row"
     if m <= SMALL_M:
