@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, installed_task_yaml,
-                                        per_question, run_eval, write_task_yaml)
+from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, compile_templates_once,
+                                        installed_task_yaml, per_question, run_eval, write_task_yaml)
 from quantgate.harness.server import LaunchedServer, build_command, launch
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args
@@ -67,6 +67,18 @@ def test_unknown_metric_and_missing_train_file_are_setup_errors(tmp_path: Path, 
         write_task_yaml(_settings(gsm8k_dir, tmp_path, train_file=None))
     with pytest.raises(EvalSetupError, match="not an lm-eval task"):
         installed_task_yaml("no_such_task_anywhere")
+
+
+def test_prompt_templates_compile_once_and_render_as_before() -> None:
+    from lm_eval import utils
+
+    compile_templates_once()
+    compile_templates_once()  # idempotent: one cache, not a cache of a cache
+    source = "Question: {{question}}\nAnswer:{% if answer %} {{answer | upper}}{% endif %}"
+    assert utils.env.from_string(source) is utils.env.from_string(source)
+    for doc in ({"question": "2+2?", "answer": "four"}, {"question": "3*3?", "answer": ""}):
+        uncached = type(utils.env).from_string(utils.env, source).render(**doc)  # jinja's own compile
+        assert utils.apply_template(source, doc) == uncached
 
 
 def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
