@@ -3,7 +3,7 @@
 # kernels/ etc.; a temporary package of symlinks does the same. Also runs kernels compiled, not
 # interpreted, and names the commit measured.
 #   source benchmarks/gpu_env.sh   (from the repository root)
-if ! python -c "import quantgate.kernels" 2>/dev/null; then
+if ! "${PYTHON:-python}" -c "import quantgate.kernels" 2>/dev/null; then
     QUANTGATE_SHIM=$(mktemp -d)
     mkdir -p "$QUANTGATE_SHIM/quantgate"
     touch "$QUANTGATE_SHIM/quantgate/__init__.py"

@@ -10,8 +10,7 @@
 # this GPU meets). Stops starting new configs when less than PER_CONFIG_S of BUDGET_S (default
 # 540 s) is left, so a 10-minute job returns its table; run it again with the names it skipped.
 # Needs on the machine: torch with CUDA, triton, transformers, lm-eval, fastapi, uvicorn,
-# safetensors (and compressed-tensors to build the CT variants). No install: a temporary
-# `quantgate` package of symlinks to this checkout goes on PYTHONPATH.
+# safetensors (and compressed-tensors to build the CT variants). No install: see benchmarks/gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-results/gpu_calibrate}
@@ -22,12 +21,7 @@ BUDGET_S=${BUDGET_S:-540}
 PER_CONFIG_S=${PER_CONFIG_S:-150}
 START=$SECONDS
 
-shim=$(mktemp -d)
-mkdir "$shim/quantgate"
-touch "$shim/quantgate/__init__.py"
-for part in kernels engine harness; do ln -s "$PWD/$part" "$shim/quantgate/$part"; done
-export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+source benchmarks/gpu_env.sh
 QG=("$PY" -m quantgate.harness.cli)
 
 { nvidia-smi; $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
