@@ -34,7 +34,6 @@ import datetime as dt
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -125,18 +124,9 @@ def graph_ms(calls: list[Callable[[], object]], estimate_ms: float) -> float:
         for _ in range(rounds):
             for call in calls:
                 call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / (rounds * len(calls)))
+    per_call = tuning.replay_ms(graph, 7) / (rounds * len(calls))
     del graph
-    return statistics.median(times)
+    return per_call
 
 
 def copy_bandwidth() -> float:

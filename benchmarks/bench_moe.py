@@ -35,7 +35,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from quantgate.kernels.moe.marlin import MarlinMoEKernel
 from quantgate.kernels.moe.reference import mean_relative_error, reference_moe
 from quantgate.kernels.moe.routing import select_experts
 from quantgate.kernels.moe.triton import TritonFusedMoEKernel, TritonUnquantizedMoEKernel
+from quantgate.kernels.triton.tuning import replay_ms
 from quantgate.kernels.schemes import MoELayerConfig, Scheme
 from quantgate.kernels.triton import fused_moe, fused_moe_w8a16, moe_align
 
@@ -119,17 +119,7 @@ def _graph_ms(calls: list) -> float:
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    return statistics.median(times)
+    return replay_ms(graph, 20) / len(calls)
 
 
 def _environment() -> dict:

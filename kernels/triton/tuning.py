@@ -124,25 +124,30 @@ def graph_time_ms(fn: Callable[[], object], calls: int = 16, replays: int = 7) -
     fn()  # compiles, and allocates what fn keeps (scratch buffers) outside the capture
     torch.cuda.synchronize()
 
-    def replay_ms(with_fn: bool) -> float:
+    def capture_ms(with_fn: bool) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 flush.amax()
                 if with_fn:
                     fn()
-        graph.replay()
-        times = []
-        for _ in range(replays):
-            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            graph.replay()
-            finish.record()
-            finish.synchronize()
-            times.append(begin.elapsed_time(finish))
-        return sorted(times)[len(times) // 2]
+        return replay_ms(graph, replays)
 
-    return max((replay_ms(True) - replay_ms(False)) / calls, 0.0)
+    return max((capture_ms(True) - capture_ms(False)) / calls, 0.0)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Median time of one replay of a captured graph (after one untimed replay)."""
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        finish.record()
+        finish.synchronize()
+        times.append(begin.elapsed_time(finish))
+    return sorted(times)[len(times) // 2]
 
 
 def _flush_buffer(device: torch.device) -> torch.Tensor:
