@@ -555,8 +555,8 @@ def _config_text(cfg) -> str:
     text = f"{fields['block_m']}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
     if fields.get("split_per_sm"):
         text += f" split/SM {fields['split_per_sm']}"
-    if fields.get("prefetch", 1) > 1:
-        text += f" prefetch {fields['prefetch']}"
+    if fields.get("tiles", 1) > 1:
+        text += f" {fields['tiles']} tiles per load"
     return text
 
 

@@ -121,7 +121,7 @@ def variants() -> list[Variant]:
                     "N": "i32/16", "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_wn": "i32/16",
                     "stride_cm": "i32/16", "stride_wsn": "i32", "stride_wsg": "i32", **scales(groupwise),
                     "HAS_BIAS": False, "SPLIT": True, "EVEN_K": True, "BLOCK_M": cfg.block_m,
-                    "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K}, 89,
+                    "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "PDL": False}, 89,
                     {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     tiled = {c for cands in g.TILED_CANDIDATES.values() for c in cands} | set(g.TILED_LARGE)
     for cfg in sorted(tiled, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_per_sm)):
@@ -154,22 +154,22 @@ def variants() -> list[Variant]:
     configs = {c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
     for dtype, tag in dtypes:
         ptrs = {"x_ptr": dtype, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype}
-        for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.prefetch,
+        for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.tiles,
                                                   c.split_per_sm)):
             split = bool(cfg.split_per_sm)
             for groupwise in (True, False):
                 if cfg.block_m == 1:
-                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.pf{cfg.prefetch}"),
+                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.t{cfg.tiles}"),
                                        w._w8a16_gemv_kernel, {
                         **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
-                        "BLOCK_N": cfg.block_n, "PREFETCH": cfg.prefetch}, 80,
+                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": False}, 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
                 else:
                     out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
                                        w._w8a16_gemm_kernel, {
                         **common, **ptrs, "M": "i32", "N": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16",
                         "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
-                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}, 80,
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": False}, 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # Deduplicate configs that differ only in what the compiled kernel does not see (split target).
     return list({v.name: v for v in out}.values())

@@ -7,6 +7,10 @@ therefore copy into the same storage (see `layers.KernelLayer`), so a graph capt
 a reload computes with the new weights. Padding rows of a bucket write to the cache's
 scratch slot and are dropped.
 
+Inside the graphs, the project's Triton kernels are launched with programmatic dependent launch
+where the GPU has it (kernels/triton/pdl.py): each kernel is scheduled while the one before
+finishes, and a GEMV streams its first weights before its input is ready.
+
 Every graph is captured when the engine starts (`num_captures` counts them; it never grows
 while serving), and each also computes the greedy tokens, so a greedy step reads back one
 int64 per sequence rather than running argmax and indexing eagerly.
@@ -18,6 +22,8 @@ import bisect
 import logging
 
 import torch
+
+from quantgate.kernels.triton import pdl
 
 from .kv_cache import KVCache
 from .model import ForwardBatch, Qwen3ForCausalLM
@@ -74,7 +80,8 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        # The warm-up compiles the kernels' PDL variants outside the capture (kernels/triton/pdl.py).
+        with torch.cuda.stream(stream), pdl.for_graph_capture():
             for size in reversed(self.sizes):  # largest first: smaller graphs reuse its memory
                 for context in reversed(self.contexts):
                     batch = self.batch(size, context)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quantgate.kernels.triton.pdl import await_inputs, launch_options
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -31,7 +33,8 @@ def _round(x, dtype: tl.constexpr):
 
 @triton.jit(do_not_specialize=["rows"])
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, rows, n, stride_x, stride_res, stride_out, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -54,7 +57,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if rows:
         res = residual if residual is not None else x
         _rms_norm_kernel[(rows,)](x, res, weight, out, rows, n, x.stride(0), res.stride(0), out.stride(0), eps,
-                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n))
+                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n),
+                                  **launch_options(x.device))
     return out
 
 
@@ -76,9 +80,10 @@ def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr,
     v_cache_ptr, tokens, stride_q, stride_k, stride_v, stride_qo, stride_ko, stride_cos,
     stride_cs, stride_ch, stride_cp, eps,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, head): heads [0, NUM_HEADS) are queries, the rest key/value heads."""
+    await_inputs(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     half = tl.arange(0, HEAD_DIM // 2)
@@ -125,15 +130,17 @@ def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_n
             q, k, v, q_out, k_out, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache,
             tokens, q.stride(0), k.stride(0), v.stride(0), q_out.stride(0), k_out.stride(0), cos.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim)
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, **launch_options(q.device))
     return q_out, k_out
 
 
 @triton.jit(do_not_specialize=["batch"])
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, batch, scale,
                              stride_qb, stride_ob, stride_cs, stride_ch, stride_cp,
-                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                             PDL: tl.constexpr):
     """Program (sequence, query head): keys [0, len) of its slot, online softmax in float32."""
+    await_inputs(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, HEAD_DIM)
@@ -169,11 +176,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _decode_attention_kernel[(batch, num_heads)](
             q, k_cache, v_cache, slots, lens, out, batch, scale, q.stride(0), out.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=64, num_warps=4)
+            GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=64, num_warps=4,
+            **launch_options(q.device))
 
 
 @triton.jit(do_not_specialize=["rows", "n"])
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, rows, n, stride_gate, stride_up, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, rows, n, stride_gate, stride_up, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -192,5 +202,5 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
     if rows and n:
         _silu_and_mul_kernel[(rows, triton.cdiv(n, 1024))](gate, up, out, rows, n, gate.stride(0), up.stride(0),
-                                                           BLOCK=1024)
+                                                           BLOCK=1024, **launch_options(gate.device))
     return out

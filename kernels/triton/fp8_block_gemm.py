@@ -37,6 +37,7 @@ import triton.language as tl
 from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
 from . import fp8_gemv
 from .fp8_gemv import GemvConfig, w8a8_gemv
+from .pdl import await_inputs, launch_options
 from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
 
@@ -98,9 +99,10 @@ def _w8a8_small_m_kernel(
     SCALE_BLOCK_N: tl.constexpr,  # weight rows sharing one scale row (128 for blocks, 1 per channel)
     GROUPWISE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M <= BLOCK_M, K] in bf16/fp16, quantized here; acc^T [BLOCK_N, BLOCK_M] = W_tile @ xq^T."""
+    await_inputs(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -372,7 +374,7 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
             m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), weight_scale.stride(0), stride_wsg,
             SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
             EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
 
     if config is None:
         key = (m_bucket(m), n, k, x.dtype, out_dtype, groupwise, scale_block_n)

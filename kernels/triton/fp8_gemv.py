@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .act_quant import _scale_from_amax, _to_fp8
+from .pdl import await_inputs, launch_options
 
 _GROUP = tl.constexpr(128)  # activation quantization group along K; BLOCK_K is a multiple of it
 
@@ -50,6 +51,7 @@ def _w8a8_gemv_kernel(
     x_ptr, w_ptr, ws_ptr, c_ptr, bias_ptr, N, K, stride_wn, stride_wsn, stride_wsg,
     SCALE_BLOCK_N: tl.constexpr,  # weight rows sharing one scale row: a multiple of BLOCK_N (blocks)
     GROUPWISE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Tiles are [BLOCK_N, GROUPS, 128]: loaded in that shape, so the activations' 128-wide
     # groups line up with the weights' without any reshape (each reshape or layout change is a
@@ -62,6 +64,9 @@ def _w8a8_gemv_kernel(
     rk = tl.arange(0, GROUPS)[:, None] * _GROUP + tl.arange(0, _GROUP)[None, :]  # [GROUPS, 128]
     steps = tl.cdiv(K, BLOCK_K)
     w_ptrs = w_ptr + rn_in[:, None, None] * stride_wn + rk[None, :, :]
+    # The first tile is in flight while the kernel before (whose output is x) finishes.
+    w_next = tl.load(w_ptrs, mask=(rk < K)[None, :, :], other=0.0)
+    await_inputs(PDL)
 
     if GROUPWISE:
         ws_row = ws_ptr + (pid * BLOCK_N // SCALE_BLOCK_N) * stride_wsn  # the tile has one scale row
@@ -73,7 +78,6 @@ def _w8a8_gemv_kernel(
         row_scale = _scale_from_amax(amax)
 
     acc = tl.zeros([BLOCK_N, GROUPS, _GROUP], tl.float32)
-    w_next = tl.load(w_ptrs, mask=(rk < K)[None, :, :], other=0.0)
     for s in range(0, steps):
         k0 = s * BLOCK_K
         w = w_next
@@ -130,5 +134,6 @@ def w8a8_gemv(
     _w8a8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, weight_scale, out, bias if bias is not None else out, n, k, weight.stride(0), stride_wsn,
         stride_wsg, SCALE_BLOCK_N=scale_block_n if groupwise else 1, GROUPWISE=groupwise,
-        HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps)
+        HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        **launch_options(x.device))
     return out

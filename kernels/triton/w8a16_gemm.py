@@ -15,11 +15,11 @@ subnormals of the wider type, so the conversion is exact. The 2^120 goes back in
 scale. Activations are pre-multiplied by 2^64 (exact) on those paths so that products of small
 activations and small weights stay far from float32 subnormals.
 
-Small M streams the weights with K split across programs (gemm_epilogue); the GEMV prefetches
-the next one or two K tiles into registers while it converts the current one, because Triton
-pipelines only loads that feed a dot (one tile ahead kept the H200 at 45-69% of its copy
-bandwidth at M=1: too few bytes in flight per SM). Tiles, prefetch depth and splits are tuned
-per shape on the GPU (tuning.py).
+Small M streams the weights with K split across programs (gemm_epilogue); the GEMV loads one,
+two or four K tiles at a time and issues the next load before converting the current chunk,
+because Triton pipelines only loads that feed a dot (one tile ahead kept the H200 at 45-69% of
+its copy bandwidth at M=1: too few bytes in flight per SM). Column tiles, tiles per load and
+splits are tuned per shape on the GPU (tuning.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import await_inputs, launch_options
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
 
@@ -48,21 +49,23 @@ class W8A16Config:
     num_warps: int
     num_stages: int
     split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
-    prefetch: int = 1  # GEMV: K tiles loaded ahead of the one being converted (1 or 2)
+    tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
 # shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
 # compilation; split_per_sm targets one or two waves of the programs an SM holds (GEMV 64
-# columns, 4 warps: 5 per SM by registers (95), 4 with two tiles in flight (128); 128 columns
-# with two tiles in flight: 2 (240); dot 16x64: 6; 16x32: 9). The GEMV default is the H200's choice for every shape of run 2; the
-# two-tile prefetch and the unsplit launch (no partials, no reduction) are what it did not try.
+# columns, 4 warps: 5 per SM by registers, 4 with two tiles per load; four tiles per load
+# need 8 warps: 2; dot 16x64: 6; 16x32: 9). The GEMV default is the H200's choice for every
+# shape of run 2. More tiles per load keep more bytes in flight with fewer programs, so K is
+# split less and the partials' reduction (a serial tail of two L2 round trips) shrinks or goes.
 # The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps operands in
 # registers).
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
-    1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, prefetch=2),
-        W8A16Config(1, 64, 4, 1, 8, prefetch=2), W8A16Config(1, 64, 4, 1, 0, prefetch=2),
-        W8A16Config(1, 128, 4, 1, 2, prefetch=2)),
+    1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, tiles=2),
+        W8A16Config(1, 64, 4, 1, 8, tiles=2), W8A16Config(1, 64, 8, 1, 2, tiles=4),
+        W8A16Config(1, 64, 8, 1, 4, tiles=4), W8A16Config(1, 64, 8, 1, 0, tiles=4),
+        W8A16Config(1, 128, 8, 1, 2, tiles=2)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
          W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
@@ -135,56 +138,54 @@ def _w8a16_gemv_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,  # K tiles in flight while one is converted: 1 or 2
+    TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
+    PDL: tl.constexpr,
 ):
-    """One activation row: float32 FMAs into a [32, BLOCK_N] accumulator laid out like the
-    weight tile, reduced over its 32 rows once at the end."""
+    """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
+    a weight chunk, reduced over its rows once at the end. The next chunk's load is issued
+    before the current one is converted."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_in = rn % N
-    rj = tl.arange(0, 32)
+    rj = tl.arange(0, 32 * TILES)
+    tile = rj // 32  # the chunk's K tile that each row belongs to
     k_tiles = tl.cdiv(K, 128)
     per_split = tl.cdiv(k_tiles, split_k)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, k_tiles)
 
     w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
-    # Scales are read through pointers shaped like the weight tile (repeated over its rows): a
-    # [BLOCK_N] load would get its own register layout and a shared-memory round trip per tile.
-    s_ptrs = s_ptr + k_first * stride_sg + rn_in[None, :] + 0 * rj[:, None]
-    x_ptrs = x_ptr + k_first * 128 + rj
-    acc = tl.zeros((32, BLOCK_N), dtype=tl.float32)
-    packed = tl.load(w_ptrs, mask=k_first < k_last, other=0)
-    if PREFETCH == 2:
-        second = tl.load(w_ptrs + 32 * N, mask=k_first + 1 < k_last, other=0)
-    for kt in range(k_first, k_last):
-        # The next tiles' weights are in flight while this one is converted and multiplied.
-        if PREFETCH == 2:
-            following = second
-            second = tl.load(w_ptrs + 64 * N, mask=kt + 2 < k_last, other=0)
-        else:
-            following = tl.load(w_ptrs + 32 * N, mask=kt + 1 < k_last, other=0)
+    # Scales are read through pointers shaped like the weight chunk (repeated over each tile's
+    # rows): a [BLOCK_N] load would get its own register layout and a shared-memory round trip.
+    s_ptrs = s_ptr + (k_first + tile)[:, None] * stride_sg + rn_in[None, :]
+    x_ptrs = x_ptr + (k_first + tile) * 128 + rj % 32
+    acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
+    packed = tl.load(w_ptrs, mask=(k_first + tile < k_last)[:, None], other=0)
+    # The first chunk is in flight while the kernel before (whose output is x) finishes.
+    await_inputs(PDL)
+    for kt in range(k_first, k_last, TILES):
+        live = kt + tile < k_last
+        following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)
         if GROUPWISE:
-            s = tl.load(s_ptrs).to(tl.float32)
-        t = tl.zeros((32, BLOCK_N), dtype=tl.float32)
+            s = tl.load(s_ptrs, mask=live[:, None], other=0.0).to(tl.float32)
         for p in tl.static_range(4):
             if EVEN_K:
-                x = tl.load(x_ptrs + p * 32)
+                x = tl.load(x_ptrs + p * 32, mask=live, other=0.0)
             else:
-                x = tl.load(x_ptrs + p * 32, mask=kt * 128 + p * 32 + rj < K, other=0.0)
-            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
-        if GROUPWISE:
-            acc += t * s
-        else:
-            acc += t
+                x = tl.load(x_ptrs + p * 32, mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
+            product = (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+            if GROUPWISE:
+                acc += product * s
+            else:
+                acc += product
         packed = following
-        w_ptrs += 32 * N
-        s_ptrs += stride_sg
-        x_ptrs += 128
-    if not GROUPWISE:
-        acc = acc * tl.load(s_ptrs).to(tl.float32)
+        w_ptrs += 32 * TILES * N
+        s_ptrs += TILES * stride_sg
+        x_ptrs += 128 * TILES
     out = tl.sum(acc, axis=0) * S_MUL
+    if not GROUPWISE:
+        out = out * tl.load(s_ptr + rn_in).to(tl.float32)
     store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, pid_k,
                split_k, pid_n, HAS_BIAS, SPLIT)
 
@@ -197,8 +198,9 @@ def _w8a16_gemm_kernel(
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     OUT: tl.constexpr,        # weight operand type, see _plane: 1 bf16, 2 fp16
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -309,7 +311,7 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
             n, k, split_k, scale.stride(0) if groupwise else 0,
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
@@ -321,4 +323,4 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
         X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
         GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
         EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))

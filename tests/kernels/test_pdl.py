@@ -1,0 +1,76 @@
+"""Programmatic dependent launch: when it is on, and that a captured chain of PDL launches, each
+reading the output of the one before, computes what the same chain computes eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.kernels import Scheme
+from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
+from quantgate.kernels.triton import pdl
+
+from .linear_cases import make_case
+
+
+def test_off_outside_graph_capture_on_cpu_and_when_switched_off(monkeypatch):
+    assert not pdl.enabled(torch.device("cpu"))
+    with pdl.for_graph_capture():
+        assert not pdl.enabled(torch.device("cpu"))
+        assert pdl.launch_options(torch.device("cpu")) == {"PDL": False, "launch_pdl": False}
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        assert not pdl.enabled(device)
+        monkeypatch.setenv(pdl.PDL_ENV, "0")
+        with pdl.for_graph_capture():
+            assert not pdl.enabled(device)
+
+
+def test_capture_flag_nests_and_resets_after_an_error():
+    with pytest.raises(RuntimeError):
+        with pdl.for_graph_capture():
+            with pdl.for_graph_capture():
+                pass
+            raise RuntimeError("capture failed")
+    assert pdl._capturing == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="PDL needs sm_90")
+def test_captured_pdl_chain_equals_eager_chain(seed):
+    # Square layers so each GEMV reads the previous one's output: a wait placed after an
+    # activation load, or a store before the wait, would read stale or racing data.
+    from quantgate.engine.triton_ops import rms_norm
+
+    kernels, layers = [], []
+    for _ in range(3):
+        case = make_case(2048, 2048, Scheme.FP8_BLOCK, act_dtype=torch.bfloat16, device="cuda")
+        kernel = MarlinFp8LinearKernel(case.config)
+        kernel.process_weights_after_loading(case.layer)
+        kernels.append(kernel)
+        layers.append(case.layer)
+    norm_weight = torch.rand(2048, device="cuda", dtype=torch.bfloat16) + 0.5
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+
+    def chain(inp: torch.Tensor) -> torch.Tensor:
+        h = inp
+        for kernel, layer in zip(kernels, layers):
+            h = kernel.apply(layer, rms_norm(h, norm_weight, 1e-6), None)
+        return h
+
+    expected = chain(x)
+    static = x.clone()
+    with pdl.for_graph_capture():
+        assert pdl.enabled(static.device)
+        chain(static)  # compiles the PDL variants outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(static)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+    static.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, chain(static))
