@@ -58,14 +58,16 @@ class W8A16Config:
 # columns, 4 warps: 5 per SM by registers, 4 with two tiles per load; four tiles per load
 # need 8 warps: 2; dot 16x64: 6; 16x32: 9). The GEMV default is the H200's choice for every
 # shape of run 2. More tiles per load keep more bytes in flight with fewer programs, so K is
-# split less and the partials' reduction (a serial tail of two L2 round trips) shrinks or goes.
+# split less and the partials' reduction (a serial tail of two L2 round trips) shrinks or goes;
+# 16 columns with 8 or 16 tiles per load read K = 2048 in one or two loads, unsplit.
 # The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps operands in
 # registers).
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
     1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, tiles=2),
         W8A16Config(1, 64, 4, 1, 8, tiles=2), W8A16Config(1, 64, 8, 1, 2, tiles=4),
         W8A16Config(1, 64, 8, 1, 4, tiles=4), W8A16Config(1, 64, 8, 1, 0, tiles=4),
-        W8A16Config(1, 128, 8, 1, 2, tiles=2)),
+        W8A16Config(1, 128, 8, 1, 2, tiles=2), W8A16Config(1, 16, 8, 1, 0, tiles=16),
+        W8A16Config(1, 16, 4, 1, 0, tiles=8)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
          W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
@@ -131,6 +133,19 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
             return half.to(tl.int16).to(tl.float16, bitcast=True)
 
 
+@triton.jit
+def _load_input(x_ptrs, mask, up_offset, GATED: tl.constexpr):
+    """Activations at x_ptrs; GATED: silu(gate) * up, gate at x_ptrs and up `up_offset` elements
+    on (a merged gate/up projection's output row), rounded to the activation dtype where the
+    separate SiLU-and-mul kernel rounds and stores, so the products are the unfused ones."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    if GATED:
+        g = x.to(tl.float32)
+        u = tl.load(x_ptrs + up_offset, mask=mask, other=0.0).to(tl.float32)
+        x = ((g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32) * u).to(x.dtype)
+    return x
+
+
 @triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemv_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
@@ -139,6 +154,7 @@ def _w8a16_gemv_kernel(
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
+    GATED: tl.constexpr,  # x is [gate | up] (2K wide) and the input is silu(gate) * up
     PDL: tl.constexpr,
 ):
     """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
@@ -169,16 +185,18 @@ def _w8a16_gemv_kernel(
         following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)
         if GROUPWISE:
             s = tl.load(s_ptrs, mask=live[:, None], other=0.0).to(tl.float32)
+        # One FMA per weight into `t`; the block scales multiply the four planes' sum once.
+        t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
         for p in tl.static_range(4):
             if EVEN_K:
-                x = tl.load(x_ptrs + p * 32, mask=live, other=0.0)
+                x = _load_input(x_ptrs + p * 32, live, K, GATED)
             else:
-                x = tl.load(x_ptrs + p * 32, mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
-            product = (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
-            if GROUPWISE:
-                acc += product * s
-            else:
-                acc += product
+                x = _load_input(x_ptrs + p * 32, live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), K, GATED)
+            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+        if GROUPWISE:
+            acc += t * s
+        else:
+            acc += t
         packed = following
         w_ptrs += 32 * TILES * N
         s_ptrs += TILES * stride_sg
@@ -198,7 +216,9 @@ def _w8a16_gemm_kernel(
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     OUT: tl.constexpr,        # weight operand type, see _plane: 1 bf16, 2 fp16
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GATED: tl.constexpr,  # x rows are [gate | up] (2K wide) and the input is silu(gate) * up
+    PDL: tl.constexpr,
 ):
     await_inputs(PDL)
     # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
@@ -229,9 +249,9 @@ def _w8a16_gemm_kernel(
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
         for p in tl.static_range(4):
             if EVEN_K:
-                x = tl.load(x_ptrs + p * 32)
+                x = _load_input(x_ptrs + p * 32, (rj < 32)[None, :], K, GATED)
             else:
-                x = tl.load(x_ptrs + p * 32, mask=(kt * 128 + p * 32 + rj < K)[None, :], other=0.0)
+                x = _load_input(x_ptrs + p * 32, (kt * 128 + p * 32 + rj < K)[None, :], K, GATED)
             if OUT == 1:
                 x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
             part = tl.dot(x, _plane(packed, p, OUT), part)
@@ -260,16 +280,23 @@ def w8a16_gemm(
     groupwise: bool,
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    gated: bool = False,
     config: W8A16Config | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [ceil(K/128)*32, N] -> [M, N] in x.dtype.
 
     scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
+    `gated`: x is [M, 2K], gate then up columns, and the GEMM's input is silu(gate) * up, rounded
+    as the separate kernel would store it (one launch fewer per MLP).
     `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M. Without `config`
     the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps).
     """
     m, k = x.shape
+    if gated:
+        if k % 2:
+            raise ValueError(f"w8a16_gemm: a gated input holds gate and up columns, got an odd width {k}")
+        k //= 2
     rows, n = packed.shape
     k_tiles = triton.cdiv(k, GROUP_K)
     if x.dtype not in SCALE_SHIFT or scale.dtype != x.dtype:
@@ -283,10 +310,10 @@ def w8a16_gemm(
         return out
 
     def run(cfg: W8A16Config, split: int | None = None) -> None:
-        _launch(x, packed, scale, out, bias, workspace, groupwise, cfg, split)
+        _launch(x, k, packed, scale, out, bias, workspace, groupwise, gated, cfg, split)
 
     if config is None:
-        key = (m_bucket(m), n, k, x.dtype, groupwise)
+        key = (m_bucket(m), n, k, x.dtype, groupwise, gated)
         config = _TUNER.pick(key, candidates_for(m), run, x.device)
     elif config.block_m == 1 and m != 1:
         raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
@@ -294,8 +321,9 @@ def w8a16_gemm(
     return out
 
 
-def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
-    m, k = x.shape
+def _launch(x, k: int, packed, scale, out, bias, workspace, groupwise: bool, gated: bool, cfg: W8A16Config,
+            split_k: int | None) -> None:
+    m = x.shape[0]
     n = packed.shape[1]
     m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     if split_k is None:
@@ -311,7 +339,7 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
             n, k, split_k, scale.stride(0) if groupwise else 0,
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+            TILES=cfg.tiles, GATED=gated, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
@@ -322,5 +350,5 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
         m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
         X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
         GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
-        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GATED=gated,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))

@@ -143,3 +143,42 @@ def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
     out = kernel.apply(case.layer, x)
     assert out.shape == (m, GPU_N) and out.dtype == dtype
     assert rel_error(out, reference_w8a16(case, x, dtype), round_ref=dtype == torch.bfloat16) < 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("m", [1, 20], ids=["gemv-path", "dot-path"])
+def test_gated_input_is_silu_of_gate_times_up(seed, scheme, m):
+    # The down projection reads the merged gate/up output [M, 2K] and applies SiLU-and-mul on
+    # the way in; K = 300 is not a multiple of 128.
+    case = make_case(200, 300, scheme, bias=True, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    gate_up = (2 * torch.randn(m, 600, device=DEVICE)).half()
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    x = (torch.nn.functional.silu(gate).half().float() * up).half()  # rounded where the separate op stores
+    out = kernel.apply_gated(case.layer, gate_up, case.layer.bias)
+    assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3
+    unfused = kernel.apply(case.layer, x, case.layer.bias)
+    assert (out.float() - unfused.float()).abs().max() <= 1e-3 * unfused.float().abs().max()
+
+
+@pytest.mark.gpu
+def test_gated_gemv_equals_separate_silu_and_mul_kernel(seed):
+    from quantgate.engine.triton_ops import silu_and_mul
+
+    case = make_case(2048, 6144, Scheme.FP8_BLOCK, act_dtype=torch.bfloat16, device="cuda")
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    for m in (1, 16):
+        gate_up = torch.randn(m, 2 * 6144, device="cuda", dtype=torch.bfloat16)
+        separate = kernel.apply(case.layer, silu_and_mul(*gate_up.chunk(2, dim=-1)))
+        assert torch.equal(kernel.apply_gated(case.layer, gate_up), separate)
+
+
+def test_kernels_without_the_fusion_refuse_gated_input():
+    from quantgate.kernels.linear.emulation import EmulationLinearKernel
+
+    case = make_case(64, 128, Scheme.FP8_BLOCK)
+    assert not EmulationLinearKernel.fuses_silu_and_mul and MarlinFp8LinearKernel.fuses_silu_and_mul
+    with pytest.raises(NotImplementedError, match="fuses_silu_and_mul"):
+        EmulationLinearKernel(case.config).apply_gated(case.layer, torch.zeros(1, 256))
