@@ -162,20 +162,20 @@ def variants() -> list[Variant]:
                     out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.t{cfg.tiles}"),
                                        w._w8a16_gemv_kernel, {
                         **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
-                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "GATED": False, "PDL": False}, 80,
+                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": False}, 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
                 else:
                     out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
                                        w._w8a16_gemm_kernel, {
                         **common, **ptrs, "M": "i32", "N": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16",
                         "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
-                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "GATED": False, "PDL": False}, 80,
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": False}, 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-    # The GEMV default as decode runs it: PDL (sm_90: griddepcontrol), SiLU-and-mul fused (down_proj).
+    # The PDL variant (sm_90: griddepcontrol) of the GEMV default.
     cfg = w.CANDIDATES[1][0]
     out.append(Variant(name("w8a16.gemv", True, "bf16", cfg, ".split1.pdl"), w._w8a16_gemv_kernel, {
         **common, "x_ptr": torch.bfloat16, "s_ptr": torch.bfloat16, "c_ptr": torch.bfloat16, "bias_ptr": torch.bfloat16,
-        "N": "i32/16", "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "GATED": True, "PDL": True},
+        "N": "i32/16", "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": True},
         90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # Deduplicate configs that differ only in what the compiled kernel does not see (split target).
     return list({v.name: v for v in out}.values())

@@ -138,12 +138,6 @@ class QuantLinear(KernelLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel.apply(self, x, self.bias)
 
-    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This projection of silu(gate) * up, from a merged gate/up output [T, 2 * in_features]."""
-        if self.kernel.fuses_silu_and_mul:
-            return self.kernel.apply_gated(self, gate_up, self.bias)
-        return self.kernel.apply(self, silu_and_mul(*gate_up.chunk(2, dim=-1)), self.bias)
-
 
 class FusedMoE(KernelLayer):
     """Stacked experts in the MoE kernel layout (`w13_weight` [E, 2I, H], `w2_weight` [E, H, I])."""

@@ -186,7 +186,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            return self.down_proj.forward_gated(self.gate_up_proj(x))
+            return self.down_proj(silu_and_mul(*self.gate_up_proj.split(self.gate_up_proj(x))))
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -87,10 +87,6 @@ class _Kernel(ABC):
 
 
 class LinearKernel(_Kernel):
-    # Whether `apply_gated` exists: SiLU-and-mul of a merged gate/up projection's output done
-    # while the GEMM reads its input (one launch fewer per MLP at decode).
-    fuses_silu_and_mul: ClassVar[bool] = False
-
     def __init__(self, config: LinearLayerConfig) -> None:
         self.config = config
 
@@ -106,12 +102,6 @@ class LinearKernel(_Kernel):
     @abstractmethod
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] in config.act_dtype -> [..., N] in config.act_dtype."""
-
-    def apply_gated(self, layer: torch.nn.Module, gate_up: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-        """gate_up [..., 2K] (gate columns, then up) -> `apply` of silu(gate) * up, rounded to
-        config.act_dtype before the GEMM as a separate op would store it."""
-        raise NotImplementedError(f"{type(self).__name__} does not fuse SiLU-and-mul (fuses_silu_and_mul is False)")
 
 
 class MoEKernel(_Kernel):

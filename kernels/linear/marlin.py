@@ -24,7 +24,6 @@ _GROUP_K = 128
 class MarlinFp8LinearKernel(LinearKernel):
     backend = "marlin"
     schemes = frozenset({Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR})
-    fuses_silu_and_mul = True
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
@@ -61,19 +60,12 @@ class MarlinFp8LinearKernel(LinearKernel):
         bind_processed(layer, "workspace", torch.zeros(workspace_size(n), dtype=torch.int32, device=weight.device))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._gemm(layer, x, bias, gated=False)
-
-    def apply_gated(self, layer: torch.nn.Module, gate_up: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._gemm(layer, gate_up, bias, gated=True)
-
-    def _gemm(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
         from ..triton.w8a16_gemm import w8a16_gemm
 
         cfg = self.config
-        x2 = x.reshape(-1, cfg.in_features * (2 if gated else 1))
+        x2 = x.reshape(-1, cfg.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         out = w8a16_gemm(x2, layer.weight, getattr(layer, cfg.scale_name), groupwise=cfg.scheme is Scheme.FP8_BLOCK,
-                         bias=bias, workspace=layer.workspace, gated=gated)
+                         bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)

@@ -133,19 +133,6 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
             return half.to(tl.int16).to(tl.float16, bitcast=True)
 
 
-@triton.jit
-def _load_input(x_ptrs, mask, up_offset, GATED: tl.constexpr):
-    """Activations at x_ptrs; GATED: silu(gate) * up, gate at x_ptrs and up `up_offset` elements
-    on (a merged gate/up projection's output row), rounded to the activation dtype where the
-    separate SiLU-and-mul kernel rounds and stores, so the products are the unfused ones."""
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
-    if GATED:
-        g = x.to(tl.float32)
-        u = tl.load(x_ptrs + up_offset, mask=mask, other=0.0).to(tl.float32)
-        x = ((g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32) * u).to(x.dtype)
-    return x
-
-
 @triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemv_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
@@ -154,7 +141,6 @@ def _w8a16_gemv_kernel(
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
-    GATED: tl.constexpr,  # x is [gate | up] (2K wide) and the input is silu(gate) * up
     PDL: tl.constexpr,
 ):
     """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
@@ -189,9 +175,9 @@ def _w8a16_gemv_kernel(
         t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
         for p in tl.static_range(4):
             if EVEN_K:
-                x = _load_input(x_ptrs + p * 32, live, K, GATED)
+                x = tl.load(x_ptrs + p * 32, mask=live, other=0.0)
             else:
-                x = _load_input(x_ptrs + p * 32, live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), K, GATED)
+                x = tl.load(x_ptrs + p * 32, mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
             t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
         if GROUPWISE:
             acc += t * s
@@ -216,9 +202,7 @@ def _w8a16_gemm_kernel(
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     OUT: tl.constexpr,        # weight operand type, see _plane: 1 bf16, 2 fp16
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GATED: tl.constexpr,  # x rows are [gate | up] (2K wide) and the input is silu(gate) * up
-    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     await_inputs(PDL)
     # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
@@ -249,9 +233,9 @@ def _w8a16_gemm_kernel(
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUPWISE else acc
         for p in tl.static_range(4):
             if EVEN_K:
-                x = _load_input(x_ptrs + p * 32, (rj < 32)[None, :], K, GATED)
+                x = tl.load(x_ptrs + p * 32)
             else:
-                x = _load_input(x_ptrs + p * 32, (kt * 128 + p * 32 + rj < K)[None, :], K, GATED)
+                x = tl.load(x_ptrs + p * 32, mask=(kt * 128 + p * 32 + rj < K)[None, :], other=0.0)
             if OUT == 1:
                 x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
             part = tl.dot(x, _plane(packed, p, OUT), part)
@@ -280,23 +264,16 @@ def w8a16_gemm(
     groupwise: bool,
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-    gated: bool = False,
     config: W8A16Config | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [ceil(K/128)*32, N] -> [M, N] in x.dtype.
 
     scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
-    `gated`: x is [M, 2K], gate then up columns, and the GEMM's input is silu(gate) * up, rounded
-    as the separate kernel would store it (one launch fewer per MLP).
     `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M. Without `config`
     the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps).
     """
     m, k = x.shape
-    if gated:
-        if k % 2:
-            raise ValueError(f"w8a16_gemm: a gated input holds gate and up columns, got an odd width {k}")
-        k //= 2
     rows, n = packed.shape
     k_tiles = triton.cdiv(k, GROUP_K)
     if x.dtype not in SCALE_SHIFT or scale.dtype != x.dtype:
@@ -310,10 +287,10 @@ def w8a16_gemm(
         return out
 
     def run(cfg: W8A16Config, split: int | None = None) -> None:
-        _launch(x, k, packed, scale, out, bias, workspace, groupwise, gated, cfg, split)
+        _launch(x, packed, scale, out, bias, workspace, groupwise, cfg, split)
 
     if config is None:
-        key = (m_bucket(m), n, k, x.dtype, groupwise, gated)
+        key = (m_bucket(m), n, k, x.dtype, groupwise)
         config = _TUNER.pick(key, candidates_for(m), run, x.device)
     elif config.block_m == 1 and m != 1:
         raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
@@ -321,9 +298,8 @@ def w8a16_gemm(
     return out
 
 
-def _launch(x, k: int, packed, scale, out, bias, workspace, groupwise: bool, gated: bool, cfg: W8A16Config,
-            split_k: int | None) -> None:
-    m = x.shape[0]
+def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
+    m, k = x.shape
     n = packed.shape[1]
     m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     if split_k is None:
@@ -339,7 +315,7 @@ def _launch(x, k: int, packed, scale, out, bias, workspace, groupwise: bool, gat
             n, k, split_k, scale.stride(0) if groupwise else 0,
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, GATED=gated, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
@@ -350,5 +326,5 @@ def _launch(x, k: int, packed, scale, out, bias, workspace, groupwise: bool, gat
         m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
         X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
         GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
-        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GATED=gated,
+        EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
