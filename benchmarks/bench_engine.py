@@ -304,8 +304,8 @@ def decode(args: argparse.Namespace) -> list[dict]:
 
 
 def tuned_shapes() -> list[dict]:
-    """What the kernels' tuners measured while the models warmed up (L2 evicted, one launch at a
-    time): per GEMM shape, each candidate's time and the choice."""
+    """What the kernels' tuners measured while the models warmed up (tuning.graph_time_ms: in a
+    CUDA graph, L2 evicted, after a one-program kernel, with PDL where the engine uses it): per GEMM shape, each candidate's time and the choice."""
     from quantgate.kernels.triton.tuning import tuning_report
 
     return [{"kernel": t["kernel"], "key": [str(v) for v in t["key"]], "chosen": repr(t["chosen"]),
@@ -316,7 +316,7 @@ def tuned_shapes() -> list[dict]:
 def print_tuned(tuned: list[dict]) -> None:
     if not tuned:
         return
-    print("\ntuned GEMM shapes (us of GPU time in a CUDA graph, L2 evicted): chosen config, then the best of each family")
+    print("\ntuned GEMM shapes (us of GPU time in a CUDA graph, L2 evicted, PDL): chosen config, then the best of each family")
     for t in tuned:
         best: dict[str, float] = {}
         for c in t["candidates"]:

@@ -4,8 +4,11 @@ The fastest tile, warp count and split-K of a Triton GEMM depend on the GPU and 
 a table written for one GPU is wrong on the next. So each GEMM launcher offers a short list of
 candidate configurations, its heuristic default first, and `Autotuner.pick` times them once
 per key (M bucket, N, K, dtypes, scheme) on first use and keeps the fastest for the process.
-Times are GPU times inside a CUDA graph with the L2 evicted before each call (`graph_time_ms`):
-what a decode step pays, without the host launch cost that eager timing adds to every call.
+Times are GPU times inside a CUDA graph with the L2 evicted before each call, after a small
+kernel as a decode GEMV follows an RMSNorm, with programmatic dependent launch where the engine
+uses it (`graph_time_ms`): what a decode step pays, without the host launch cost that eager
+timing adds to every call, and with the weight loads a kernel issues before its PDL wait
+overlapping the kernel before it, as they do in the engine's graphs.
 The engine's first use of a shape is its eager warm-up pass, before CUDA graphs are captured,
 so tuning costs start-up time (compiling each candidate once, then tens of milliseconds per
 key), never a decode step. It does not time, and takes the cached choice or else the default:
@@ -22,6 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+import triton
+import triton.language as tl
+
+from . import pdl
+from .pdl import await_inputs
 
 AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
 # A candidate replaces an earlier one only when it is this much faster: timing noise must not
@@ -114,26 +122,44 @@ def time_ms(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2.0) -> 
     return times[len(times) // 2]
 
 
+@triton.jit
+def _predecessor_kernel(row_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Stands for the RMSNorm in front of a decode GEMV: one program reads a row, reduces it
+    and writes it back."""
+    await_inputs(PDL)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(row_ptr + cols, mask=cols < n, other=0.0)
+    tl.store(row_ptr + cols, x / tl.sqrt(tl.sum(x * x, axis=0) / n + 1.0), mask=cols < n)
+
+
 def graph_time_ms(fn: Callable[[], object], calls: int = 16, replays: int = 7) -> float:
     """GPU time of one call of `fn` with a cold L2 and no host in the way, as inside the engine's
-    CUDA graphs: `calls` x (L2 eviction, fn) captured in a graph, minus the same graph without
-    fn, median over replays. A small-M GEMM runs for a few microseconds where its eager launch
-    costs tens on the host: timed eagerly, the launch decided which configuration won."""
+    CUDA graphs: `calls` x (L2 eviction, a one-program kernel, fn) captured in a graph with PDL
+    where the engine uses it, minus the same graph without fn, median over replays. A small-M
+    GEMM runs for a few microseconds where its eager launch costs tens on the host: timed
+    eagerly, the launch decided which configuration won."""
     device = torch.device("cuda", torch.cuda.current_device())
     flush = _flush_buffer(device)
-    fn()  # compiles, and allocates what fn keeps (scratch buffers) outside the capture
-    torch.cuda.synchronize()
+    row = torch.ones(2048, dtype=torch.float32, device=device)
+
+    def predecessor() -> None:
+        _predecessor_kernel[(1,)](row, row.numel(), BLOCK=row.numel(), **pdl.launch_options(device))
 
     def capture_ms(with_fn: bool) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 flush.amax()
+                predecessor()
                 if with_fn:
                     fn()
         return replay_ms(graph, replays)
 
-    return max((capture_ms(True) - capture_ms(False)) / calls, 0.0)
+    with pdl.for_graph_capture():
+        predecessor()
+        fn()  # compiles, and allocates what fn keeps (scratch buffers) outside the capture
+        torch.cuda.synchronize()
+        return max((capture_ms(True) - capture_ms(False)) / calls, 0.0)
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
