@@ -155,7 +155,7 @@ class Attention(nn.Module):
             n = batch.num_prefill_tokens
             if inputs.fused:
                 triton_ops.decode_attention(q[n:], k_cache, v_cache, batch.decode_slots, batch.decode_lens,
-                                            self.scale, out[n:])
+                                            self.scale, out[n:], batch.decode_kv_len)
             else:
                 out[n:] = self._decode(q[n:], inputs, k_cache, v_cache)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))

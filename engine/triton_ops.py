@@ -8,8 +8,9 @@ points PyTorch does, in one launch each:
 
   - `rms_norm`: RMSNorm, optionally after adding the residual (which it updates in place);
   - `qk_norm_rope_to_cache`: q/k head norms and rotary embedding, k and v written to the cache;
-  - `decode_attention`: one query per sequence against its cache slot, GQA, online softmax;
-    it reads each sequence's own length, so a step's cost follows its context;
+  - `decode_attention`: one query per sequence against its cache slot, GQA, online softmax,
+    the keys split across programs; it reads each sequence's own length, so a step's cost
+    follows its context;
   - `silu_and_mul`.
 
 `layers.py` and `model.py` pick them for CUDA tensors (the attention ones for power-of-two head
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from quantgate.kernels.triton.pdl import await_inputs, launch_options
+from quantgate.kernels.triton.scratch import device_buffer
 
 
 @triton.jit
@@ -134,50 +136,101 @@ def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_n
     return q_out, k_out
 
 
+# A sequence's keys are split into min(MAX_SPLITS, ceil(len / SPLIT_KEYS)) contiguous shares,
+# one program each: at batch 1 the 16 heads of a 1.7B model are 16 programs on 132 SMs, and each
+# walked its whole context one block (a global-memory round trip) after another. The split
+# depends on the sequence's length only, never on the batch or the captured context bucket, so
+# eager runs and graph replays compute the same sums.
+BLOCK_N = 64
+SPLIT_KEYS = 128
+MAX_SPLITS = 16
+
+
 @triton.jit(do_not_specialize=["batch"])
-def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, batch, scale,
-                             stride_qb, stride_ob, stride_cs, stride_ch, stride_cp,
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, partial_ptr, counter_ptr,
+                             batch, scale, stride_qb, stride_ob, stride_cs, stride_ch, stride_cp,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                             PDL: tl.constexpr):
-    """Program (sequence, query head): keys [0, len) of its slot, online softmax in float32."""
-    await_inputs(PDL)
+                             SPLIT_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """Program (sequence, query head, split): an online softmax in float32 over its share of
+    keys [0, len). With several splits, each writes (acc, max, sum) to `partial`, and the one
+    that arrives last merges them in split order (so the result does not depend on arrival
+    order), writes the output and resets the counter of (sequence, head) to zero."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    split = tl.program_id(2)
+    await_inputs(PDL)
     d = tl.arange(0, HEAD_DIM)
     keys = tl.arange(0, BLOCK_N)
-    q = tl.load(q_ptr + b * stride_qb + h * HEAD_DIM + d).to(tl.float32) * scale
     length = tl.load(len_ptr + b).to(tl.int32)
-    base = tl.load(slot_ptr + b) * stride_cs + (h // GROUP) * stride_ch
-    m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
-    total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for start in range(0, length, BLOCK_N):
-        valid = (start + keys) < length
-        offsets = base + (start + keys)[:, None] * stride_cp + d[None, :]
-        k = tl.load(k_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        p = tl.exp(s - m_new)
-        alpha = tl.exp(m - m_new)
-        v = tl.load(v_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        total = total * alpha + tl.sum(p, axis=0)
-        m = m_new
-    tl.store(out_ptr + b * stride_ob + h * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty))
+    blocks = tl.cdiv(length, BLOCK_N)
+    share = tl.cdiv(blocks, tl.minimum(tl.cdiv(length, SPLIT_KEYS), MAX_SPLITS)) * BLOCK_N
+    splits = tl.cdiv(length, share)
+    if split < splits:
+        q = tl.load(q_ptr + b * stride_qb + h * HEAD_DIM + d).to(tl.float32) * scale
+        base = tl.load(slot_ptr + b) * stride_cs + (h // GROUP) * stride_ch
+        m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
+        total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        end = tl.minimum(split * share + share, length)
+        for start in range(split * share, end, BLOCK_N):
+            valid = (start + keys) < end
+            offsets = base + (start + keys)[:, None] * stride_cp + d[None, :]
+            # Both loads in flight before either is used.
+            k = tl.load(k_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_cache_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+            s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m - m_new)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            total = total * alpha + tl.sum(p, axis=0)
+            m = m_new
+        dst = out_ptr + b * stride_ob + h * HEAD_DIM + d
+        if splits == 1:
+            tl.store(dst, (acc / total).to(out_ptr.dtype.element_ty))
+        else:
+            row = b * tl.num_programs(1) + h
+            slot = partial_ptr + (row * MAX_SPLITS + split) * (HEAD_DIM + 2)
+            tl.store(slot + d, acc)
+            tl.store(slot + HEAD_DIM, m)
+            tl.store(slot + HEAD_DIM + 1, total)
+            # All threads' partial stores precede the (single-thread, release) counter update.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+            if arrived == splits - 1:
+                first = partial_ptr + row * MAX_SPLITS * (HEAD_DIM + 2)
+                # .cg: read from L2 what other SMs wrote, never this SM's L1.
+                m = tl.load(first + HEAD_DIM, cache_modifier=".cg")
+                total = tl.load(first + HEAD_DIM + 1, cache_modifier=".cg")
+                acc = tl.load(first + d, cache_modifier=".cg")
+                for other in range(1, splits):
+                    part = first + other * (HEAD_DIM + 2)
+                    m_part = tl.load(part + HEAD_DIM, cache_modifier=".cg")
+                    m_new = tl.maximum(m, m_part)
+                    alpha, beta = tl.exp(m - m_new), tl.exp(m_part - m_new)
+                    acc = acc * alpha + tl.load(part + d, cache_modifier=".cg") * beta
+                    total = total * alpha + tl.load(part + HEAD_DIM + 1, cache_modifier=".cg") * beta
+                    m = m_new
+                tl.store(dst, (acc / total).to(out_ptr.dtype.element_ty))
+                tl.store(counter_ptr + row, 0)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-    """q [B, H, D], one query per sequence at the last of its `lens` positions of cache `slots`;
-    writes softmax(q k^T * scale) v over those positions into out [B, H, D]."""
+                     lens: torch.Tensor, scale: float, out: torch.Tensor, max_len: int) -> None:
+    """q [B, H, D], one query per sequence at the last of its `lens` (<= max_len) positions of
+    cache `slots`; writes softmax(q k^T * scale) v over those positions into out [B, H, D]."""
     batch, num_heads, head_dim = q.shape
     if batch:
         assert q.stride(2) == 1 and q.stride(1) == head_dim and out.stride(2) == 1 and out.stride(1) == head_dim
-        _decode_attention_kernel[(batch, num_heads)](
-            q, k_cache, v_cache, slots, lens, out, batch, scale, q.stride(0), out.stride(0),
+        grid_splits = min(MAX_SPLITS, triton.cdiv(max(max_len, 1), SPLIT_KEYS))
+        rows = batch * num_heads
+        partials = device_buffer(q.device, "attention_partials", rows * MAX_SPLITS * (head_dim + 2), torch.float32)
+        counters = device_buffer(q.device, "attention_counters", rows, torch.int32)
+        _decode_attention_kernel[(batch, num_heads, grid_splits)](
+            q, k_cache, v_cache, slots, lens, out, partials, counters, batch, scale, q.stride(0), out.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=64, num_warps=4,
-            **launch_options(q.device))
+            GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_KEYS=SPLIT_KEYS,
+            MAX_SPLITS=MAX_SPLITS, num_warps=8, **launch_options(q.device))
 
 
 @triton.jit(do_not_specialize=["rows", "n"])

@@ -2,7 +2,7 @@
 
 Split-K (small M, where one tile per output block leaves most SMs idle): every K-slice writes
 its float32 partial tile to `partial` [SPLIT_K, M, N] (a scratch buffer per device, shared by
-all layers), then bumps the tile's counter in the layer's workspace. The slice that arrives
+all layers: scratch.py), then bumps the tile's counter in the layer's workspace. The slice that arrives
 last sums the partials in slice order (so results do not depend on arrival order), writes the
 output and resets the counter to zero for the next launch. The workspace is therefore all
 zeros between launches, which is what lets it be bound once with `bind_processed` and captured
@@ -17,6 +17,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from .scratch import device_buffer
 
 SPLIT_K_MAX = 32  # split_k is a runtime kernel argument: one compilation serves every split
 # Partials live in one scratch buffer per device, shared by every layer (launches on one stream
@@ -87,28 +89,13 @@ def choose_split_k(tiles: int, k_tiles: int, target: int, m: int, n: int) -> int
     return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
 
 
-_scratch: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _device_scratch(device: torch.device, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-device buffer of at least `numel` elements. Grown buffers replace, never free, the
-    old ones: a CUDA graph captured with an old buffer keeps reading valid memory."""
-    buffers = _scratch.setdefault(torch.device(device), [])
-    current = next((b for b in reversed(buffers) if b.dtype == dtype), None)
-    if current is None or current.numel() < numel:
-        size = max(numel, 1024, 2 * current.numel() if current is not None else 0)
-        current = torch.empty(size, dtype=dtype, device=device)
-        buffers.append(current)
-    return current
-
-
 def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.Tensor | None,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(partials, counters) for a launch: the device scratch and the layer's zeroed counters.
     Without a split the kernel touches neither; placeholders of the right dtypes are passed."""
     if split_k == 1:
-        counters = workspace if workspace is not None else _device_scratch(device, 1, torch.int32)
-        return _device_scratch(device, 1, torch.float32), counters
+        counters = workspace if workspace is not None else device_buffer(device, "gemm_counters", 1, torch.int32)
+        return device_buffer(device, "gemm_partials", 1, torch.float32), counters
     if workspace is None or workspace.numel() < tiles:
         have = 0 if workspace is None else workspace.numel()
         raise ValueError(f"split-K over {tiles} output tiles needs a workspace of >= {tiles} int32 counters, "
@@ -116,4 +103,4 @@ def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.T
     if split_k * m * n * 4 > MAX_PARTIAL_BYTES:
         raise ValueError(f"split-K {split_k} of a [{m}, {n}] output needs {split_k * m * n * 4} bytes of partials "
                          f"(limit {MAX_PARTIAL_BYTES}); split less")
-    return _device_scratch(device, split_k * m * n, torch.float32), workspace
+    return device_buffer(device, "gemm_partials", split_k * m * n, torch.float32), workspace

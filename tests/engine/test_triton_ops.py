@@ -82,18 +82,28 @@ def test_qk_norm_rope_writes_the_cache_at_slot_and_position(seed, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_reads_each_sequence_up_to_its_length(seed, dtype):
-    heads, kv_heads, head_dim, max_len = 4, 2, 32, 150
-    k_cache, v_cache = (_random(4, kv_heads, max_len, head_dim, dtype=dtype) for _ in range(2))
-    slots = torch.tensor([2, 0, 3], device=DEVICE)
-    lens = torch.tensor([150, 1, 65], device=DEVICE)  # full, a single key, one past a 64-key block
-    q = _random(3, heads, head_dim, dtype=dtype)
+    # Lengths: one key; one past a 64-key block; 3 splits of 2 blocks (last one partial); past
+    # MAX_SPLITS x SPLIT_KEYS (16 splits of 3 blocks); one block short of that.
+    heads, kv_heads, head_dim, max_len = 4, 2, 32, 2200
+    k_cache, v_cache = (_random(6, kv_heads, max_len, head_dim, dtype=dtype) for _ in range(2))
+    slots = torch.tensor([2, 0, 3, 5, 1], device=DEVICE)
+    lens = torch.tensor([1, 65, 300, 2200, 2048 - 64], device=DEVICE)
+    q = _random(5, heads, head_dim, dtype=dtype)
     out = torch.full_like(q, float("nan"))
-    triton_ops.decode_attention(q, k_cache, v_cache, slots, lens, head_dim**-0.5, out)
+    triton_ops.decode_attention(q, k_cache, v_cache, slots, lens, head_dim**-0.5, out, max_len)
     for b, (slot, length) in enumerate(zip(slots.tolist(), lens.tolist())):
         keys = k_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
         values = v_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
         weights = torch.softmax(q[b].double()[:, None, :] @ keys.transpose(1, 2) * head_dim**-0.5, dim=-1)
         torch.testing.assert_close(out[b].double(), (weights @ values)[:, 0], **TOLERANCE[dtype])
+    counters = triton_ops.device_buffer(q.device, "attention_counters", 1, torch.int32)
+    assert not counters.any()  # the merging programs reset them for the next launch
+
+    # The split follows each sequence's length, not the batch or the bound the caller passes
+    # (a graph's context bucket): the same sums, bit for bit.
+    alone = torch.full_like(q[:1], float("nan"))
+    triton_ops.decode_attention(q[3:4], k_cache, v_cache, slots[3:4], lens[3:4], head_dim**-0.5, alone, 4096)
+    assert torch.equal(alone, out[3:4])
 
 
 def test_engine_with_triton_ops_matches_the_eager_path(dense_dir, monkeypatch):
