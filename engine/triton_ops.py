@@ -146,9 +146,9 @@ SPLIT_KEYS = 128
 MAX_SPLITS = 16
 
 
-@triton.jit(do_not_specialize=["batch"])
+@triton.jit(do_not_specialize=["batch", "grid_splits"])
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, partial_ptr, counter_ptr,
-                             batch, scale, stride_qb, stride_ob, stride_cs, stride_ch, stride_cp,
+                             batch, scale, stride_qb, stride_ob, stride_cs, stride_ch, stride_cp, grid_splits,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                              SPLIT_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Program (sequence, query head, split): an online softmax in float32 over its share of
@@ -190,7 +190,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr,
             tl.store(dst, (acc / total).to(out_ptr.dtype.element_ty))
         else:
             row = b * tl.num_programs(1) + h
-            slot = partial_ptr + (row * MAX_SPLITS + split) * (HEAD_DIM + 2)
+            slot = partial_ptr + (row * grid_splits + split) * (HEAD_DIM + 2)
             tl.store(slot + d, acc)
             tl.store(slot + HEAD_DIM, m)
             tl.store(slot + HEAD_DIM + 1, total)
@@ -198,7 +198,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr,
             tl.debug_barrier()
             arrived = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
             if arrived == splits - 1:
-                first = partial_ptr + row * MAX_SPLITS * (HEAD_DIM + 2)
+                first = partial_ptr + row * grid_splits * (HEAD_DIM + 2)
                 # .cg: read from L2 what other SMs wrote, never this SM's L1.
                 m = tl.load(first + HEAD_DIM, cache_modifier=".cg")
                 total = tl.load(first + HEAD_DIM + 1, cache_modifier=".cg")
@@ -224,11 +224,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         assert q.stride(2) == 1 and q.stride(1) == head_dim and out.stride(2) == 1 and out.stride(1) == head_dim
         grid_splits = min(MAX_SPLITS, triton.cdiv(max(max_len, 1), SPLIT_KEYS))
         rows = batch * num_heads
-        partials = device_buffer(q.device, "attention_partials", rows * MAX_SPLITS * (head_dim + 2), torch.float32)
+        partials = device_buffer(q.device, "attention_partials", rows * grid_splits * (head_dim + 2), torch.float32)
         counters = device_buffer(q.device, "attention_counters", rows, torch.int32)
         _decode_attention_kernel[(batch, num_heads, grid_splits)](
             q, k_cache, v_cache, slots, lens, out, partials, counters, batch, scale, q.stride(0), out.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), grid_splits,
             GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_KEYS=SPLIT_KEYS,
             MAX_SPLITS=MAX_SPLITS, num_warps=8, **launch_options(q.device))
 

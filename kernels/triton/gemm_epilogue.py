@@ -1,10 +1,10 @@
 """The epilogue shared by the dense FP8 GEMMs: bias, cast, store, and a deterministic split-K.
 
 Split-K (small M, where one tile per output block leaves most SMs idle): every K-slice writes
-its float32 partial tile to `partial` [SPLIT_K, M, N] (a scratch buffer per device, shared by
-all layers: scratch.py), then bumps the tile's counter in the layer's workspace. The slice that arrives
-last sums the partials in slice order (so results do not depend on arrival order), writes the
-output and resets the counter to zero for the next launch. The workspace is therefore all
+its float32 partial tile to `partial` [SPLIT_K, M, N] (a scratch buffer per device shared by all
+layers, scratch.py), then bumps the tile's counter in the layer's workspace. The slice that
+arrives last sums the partials in slice order (so results do not depend on arrival order),
+writes the output and resets the counter to zero for the next launch. The workspace is therefore all
 zeros between launches, which is what lets it be bound once with `bind_processed` and captured
 in CUDA graphs. Launches that share a workspace or the scratch must be ordered (one stream), as
 the layers of one model are.

@@ -101,9 +101,11 @@ def test_decode_attention_reads_each_sequence_up_to_its_length(seed, dtype):
 
     # The split follows each sequence's length, not the batch or the bound the caller passes
     # (a graph's context bucket): the same sums, bit for bit.
-    alone = torch.full_like(q[:1], float("nan"))
-    triton_ops.decode_attention(q[3:4], k_cache, v_cache, slots[3:4], lens[3:4], head_dim**-0.5, alone, 4096)
-    assert torch.equal(alone, out[3:4])
+    for b, bound in ((3, 4096), (2, 300)):  # 16 programs per (sequence, head) above; here 16 and 3
+        alone = torch.full_like(q[:1], float("nan"))
+        triton_ops.decode_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1], lens[b:b + 1], head_dim**-0.5,
+                                    alone, bound)
+        assert torch.equal(alone, out[b:b + 1])
 
 
 def test_engine_with_triton_ops_matches_the_eager_path(dense_dir, monkeypatch):
