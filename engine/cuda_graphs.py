@@ -23,8 +23,6 @@ import logging
 
 import torch
 
-from quantgate.kernels.triton import pdl
-
 from .kv_cache import KVCache
 from .model import ForwardBatch, Qwen3ForCausalLM
 
@@ -77,6 +75,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture(self) -> None:
+        from quantgate.kernels.triton import pdl  # Triton: imported where CUDA is, not with the engine
+
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
