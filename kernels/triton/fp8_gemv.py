@@ -105,8 +105,6 @@ def candidates(groupwise: bool, scale_block_n: int) -> tuple[GemvConfig, ...]:
     return tuple(c for c in CANDIDATES if not groupwise or scale_block_n % c.block_n == 0)
 
 
-
-
 def w8a8_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,

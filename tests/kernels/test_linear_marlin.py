@@ -90,8 +90,9 @@ def _gemv_candidates():
 
 @pytest.mark.parametrize("config", _gemv_candidates(), ids=str)
 def test_every_gemv_candidate_matches_float64_reference(seed, config):
-    # 5 K tiles (the last partial): split ones get slices of 3 and 2 tiles, so the one- and
-    # two-tile prefetch runs past each slice's end (masked); split_per_sm 0 runs all 5 unsplit.
+    # 5 K tiles (the last partial): split ones get slices of 3 and 2 tiles, so loads of 2 to 16
+    # tiles and the next load in flight run past each slice's end (masked); split_per_sm 0 runs
+    # all 5 unsplit.
     from quantgate.kernels.triton.w8a16_gemm import w8a16_gemm, workspace_size
 
     case = make_case(96, 600, Scheme.FP8_BLOCK, device=DEVICE)
