@@ -10,7 +10,8 @@ Three measurements, one command each:
       --linear-backend emulation --requests 500 --concurrency 64
 
   # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block (one run
-  # per FP8 backend), with a per-step breakdown: host ms, GPU ms, kernels per step, graph captures
+  # per FP8 backend), with a per-step breakdown: host ms, GPU ms, kernels per step, graph captures,
+  # and the graphs' tokens/s without overlapped decode (the host reads each step before the next)
   python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
       --linear-backend marlin triton --out $OUT
 
@@ -284,6 +285,12 @@ def decode(args: argparse.Namespace) -> list[dict]:
                     if device == "cuda":
                         if not eager:
                             row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
+                            row["overlapped_steps"] = engine.num_overlapped_steps
+                            # The same graphs with the host reading each step before launching the next:
+                            # what overlapped decode gains. Kernels are then profiled one step at a time.
+                            engine.overlap_decode = False
+                            row["sync_tokens_per_s"] = decode_speed(engine, args.prompt_len, gen_tokens,
+                                                                    repeats)["decode_tokens_per_s"]
                         try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
                             (row["kernels_per_step"], row["kernel_ms_per_step"],
                              row["kernel_breakdown"]) = kernels_per_step(engine, args.prompt_len)
@@ -359,11 +366,14 @@ def print_decode_table(args: argparse.Namespace, rows: list[dict]) -> None:
                 print(f"  {k['calls']:>4} {k['us']:>8.1f}  {k['kernel']}")
     print(f"\ndecode at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt "
           f"(eager: {args.eager_tokens}); ms per step: step = host + GPU")
-    print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'tok/s':>7} {'step':>6} {'GPU':>6} {'host':>6} "
+    print("(graphs: host = step - GPU, below 0 while overlapped decode hides the host's part; sync = tokens/s "
+          "with the host reading each step before launching the next)")
+    print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'tok/s':>7} {'sync':>7} {'step':>6} {'GPU':>6} {'host':>6} "
           f"{'kernels':>7} {'kern ms':>7} {'captures':>8}  linear kernels")
     for r in rows:
+        sync = f"{r['sync_tokens_per_s']:.1f}" if r.get("sync_tokens_per_s") else "-"
         print(f"{r['variant']:>10} {r['linear_backend']:>8} {str(r['graphs']):>6} {r['decode_tokens_per_s']:>7.1f} "
-              f"{ms(r['step_ms']):>6} {ms(r.get('gpu_ms') or r['forward_ms']):>6} {ms(r['host_ms']):>6} "
+              f"{sync:>7} {ms(r['step_ms']):>6} {ms(r.get('gpu_ms') or r['forward_ms']):>6} {ms(r['host_ms']):>6} "
               f"{r.get('kernels_per_step') or '-':>7} {ms(r.get('kernel_ms_per_step')):>7} "
               f"{r['captures_during_timing']:>8}  {', '.join(r['kernels'])}")
     for name, value in decode_ratios(rows).items():

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU job for the engine (issues 2 and 5), about 2 minutes on an H200:
 #   1. the GPU-marked engine tests (CUDA graph replay equals eager; reload under captured graphs;
+#      overlapped decode equals reading every step first;
 #      the Triton norm/RoPE/attention kernels on the device),
 #   2. bench_engine.py decode: Qwen3-1.7B-shaped random model, batch 1, bf16 and FP8 block (one run
 #      per backend in LINEAR_BACKENDS), CUDA graphs vs --enforce-eager, with a per-step breakdown
@@ -35,7 +36,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
 }
 
 : > "$OUT/steps.txt"
-step engine_tests 75 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
+step engine_tests 110 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
   tests/engine/test_triton_ops.py --junitxml "$OUT/engine_tests.xml"
 # shellcheck disable=SC2086  # one argument per backend
 step bench_decode 120 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \

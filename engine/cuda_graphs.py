@@ -13,7 +13,9 @@ finishes, and a GEMV streams its first weights before its input is ready.
 
 Every graph is captured when the engine starts (`num_captures` counts them; it never grows
 while serving), and each also computes the greedy tokens, so a greedy step reads back one
-int64 per sequence rather than running argmax and indexing eagerly.
+int64 per sequence rather than running argmax and indexing eagerly. A step's input tokens may
+be a device tensor (the greedy tokens of the step before, not yet read on the host): the engine
+launches the next step before it has read this one (`LLMEngine`, overlapped decode).
 """
 
 from __future__ import annotations
@@ -54,14 +56,18 @@ class DecodeGraphs:
         n = self.sizes[-1]
         # Rows: token ids, positions, slots, context lengths. One host-to-device copy per step
         # fills all four, written through a numpy view of pinned memory (no tensor built per step).
+        # Two host buffers, used in turn: with overlapped decode one step's copy may still be
+        # queued while the host fills the next; the step before that has been read, so its is done.
         self.static = torch.zeros(4, n, dtype=torch.int64, device=kv.k.device)
-        self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()
+        self.host = torch.zeros(2, 4, n, dtype=torch.int64).pin_memory()
         self._host_rows = self.host.numpy()
+        self._turn = 0
         self.rows = torch.arange(n, device=kv.k.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.num_captures = 0
-        self._fill_padding(0, n)
-        self.static.copy_(self.host)
+        for turn in (0, 1):
+            self._fill_padding(turn, 0, n)
+        self.static.copy_(self.host[0])
         self._capture()
 
     def batch(self, size: int, context: int) -> ForwardBatch:
@@ -100,24 +106,30 @@ class DecodeGraphs:
     def can_run(self, batch_size: int) -> bool:
         return 0 < batch_size <= self.sizes[-1]
 
-    def _fill_padding(self, start: int, end: int) -> None:
-        self._host_rows[:, start:end] = [[0], [0], [self.kv.scratch_slot], [1]]
+    def _fill_padding(self, turn: int, start: int, end: int) -> None:
+        self._host_rows[turn, :, start:end] = [[0], [0], [self.kv.scratch_slot], [1]]
 
     def buckets(self, batch_size: int, context: int) -> tuple[int, int]:
         """The smallest captured (batch size, context length) that holds this decode batch."""
         return (self.sizes[bisect.bisect_left(self.sizes, batch_size)],
                 self.contexts[bisect.bisect_left(self.contexts, context)])
 
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the graph for this decode batch -> (logits [b, vocab], greedy tokens [b]), b = len(token_ids)."""
-        b = len(token_ids)
+    def run(self, token_ids: list[int] | torch.Tensor, positions: list[int],
+            slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph for this decode batch -> (logits [b, vocab], greedy tokens [b]), b = len(positions).
+        `token_ids` may be on the device (copied there in stream order, never read on the host)."""
+        b = len(positions)
         size, context = self.buckets(b, max(positions) + 1)
-        # The previous step's copy has finished: its tokens were read on the host since.
-        rows = self._host_rows
-        rows[0, :b], rows[1, :b], rows[2, :b] = token_ids, positions, slots
+        self._turn ^= 1
+        rows, host = self._host_rows[self._turn], self.host[self._turn]
+        if not isinstance(token_ids, torch.Tensor):
+            rows[0, :b] = token_ids
+        rows[1, :b], rows[2, :b] = positions, slots
         rows[3, :b] = rows[1, :b] + 1
-        self._fill_padding(b, size)
-        self.static[:, :size].copy_(self.host[:, :size], non_blocking=True)
+        self._fill_padding(self._turn, b, size)
+        self.static[:, :size].copy_(host[:, :size], non_blocking=True)
+        if isinstance(token_ids, torch.Tensor):
+            self.static[0, :b].copy_(token_ids)
         graph, logits, greedy = self.graphs[size, context]
         graph.replay()
         return logits[:b], greedy[:b]

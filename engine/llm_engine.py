@@ -3,6 +3,14 @@
 Each step runs one forward over a mixed batch (new prompts packed, one token per running
 sequence), samples, detokenizes and checks stop conditions. Decode-only steps on CUDA replay
 a captured graph for the batch-size bucket (`cuda_graphs.py`) unless `enforce_eager`.
+
+Overlapped decode: when every running sequence is greedy (no logprobs) and no request waits,
+a graph step's tokens stay on the device and feed the next step, which is launched before the
+host reads them. The host's share of a step (reading tokens, detokenizing, stop checks,
+scheduling, the next launch) then runs while the GPU computes, instead of between steps. A
+sequence that stops on the token just read (a stop token or string) had one more step launched
+for it; that token is dropped, and its KV rows are rewritten by whoever gets the slot next,
+after it in stream order.
 """
 
 from __future__ import annotations
@@ -10,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +42,16 @@ CUDA_KV_BUDGET_FRACTION = 0.8  # of the memory free after loading the model
 PREFILL_TOKENS = {"cpu": 4096, "cuda": 16384}
 
 
+@dataclass
+class LaunchedDecode:
+    """A greedy graph decode step queued on the GPU whose tokens the host has not read yet."""
+
+    seqs: list[Sequence]
+    greedy: torch.Tensor  # [b] on the device: valid until the next graph replay
+    tokens: torch.Tensor  # [b] host copy of `greedy`, valid once `done` has completed
+    done: torch.cuda.Event | None
+
+
 def default_kv_budget(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -49,6 +69,7 @@ class LLMEngine:
         seed: int = 0,
         kv_cache_memory: int | None = None,
         max_prefill_tokens: int | None = None,
+        overlap_decode: bool = True,
     ) -> None:
         cfg = loaded.model_config
         limit = cfg.max_position_embeddings
@@ -78,6 +99,15 @@ class LLMEngine:
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not enforce_eager:
             self.graphs = DecodeGraphs(self.model, self.kv, slots)
+        self.overlap_decode = overlap_decode
+        self.num_overlapped_steps = 0  # graph steps launched before the host had read the step in front
+        self._launched: LaunchedDecode | None = None
+        # Two readback buffers and events used in turn: a step's buffer was last used by the step
+        # two back, which has been read.
+        cuda = self.device.type == "cuda"
+        self._readback = torch.zeros(2, slots, dtype=torch.int64, pin_memory=cuda)
+        self._readback_done = [torch.cuda.Event(), torch.cuda.Event()] if cuda else [None, None]
+        self._readback_turn = 0
         logger.info(
             "Engine: %d KV slots of %d tokens (%.0f MiB), CUDA graphs %s",
             slots, max_model_len, self.kv.nbytes / 2**20, "on" if self.graphs else "off",
@@ -144,9 +174,19 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        if self._launched is not None:
+            launched, self._launched = self._launched, None
+            self._launched = self._launch_next(launched)
+            outputs = self._read(launched)
+            if outputs or self._launched is not None:
+                return outputs
         step = self.scheduler.schedule()
         if step.empty:
             return []
+        if self._can_overlap(step):
+            launched = self._launch(step.decodes, [s.last_token for s in step.decodes], ahead=0)
+            self._launched = self._launch_next(launched)
+            return self._read(launched)
         greedy = None
         if self.graphs is not None and not step.prefills and self.graphs.can_run(len(step.decodes)):
             seqs = step.decodes
@@ -173,6 +213,46 @@ class LLMEngine:
             outputs.append(self._advance(seq, sampled.get(seq.request_id), is_prefill=seq in step.prefills))
         self.num_prompt_tokens += sum(len(s.prompt_ids) for s in step.prefills)
         self.num_generated_tokens += len(tokens)
+        return outputs
+
+    # -- overlapped decode (see the module docstring)
+
+    def _can_overlap(self, step: ScheduledStep) -> bool:
+        return (self.overlap_decode and self.graphs is not None and not step.prefills
+                and self.graphs.can_run(len(step.decodes))
+                and all(s.params.greedy and s.params.logprobs is None for s in step.decodes))
+
+    def _launch(self, seqs: list[Sequence], tokens: list[int] | torch.Tensor, ahead: int) -> LaunchedDecode:
+        """Queue a graph step for `seqs`; `ahead` = 1 when their last token is still on the device."""
+        _, greedy = self.graphs.run(tokens, [s.num_tokens - 1 + ahead for s in seqs], [s.slot for s in seqs])
+        self._readback_turn ^= 1
+        host = self._readback[self._readback_turn, : len(seqs)]
+        host.copy_(greedy, non_blocking=True)
+        done = self._readback_done[self._readback_turn]
+        if done is not None:
+            done.record()
+        return LaunchedDecode(seqs, greedy, host, done)
+
+    def _launch_next(self, prev: LaunchedDecode) -> LaunchedDecode | None:
+        """The step after `prev`, fed prev's tokens on the device; None when the host must read
+        them first: a waiting request can join, a sequence left, or one ends by length on them."""
+        seqs, scheduler = prev.seqs, self.scheduler
+        joins = scheduler.waiting and self.kv.num_free and len(scheduler.running) < scheduler.max_num_seqs
+        if (joins or len(scheduler.running) != len(seqs)
+                or any(self._requests.get(s.request_id) is not s for s in seqs)
+                or any(len(s.output_ids) + 1 >= s.max_tokens or s.num_tokens + 1 >= self.max_model_len
+                       for s in seqs)):
+            return None
+        self.num_overlapped_steps += 1
+        return self._launch(seqs, prev.greedy, ahead=1)
+
+    def _read(self, launched: LaunchedDecode) -> list[RequestOutput]:
+        if launched.done is not None:
+            launched.done.synchronize()
+        outputs = [self._advance(seq, (token, None), is_prefill=False)
+                   for seq, token in zip(launched.seqs, launched.tokens.tolist())
+                   if self._requests.get(seq.request_id) is seq]  # else finished or aborted since the launch
+        self.num_generated_tokens += len(outputs)
         return outputs
 
     def _build_batch(self, step: ScheduledStep) -> tuple[ForwardBatch, dict[str, tuple[int, int]], dict[str, int]]:

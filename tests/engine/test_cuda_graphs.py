@@ -1,4 +1,5 @@
-"""CUDA graphs for decode: replay equals eager, and stays equal after a weight reload (GPU only)."""
+"""CUDA graphs for decode: replay equals eager, stays equal after a weight reload, and overlapped
+decode changes no output (GPU only)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from quantgate.engine import LLMEngine, SamplingParams, load_model
 from quantgate.kernels import Scheme
 
-from .conftest import run_to_completion
+from .conftest import random_prompts, run_to_completion
+from .test_overlapped_decode import serve_mixed_workload
 from .tiny_models import quantize_folder, write_model
 
 pytestmark = pytest.mark.gpu
@@ -85,3 +87,16 @@ def test_reload_under_captured_graphs_uses_the_new_weights(tmp_path, variant, ba
     after = _greedy_tokens(engine, prompts)
     assert after == _greedy_tokens(_engine(new, backend, eager=True), prompts)
     assert after != before
+
+
+@pytest.mark.parametrize("variant,backend", VARIANTS)
+def test_overlapped_decode_equals_reading_every_step_first(tmp_path, variant, backend):
+    engine = _engine(_folder(tmp_path, "m", 3, variant), backend, eager=False)
+    prompts = random_prompts(12, engine.vocab_size, torch.Generator().manual_seed(0), high=40)
+    engine.overlap_decode = False
+    first = {int(k): v[0] for k, v in serve_mixed_workload(engine, prompts, {}).items() if v}
+    expected = serve_mixed_workload(engine, prompts, first)
+    assert engine.num_overlapped_steps == 0
+    engine.overlap_decode = True
+    assert serve_mixed_workload(engine, prompts, first) == expected
+    assert engine.num_overlapped_steps > 10

@@ -1,0 +1,107 @@
+"""Overlapped decode (LLMEngine): launching a greedy step before the host has read the one in
+front changes no output, whatever arrives, stops or is aborted in between.
+
+On CPU the graphs are stood in for by `EagerDecodeGraphs` (DecodeGraphs' `run` contract,
+computed eagerly), so the engine's own scheduling of launches and reads is what is tested here;
+tests/engine/test_cuda_graphs.py checks real graphs on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantgate.engine import LLMEngine, SamplingParams, load_model
+from quantgate.engine.model import ForwardBatch
+
+from .conftest import random_prompts, run_to_completion
+
+
+class EagerDecodeGraphs:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.fed_on_device = 0  # runs whose input tokens were a tensor (the previous step's, unread)
+
+    def can_run(self, batch_size: int) -> bool:
+        return batch_size <= 8
+
+    def run(self, token_ids, positions: list[int], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        if isinstance(token_ids, torch.Tensor):
+            self.fed_on_device += 1
+            ids = token_ids.clone()
+        else:
+            ids = ints(token_ids)
+        lens = ints(positions) + 1
+        batch = ForwardBatch(
+            input_ids=ids, positions=ints(positions), slots=ints(slots), prefill_segments=[], num_prefill_tokens=0,
+            decode_slots=ints(slots), decode_lens=lens, decode_kv_len=int(lens.max()), decode_slot_range=None,
+            logits_indices=torch.arange(len(positions)),
+        )
+        logits = self.engine.model(batch, self.engine.kv)
+        return logits, logits.argmax(dim=-1)
+
+
+def _engine(path, overlap: bool) -> LLMEngine:
+    engine = LLMEngine(load_model(path, device="cpu"), max_num_seqs=6, max_model_len=128, overlap_decode=overlap)
+    engine.graphs = EagerDecodeGraphs(engine)
+    return engine
+
+
+def serve_mixed_workload(engine: LLMEngine, prompts: list[list[int]],
+                         first_token: dict[int, int]) -> dict[str, list[int]]:
+    """A workload that touches every reason to stop overlapping: requests joining mid-flight
+    (more than the slots), stop tokens, short max_tokens, an abort, a sampled request."""
+    def params(i: int) -> SamplingParams:
+        if i == 5:
+            return SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
+        stop = [first_token[i]] if i % 3 == 0 and i in first_token else []
+        return SamplingParams(max_tokens=4 + 3 * (i % 5), temperature=0, ignore_eos=True, stop_token_ids=stop)
+
+    outputs: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    steps = 0
+    while pending or engine.has_unfinished():
+        if pending and steps % 3 == 0:
+            i, prompt = pending.pop(0)
+            engine.add_request(str(i), prompt, params(i))
+        if steps == 7:
+            assert engine.abort("1")
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        steps += 1
+    return outputs
+
+
+def test_overlapped_decode_gives_the_outputs_of_one_step_at_a_time(dense_dir, seed):
+    plain = _engine(dense_dir, overlap=False)
+    prompts = random_prompts(12, plain.vocab_size, torch.Generator().manual_seed(seed), high=30)
+    first = {int(k): v[0] for k, v in serve_mixed_workload(plain, prompts, {}).items() if v}
+    plain = _engine(dense_dir, overlap=False)
+    expected = serve_mixed_workload(plain, prompts, first)
+    overlapped = _engine(dense_dir, overlap=True)
+    assert serve_mixed_workload(overlapped, prompts, first) == expected
+    assert plain.num_overlapped_steps == 0 and plain.graphs.fed_on_device == 0
+    assert overlapped.num_overlapped_steps == overlapped.graphs.fed_on_device > 10
+    assert overlapped.stats()["num_generated_tokens"] == sum(map(len, expected.values()))
+    assert overlapped.kv.num_free == overlapped.kv.num_slots
+
+
+def test_a_step_launched_for_a_sequence_that_stopped_is_dropped(dense_dir):
+    engine = _engine(dense_dir, overlap=True)
+    engine.add_request("probe", [3, 4, 5], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    tokens = [t for out in run_to_completion(engine)["probe"] for t in out.new_token_ids]
+    # Stops on its third token: the fourth step was already launched when the third was read.
+    engine.add_request("stop", [3, 4, 5], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[tokens[2]],
+                                                         ignore_eos=True))
+    launches = engine.graphs.fed_on_device
+    outs = run_to_completion(engine)["stop"]
+    assert [t for o in outs for t in o.new_token_ids] == tokens[: tokens.index(tokens[2]) + 1]
+    assert outs[-1].finish_reason == "stop"
+    assert engine.graphs.fed_on_device > launches
+    # The next request first drains the dropped step, then runs as if it had never been.
+    engine.add_request("again", [3, 4, 5], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    outs = run_to_completion(engine)
+    assert list(outs) == ["again"] and [t for o in outs["again"] for t in o.new_token_ids] == tokens
+    assert engine.step() == [] and not engine.has_unfinished()
