@@ -91,12 +91,15 @@ def test_reload_under_captured_graphs_uses_the_new_weights(tmp_path, variant, ba
 
 @pytest.mark.parametrize("variant,backend", VARIANTS)
 def test_overlapped_decode_equals_reading_every_step_first(tmp_path, variant, backend):
+    """Without stops and aborts every step has the same batch either way, so the tokens are equal
+    bit for bit. (A sequence that stops or is aborted keeps its row in the one step launched
+    ahead of the read; in bf16 a different batch may round differently: the CPU test in float32
+    covers those.)"""
     engine = _engine(_folder(tmp_path, "m", 3, variant), backend, eager=False)
     prompts = random_prompts(12, engine.vocab_size, torch.Generator().manual_seed(0), high=40)
     engine.overlap_decode = False
-    first = {int(k): v[0] for k, v in serve_mixed_workload(engine, prompts, {}).items() if v}
-    expected = serve_mixed_workload(engine, prompts, first)
+    expected = serve_mixed_workload(engine, prompts, {}, abort_at=None)
     assert engine.num_overlapped_steps == 0
     engine.overlap_decode = True
-    assert serve_mixed_workload(engine, prompts, first) == expected
+    assert serve_mixed_workload(engine, prompts, {}, abort_at=None) == expected
     assert engine.num_overlapped_steps > 10

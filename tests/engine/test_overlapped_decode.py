@@ -49,10 +49,11 @@ def _engine(path, overlap: bool) -> LLMEngine:
     return engine
 
 
-def serve_mixed_workload(engine: LLMEngine, prompts: list[list[int]],
-                         first_token: dict[int, int]) -> dict[str, list[int]]:
+def serve_mixed_workload(engine: LLMEngine, prompts: list[list[int]], first_token: dict[int, int],
+                         abort_at: int | None = 7) -> dict[str, list[int]]:
     """A workload that touches every reason to stop overlapping: requests joining mid-flight
-    (more than the slots), stop tokens, short max_tokens, an abort, a sampled request."""
+    (more than the slots), stop tokens (request i % 3 == 0 stops on first_token[i]), short
+    max_tokens, an abort at step `abort_at`, a sampled request."""
     def params(i: int) -> SamplingParams:
         if i == 5:
             return SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
@@ -66,7 +67,7 @@ def serve_mixed_workload(engine: LLMEngine, prompts: list[list[int]],
         if pending and steps % 3 == 0:
             i, prompt = pending.pop(0)
             engine.add_request(str(i), prompt, params(i))
-        if steps == 7:
+        if steps == abort_at:
             assert engine.abort("1")
         for out in engine.step():
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
