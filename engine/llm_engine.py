@@ -4,8 +4,8 @@ Each step runs one forward over a mixed batch (new prompts packed, one token per
 sequence), samples, detokenizes and checks stop conditions. Decode-only steps on CUDA replay
 a captured graph for the batch-size bucket (`cuda_graphs.py`) unless `enforce_eager`.
 
-Overlapped decode: when every running sequence is greedy (no logprobs) and no request waits,
-a graph step's tokens stay on the device and feed the next step, which is launched before the
+Overlapped decode: when every running sequence is greedy (no logprobs) and no waiting request
+can join, a graph step's tokens stay on the device and feed the next step, which is launched before the
 host reads them. The host's share of a step (reading tokens, detokenizing, stop checks,
 scheduling, the next launch) then runs while the GPU computes, instead of between steps. A
 sequence that stops on the token just read (a stop token or string) had one more step launched
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-
 from dataclasses import dataclass
 
 import torch
