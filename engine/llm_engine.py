@@ -5,12 +5,12 @@ sequence), samples, detokenizes and checks stop conditions. Decode-only steps on
 a captured graph for the batch-size bucket (`cuda_graphs.py`) unless `enforce_eager`.
 
 Overlapped decode: when every running sequence is greedy (no logprobs) and no waiting request
-can join, a graph step's tokens stay on the device and feed the next step, which is launched before the
-host reads them. The host's share of a step (reading tokens, detokenizing, stop checks,
-scheduling, the next launch) then runs while the GPU computes, instead of between steps. A
-sequence that stops on the token just read (a stop token or string) had one more step launched
-for it; that token is dropped, and its KV rows are rewritten by whoever gets the slot next,
-after it in stream order.
+can join, a graph step's tokens stay on the device and feed the next step, which is launched
+before the host reads them. The host's share of a step (reading tokens, detokenizing, stop
+checks, scheduling, the next launch) then runs while the GPU computes, instead of between
+steps. A sequence that stops on the token just read (a stop token or string) had one more step
+launched for it; that token is dropped, and its KV rows are rewritten by whoever gets the slot
+next, after it in stream order.
 """
 
 from __future__ import annotations
