@@ -48,6 +48,9 @@ SCALE_SHIFT = {torch.bfloat16: 0, torch.float16: 10}
 _X_EXP = 64  # activation pre-scale exponent on the bf16 path
 _K_TILE = tl.constexpr(GROUP_K)  # the same numbers inside kernels
 _PAIRS = tl.constexpr(PAIRS)
+# K tiles of its slice a program prefetches into L2 before its PDL wait (a decode GEMM's
+# weights do not depend on the kernel before, which is still running).
+_PDL_PREFETCH_TILES = tl.constexpr(4)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,13 @@ def _halves(w, OUT: tl.constexpr, ASM: tl.constexpr):
             return lo.to(tl.int16).to(tl.float16, bitcast=True), hi.to(tl.int16).to(tl.float16, bitcast=True)
 
 
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Start loading the 128-byte lines at `ptrs` into L2 (no registers wait for them)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _w8a16_gemm_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
@@ -155,7 +165,6 @@ def _w8a16_gemm_kernel(
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
-    await_inputs(PDL)
     # Row tiles vary fastest so programs sharing a weight tile run together (L2 reuse).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -174,6 +183,14 @@ def _w8a16_gemm_kernel(
 
     w_ptrs = w_ptr + rn_in[:, None] * stride_wn + (k_first * _PAIRS + ri)[None, :]
     x_ptrs = x_ptr + rm_in[None, :] * stride_xm + (k_first * _K_TILE + ri)[:, None]  # x^T, first half
+    s_ptrs = s_ptr + k_first * stride_sg + rn_in
+    if PDL and ASM:  # the first weight tiles head for L2 while the kernel before still runs
+        for kt in range(k_first, tl.minimum(k_last, k_first + _PDL_PREFETCH_TILES)):
+            _prefetch_l2(w_ptr + rn_in * stride_wn + kt * _PAIRS)
+    await_inputs(PDL)
+    # Block scales are read one K tile ahead: a load too small to pipeline would otherwise stall
+    # every step for an L2 round trip.
+    s_next = tl.load(s_ptrs, mask=k_first < k_last, other=0.0)  # unused (dropped) without GROUPWISE
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, num_stages=STAGES):
         w_lo, w_hi = _halves(tl.load(w_ptrs), OUT, ASM)  # K padded: always in bounds
@@ -188,9 +205,12 @@ def _w8a16_gemm_kernel(
             x_lo = (x_lo.to(tl.float32) * X_MUL).to(tl.bfloat16)
             x_hi = (x_hi.to(tl.float32) * X_MUL).to(tl.bfloat16)
         if GROUPWISE:  # block scales change every K tile: its two dots are scaled once
+            s = s_next.to(tl.float32)
+            s_ptrs += stride_sg
+            s_next = tl.load(s_ptrs, mask=kt + 1 < k_last, other=0.0)
             part = tl.dot(w_lo, x_lo)
             part = tl.dot(w_hi, x_hi, part)
-            acc += part * tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)[:, None]
+            acc += part * s[:, None]
         else:
             acc = tl.dot(w_lo, x_lo, acc)
             acc = tl.dot(w_hi, x_hi, acc)
