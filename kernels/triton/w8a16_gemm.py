@@ -45,7 +45,7 @@ PAIRS = GROUP_K // 2  # int16 per K tile and row
 # Scales are stored in the activation dtype; fp16 ones are kept as scale * 2^10 so that
 # typical FP8 weight scales (1e-5 .. 1e-2) stay normal fp16 numbers.
 SCALE_SHIFT = {torch.bfloat16: 0, torch.float16: 10}
-_X_EXP = 64  # activation pre-scale exponent on the bf16 path
+_X_EXP = 64  # activation pre-scale exponent on the bf16 (MMA) and float32 (GEMV) paths
 _K_TILE = tl.constexpr(GROUP_K)  # the same numbers inside kernels
 _PAIRS = tl.constexpr(PAIRS)
 # K tiles of its slice a program prefetches into L2 before its PDL wait (a decode GEMM's
@@ -55,21 +55,25 @@ _PDL_PREFETCH_TILES = tl.constexpr(4)
 
 @dataclass(frozen=True)
 class W8A16Config:
-    block_m: int  # rows of x per program: the MMA's N (16 and up)
-    block_n: int  # output columns per program: the MMA's M (64 or 128)
+    block_m: int  # 1: the float32-FMA GEMV; else rows of x per program, the MMA's N (16 and up)
+    block_n: int  # output columns per program (the MMA's M: 64 or 128)
     num_warps: int
     num_stages: int
     split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
+    tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
 # shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
-# compilation. The small-M defaults are the H200's best of a sweep over 4096 x 4096, 4096 x
-# 14336 and 14336 x 4096 (benchmarks/results/h200-2026-11-29-run7). Tiles of 128 x 128 with
-# three stages take 144 KB of shared memory, within sm_80's 164 KB.
+# compilation. One row is the GEMV's (the MMA kernel's 16-row tiles compete): it loads its
+# first weights before its PDL wait, which decode shapes (K = 2048) feel most. The 16-row
+# defaults are the H200's best of a sweep over 4096 x 4096, 4096 x 14336 and 14336 x 4096
+# (benchmarks/results/h200-2026-11-29-run7). Tiles of 128 x 128 with three stages take 144 KB
+# of shared memory, within sm_80's 164 KB.
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
-    1: (W8A16Config(16, 128, 8, 3, 2), W8A16Config(16, 64, 4, 3, 4), W8A16Config(16, 128, 8, 3, 3),
-        W8A16Config(16, 64, 4, 3, 8)),
+    1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, tiles=2),
+        W8A16Config(1, 64, 8, 1, 2, tiles=4), W8A16Config(1, 128, 8, 1, 2, tiles=2),
+        W8A16Config(1, 16, 4, 1, 0, tiles=8), W8A16Config(16, 128, 8, 3, 2), W8A16Config(16, 64, 4, 3, 4)),
     16: (W8A16Config(16, 64, 4, 3, 4), W8A16Config(16, 64, 4, 3, 2), W8A16Config(16, 128, 8, 3, 2),
          W8A16Config(16, 64, 4, 3, 8), W8A16Config(16, 64, 4, 4, 4)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(64, 128, 8, 3, 1), W8A16Config(32, 64, 4, 3, 4)),
@@ -145,6 +149,80 @@ def _halves(w, OUT: tl.constexpr, ASM: tl.constexpr):
             return lo.to(tl.int16).to(tl.bfloat16, bitcast=True), hi.to(tl.int16).to(tl.bfloat16, bitcast=True)
         else:
             return lo.to(tl.int16).to(tl.float16, bitcast=True), hi.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _byte_f32(words, P: tl.constexpr):
+    """Byte P of each int32 as a float32 holding its e4m3 value * 2^-120 (sign to bit 31,
+    exponent+mantissa to bits 20..26)."""
+    if P == 3:
+        bits = (words & -2147483648) | ((words >> 4) & 0x07F00000)
+    else:
+        bits = ((words << (24 - 8 * P)) & -2147483648) | ((words << (20 - 8 * P)) & 0x07F00000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["split_k"])
+def _w8a16_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    N, K, split_k, stride_wn, stride_sg,
+    X_MUL: tl.constexpr, S_MUL: tl.constexpr,
+    GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,  # K tiles per load: chunks of [BLOCK_N, TILES, 32] int32
+    PDL: tl.constexpr,
+):
+    """One activation row: float32 FMAs into an accumulator shaped like a weight chunk, summed
+    over K once at the end. The next chunk's load is issued before the current one is
+    converted (Triton pipelines only the loads of loops it software-pipelines), and the first
+    before the PDL wait. Word w of a K tile holds the bytes of k = 2w, 64 + 2w, 2w + 1, 65 + 2w."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_in = rn % N
+    rt = tl.arange(0, TILES)
+    rw = tl.arange(0, 32)
+    k_tiles = tl.cdiv(K, _K_TILE)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+
+    w_ptrs = w_ptr + rn_in[:, None, None] * stride_wn + ((k_first + rt) * 32)[None, :, None] + rw[None, None, :]
+    # Scales through pointers shaped like the chunk (repeated over its words): a [BLOCK_N] load
+    # would get its own register layout and a shared-memory round trip.
+    s_ptrs = s_ptr + (k_first + rt)[None, :, None] * stride_sg + rn_in[:, None, None]
+    x_ptrs = x_ptr + (k_first + rt)[:, None] * _K_TILE + 2 * rw[None, :]
+    acc = tl.zeros((BLOCK_N, TILES, 32), dtype=tl.float32)
+    packed = tl.load(w_ptrs, mask=(k_first + rt < k_last)[None, :, None], other=0)
+    # The first chunk is in flight while the kernel before (whose output is x) finishes.
+    await_inputs(PDL)
+    for kt in range(k_first, k_last, TILES):
+        live = kt + rt < k_last
+        following = tl.load(w_ptrs + TILES * 32, mask=(kt + TILES + rt < k_last)[None, :, None], other=0)
+        if GROUPWISE:
+            s = tl.load(s_ptrs, mask=live[None, :, None], other=0.0).to(tl.float32)
+        # One FMA per weight into `t`; the block scales multiply the four bytes' sum once.
+        t = tl.zeros((BLOCK_N, TILES, 32), dtype=tl.float32)
+        for p in tl.static_range(4):
+            if EVEN_K:
+                x = tl.load(x_ptrs + (p % 2) * _PAIRS + p // 2, mask=live[:, None], other=0.0)
+            else:
+                k_of = (kt + rt)[:, None] * _K_TILE + 2 * rw[None, :] + (p % 2) * _PAIRS + p // 2
+                x = tl.load(x_ptrs + (p % 2) * _PAIRS + p // 2, mask=live[:, None] & (k_of < K), other=0.0)
+            t += (x.to(tl.float32) * X_MUL)[None, :, :] * _byte_f32(packed, p)
+        if GROUPWISE:
+            acc += t * s
+        else:
+            acc += t
+        packed = following
+        w_ptrs += TILES * 32
+        s_ptrs += TILES * stride_sg
+        x_ptrs += TILES * _K_TILE
+    out = tl.sum(tl.sum(acc, axis=2), axis=1) * S_MUL
+    if not GROUPWISE:
+        out = out * tl.load(s_ptr + rn_in).to(tl.float32)
+    store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, pid_k,
+               split_k, pid_n, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -263,6 +341,8 @@ def w8a16_gemm(
     if config is None:
         key = (m_bucket(m), n, k, x.dtype, groupwise)
         config = _TUNER.pick(key, candidates_for(m), run, x.device)
+    elif config.block_m == 1 and m != 1:
+        raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
     run(config, split_k)
     return out
 
@@ -278,6 +358,14 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
                                      target_programs(x.device, cfg.split_per_sm), m, n)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
+    if cfg.block_m == 1:  # float32 weights, 2^-120
+        _w8a16_gemv_kernel[(n_tiles, split_k)](
+            x, packed, scale, out, bias if bias is not None else out, partial, counters,
+            n, k, split_k, packed.stride(0), scale.stride(0) if groupwise else 0,
+            X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
+            HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+        return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
     else:
