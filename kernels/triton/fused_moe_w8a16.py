@@ -3,7 +3,7 @@ activations and arithmetic in bf16/fp16 tensor cores, so it runs on compute capa
 
 Expert weights use the "k-planes" layout (`pack_planes`): int32 [ceil(K/128) * 32, N] per
 expert, four K=32 dot operands per load, N contiguous, converted to bf16/fp16 in registers by
-moving bits (`_plane`: the mapping of w8a16_gemm.py's `_halves`, on bytes of an int32). The MoE structure is fused_moe.py's:
+moving bits (`_plane`, on w8a16_gemm.py's `_pair_bits`). The MoE structure is fused_moe.py's:
 slots aligned per expert (moe_align.py), gate and up of the same columns in one program with
 SiLU-and-mul in registers, the down projection weighted per slot, a torch sum over top-k.
 
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
 from .moe_align import moe_align_block_size
-from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT
+from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _pair_bits
 
 # (largest token count, config); block_k is the packed layout's 128 and not a choice here. H200
 # sweep of benchmarks/bench_moe.py --tune up to 256 tokens (edges: geometric midpoints of the
@@ -60,20 +60,9 @@ def unpack_planes(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @triton.jit
-def _plane_pair_bits(packed, ODD: tl.constexpr, MAG_SHIFT: tl.constexpr):
-    """Bytes (1, 3) if ODD else (0, 2) of each int32 as two 16-bit floats side by side: sign to
-    bit 15, exponent+mantissa to bits MAG_SHIFT.. (4: bf16 -> value * 2^-120, 7: fp16 -> * 2^-8)."""
-    mag_mask: tl.constexpr = (0x7F << MAG_SHIFT) | (0x7F << (MAG_SHIFT + 16))
-    if ODD:
-        return (packed & -2147450880) | ((packed >> (8 - MAG_SHIFT)) & mag_mask)  # -2147450880 = 0x80008000
-    else:
-        return ((packed << 8) & -2147450880) | ((packed << MAG_SHIFT) & mag_mask)
-
-
-@triton.jit
 def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
     """Byte P of each int32 as OUT: 1 -> bf16 (x 2^-120), 2 -> fp16 (x 2^-8)."""
-    pair = _plane_pair_bits(packed, P % 2 == 1, 7 if OUT == 2 else 4)
+    pair = _pair_bits(packed, P % 2 == 1, 7 if OUT == 2 else 4)
     half = (pair >> 16) if P >= 2 else pair
     if OUT == 1:
         return half.to(tl.int16).to(tl.bfloat16, bitcast=True)

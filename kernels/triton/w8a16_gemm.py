@@ -1,7 +1,8 @@
 """Weight-only FP8 GEMM (W8A16): FP8 weights packed in pairs, activations in bf16/fp16.
 
-Runs on compute capability 8.0, which has no FP8 instructions: weights become bf16 or fp16 by
-moving bits, and products run on bf16/fp16 tensor cores.
+Runs on compute capability 8.0, which has no FP8 instructions: weights become bf16, fp16 or
+float32 by moving bits, and products run on bf16/fp16 tensor cores, or as float32 FMAs for a
+single row.
 
 Packed layout ("k-pairs"), built once at load by `pack_weight`: int32 [N, ceil(K/128) * 32],
 read by the kernel as int16 [N, ceil(K/128) * 64]. The int16 t*64 + i of row n holds the e4m3
@@ -17,10 +18,15 @@ interpreter). The 2^120 goes back in with the scale; bf16 activations are pre-mu
 2^64 (exact) so that products of small activations and small weights stay far from float32
 subnormals.
 
+One row (batch-1 decode) has its own kernel, `_w8a16_gemv_kernel`: float32 FMAs on the same
+layout (weights widened to float32 by the same bit moves), its first chunk loaded before its
+PDL wait and the next chunk's load issued before the current one is converted. From two rows
+up, the MMA kernel:
+
 Swap-AB: the kernel computes out^T = W x^T. The weight tile is the MMA's A operand, which
 wgmma (sm_90) and mma.sync (sm_80) take from registers, where it is converted after a
 pipelined copy to shared memory; x^T is the B operand, whose width can be as small as 16. A
-decode batch of 1 to 16 rows costs one 16-wide column block, and each weight byte is read once
+decode batch of 2 to 16 rows costs one 16-wide column block, and each weight byte is read once
 (H200, 4096 x 14336 at M = 16: 21 us against 24 us for the k-planes kernel this replaced, which
 converted the weights as the B operand through shared memory, and 30 us for bf16 cuBLAS). Small
 M splits K across programs (gemm_epilogue); tiles, stages and splits are tuned per shape on
@@ -65,15 +71,16 @@ class W8A16Config:
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
 # shape on the GPU. Split-K is a runtime argument, so configs differing only in it share a
-# compilation. One row is the GEMV's (the MMA kernel's 16-row tiles compete): it loads its
-# first weights before its PDL wait, which decode shapes (K = 2048) feel most. The 16-row
+# compilation. One row is the GEMV's: timed with PDL as the tuner times, the MMA kernel's
+# 16-row tiles lost to it at every shape of run 7 (by 1-3 us at decode shapes, where the GEMV
+# loads its first chunk before the wait and the MMA kernel's pipeline fills after it). The 16-row
 # defaults are the H200's best of a sweep over 4096 x 4096, 4096 x 14336 and 14336 x 4096
 # (benchmarks/results/h200-2026-11-29-run7). Tiles of 128 x 128 with three stages take 144 KB
 # of shared memory, within sm_80's 164 KB.
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
     1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, tiles=2),
         W8A16Config(1, 64, 8, 1, 2, tiles=4), W8A16Config(1, 128, 8, 1, 2, tiles=2),
-        W8A16Config(1, 16, 4, 1, 0, tiles=8), W8A16Config(16, 128, 8, 3, 2), W8A16Config(16, 64, 4, 3, 4)),
+        W8A16Config(1, 16, 4, 1, 0, tiles=8)),
     16: (W8A16Config(16, 64, 4, 3, 4), W8A16Config(16, 64, 4, 3, 2), W8A16Config(16, 128, 8, 3, 2),
          W8A16Config(16, 64, 4, 3, 8), W8A16Config(16, 64, 4, 4, 4)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(64, 128, 8, 3, 1), W8A16Config(32, 64, 4, 3, 4)),
@@ -152,14 +159,25 @@ def _halves(w, OUT: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _byte_f32(words, P: tl.constexpr):
-    """Byte P of each int32 as a float32 holding its e4m3 value * 2^-120 (sign to bit 31,
-    exponent+mantissa to bits 20..26)."""
-    if P == 3:
-        bits = (words & -2147483648) | ((words >> 4) & 0x07F00000)
+def _pair_bits(words, ODD: tl.constexpr, MAG_SHIFT: tl.constexpr):
+    """Bytes (1, 3) if ODD else (0, 2) of each int32 as two 16-bit floats side by side: sign to
+    bit 15, exponent+mantissa to bits MAG_SHIFT.. (4: bf16 -> value * 2^-120, 7: fp16 -> * 2^-8)."""
+    mag_mask: tl.constexpr = (0x7F << MAG_SHIFT) | (0x7F << (MAG_SHIFT + 16))
+    if ODD:
+        return (words & -2147450880) | ((words >> (8 - MAG_SHIFT)) & mag_mask)  # -2147450880 = 0x80008000
     else:
-        bits = ((words << (24 - 8 * P)) & -2147483648) | ((words << (20 - 8 * P)) & 0x07F00000)
-    return bits.to(tl.float32, bitcast=True)
+        return ((words << 8) & -2147450880) | ((words << MAG_SHIFT) & mag_mask)
+
+
+@triton.jit
+def _byte_f32(words, P: tl.constexpr):
+    """Byte P of each int32 as a float32 holding its e4m3 value * 2^-120: the bf16 bits of
+    `_pair_bits` (shared by bytes P and P + 2) in the top half."""
+    pair = _pair_bits(words, P % 2 == 1, 4)
+    if P >= 2:
+        return (pair & -65536).to(tl.float32, bitcast=True)
+    else:
+        return (pair << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["split_k"])
