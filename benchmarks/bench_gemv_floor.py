@@ -1,6 +1,6 @@
 """What bounds a batch-1 decode GEMV on this GPU: GPU times (CUDA graph, L2 evicted before each
 call, tuning.graph_time_ms) of an empty kernel, a plain read of the FP8 weight bytes, bf16
-cuBLAS, cuBLAS FP8 tensor-wise `torch._scaled_mm` (peers), and the project's W8A16 one-row
+cuBLAS, cuBLAS FP8 tensor-wise `torch._scaled_mm` (peers), and the project's W8A16 GEMV
 configurations, at the decode shapes of Qwen3-1.7B (merged qkv, o, merged gate_up, down).
 
     python benchmarks/bench_gemv_floor.py --out DIR     # GPU only; prints a table, writes DIR/gemv_floor.json

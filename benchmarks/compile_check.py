@@ -33,7 +33,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from quantgate.kernels.triton import act_quant, fp8_block_gemm, w8a16_gemm  # noqa: E402
 
 _PTR_TYPES = {torch.float8_e4m3fn: "*fp8e4nv", torch.bfloat16: "*bf16", torch.float16: "*fp16",
-              torch.float32: "*fp32", torch.int32: "*i32", torch.int16: "*i16"}
+              torch.float32: "*fp32", torch.int32: "*i32"}
 
 
 @dataclass
@@ -148,13 +148,9 @@ def variants() -> list[Variant]:
                 "GROUP_M": cfg.group_m}, 90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 
     w = w8a16_gemm
-    common = {"w_ptr": torch.int16, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "M": "i32",
-              "N": "i32/16", "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_wn": "i32/16",
-              "stride_cm": "i32/16", "stride_sg": "i32/16", "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "ASM": True,
-              "HAS_BIAS": False, "EVEN_K": True}
-    gemv_common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "N": "i32/16",
-                   "K": "i32/16", "split_k": "i32", "stride_wn": "i32/16", "stride_sg": "i32/16", "X_MUL": 2.0 ** 64,
-                   "S_MUL": 2.0 ** 56, "HAS_BIAS": False, "EVEN_K": True}
+    common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "K": "i32/16",
+              "split_k": "i32", "stride_sg": "i32/16", "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "HAS_BIAS": False,
+              "EVEN_K": True}
     configs = {c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
     for dtype, tag in dtypes:
         ptrs = {"x_ptr": dtype, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype}
@@ -165,24 +161,22 @@ def variants() -> list[Variant]:
                 if cfg.block_m == 1:
                     out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.t{cfg.tiles}"),
                                        w._w8a16_gemv_kernel, {
-                        **gemv_common, **ptrs, "GROUPWISE": groupwise, "SPLIT": split, "BLOCK_N": cfg.block_n,
-                        "TILES": cfg.tiles, "PDL": False}, 80, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-                    continue
-                out.append(Variant(name("w8a16", groupwise, tag, cfg, f".split{int(split)}"), w._w8a16_gemm_kernel, {
-                    **common, **ptrs, "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2,
-                    "SPLIT": split, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.num_stages,
-                    "PDL": False}, 80, {"num_warps": cfg.num_warps}))
-    # The PDL variants (sm_90: griddepcontrol) of the one-row default and of the 16-row one.
+                        **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
+                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": False}, 80,
+                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+                else:
+                    out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
+                                       w._w8a16_gemm_kernel, {
+                        **common, **ptrs, "M": "i32", "N": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16",
+                        "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": False}, 80,
+                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+    # The PDL variant (sm_90: griddepcontrol) of the GEMV default.
     cfg = w.CANDIDATES[1][0]
-    out.append(Variant(name("w8a16.gemv", True, "bf16", cfg, f".split1.t{cfg.tiles}.pdl"), w._w8a16_gemv_kernel, {
-        **gemv_common, "x_ptr": torch.bfloat16, "s_ptr": torch.bfloat16, "c_ptr": torch.bfloat16,
-        "bias_ptr": torch.bfloat16, "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles,
-        "PDL": True}, 90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
-    cfg = w.CANDIDATES[16][0]
-    out.append(Variant(name("w8a16", True, "bf16", cfg, ".split1.pdl"), w._w8a16_gemm_kernel, {
+    out.append(Variant(name("w8a16.gemv", True, "bf16", cfg, ".split1.pdl"), w._w8a16_gemv_kernel, {
         **common, "x_ptr": torch.bfloat16, "s_ptr": torch.bfloat16, "c_ptr": torch.bfloat16, "bias_ptr": torch.bfloat16,
-        "GROUPWISE": True, "OUT": 1, "SPLIT": True, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-        "STAGES": cfg.num_stages, "PDL": True}, 90, {"num_warps": cfg.num_warps}))
+        "N": "i32/16", "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": True},
+        90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # Deduplicate configs that differ only in what the compiled kernel does not see (split target).
     return list({v.name: v for v in out}.values())
 

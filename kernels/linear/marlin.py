@@ -2,7 +2,7 @@
 
 Serves FP8 checkpoints on GPUs without FP8 hardware (compute capability 8.0+) and small-M
 calls anywhere: activations stay bf16/fp16, weights are read as one byte each and widened in
-registers. At load, weights are repacked once into the int32 "k-pairs" layout, scales become
+registers. At load, weights are repacked once into the int32 "k-planes" layout, scales become
 per-column rows in the activation dtype ([K groups, N]; fp16 ones pre-multiplied by 2^10),
 and a split-K workspace is bound. Every scheme reduces to that scale layout: block scales are
 expanded over their bn rows, a channel or tensor scale is one row.

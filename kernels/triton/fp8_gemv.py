@@ -7,7 +7,8 @@ counter reduction.
 
 Here a program owns BLOCK_N output columns and all of K, in one launch with no workspace. It
 loads a [BLOCK_N, BLOCK_K] weight tile per step, issuing the next tile's load before converting
-the current one (Triton pipelines only loads that feed a dot), widens e4m3 to float32 and sums
+the current one (Triton pipelines a dot-free loop only when asked, and then through shared
+memory, which measured slower for the W8A16 GEMV), widens e4m3 to float32 and sums
 exact products in float32. The activation row is quantized in every program with the bits of
 act_quant.py (1x128 groups, or per token): a few KB read from L2, cheaper to redo than to share.
 

@@ -1,9 +1,9 @@
 """Weight-only FP8 MoE (W8A16, the `marlin` backend): FP8 experts packed four to an int32,
 activations and arithmetic in bf16/fp16 tensor cores, so it runs on compute capability 8.0.
 
-Expert weights use the "k-planes" layout (`pack_planes`): int32 [ceil(K/128) * 32, N] per
-expert, four K=32 dot operands per load, N contiguous, converted to bf16/fp16 in registers by
-moving bits (`_plane`, on w8a16_gemm.py's `_pair_bits`). The MoE structure is fused_moe.py's:
+The expert weights use the dense marlin layout of w8a16_gemm.py ("k-planes": int32
+[ceil(K/128) * 32, N] per expert, four K=32 dot operands per load, N contiguous) and its
+in-register FP8 -> bf16/fp16 conversion (`_plane`). The MoE structure is fused_moe.py's:
 slots aligned per expert (moe_align.py), gate and up of the same columns in one program with
 SiLU-and-mul in registers, the down projection weighted per slot, a torch sum over top-k.
 
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
 from .moe_align import moe_align_block_size
-from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _pair_bits
+from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 
 # (largest token count, config); block_k is the packed layout's 128 and not a choice here. H200
 # sweep of benchmarks/bench_moe.py --tune up to 256 tokens (edges: geometric midpoints of the
@@ -38,41 +38,9 @@ def config_for(num_tokens: int) -> FusedMoEConfig:
     return next(cfg for largest, cfg in CONFIGS if num_tokens <= largest)
 
 
-PLANE_K = GROUP_K // 4
-
-
-def pack_planes(weight: torch.Tensor) -> torch.Tensor:
-    """FP8 [N, K] -> int32 [ceil(K/128) * 32, N] in the k-planes layout (zero-padded K)."""
-    n, k = weight.shape
-    k_tiles = triton.cdiv(k, GROUP_K)
-    padded = torch.zeros((n, k_tiles * GROUP_K), dtype=torch.uint8, device=weight.device)
-    padded[:, :k] = weight.view(torch.uint8)
-    planes = padded.view(n, k_tiles, 4, PLANE_K).permute(1, 3, 0, 2)  # [tile, j, n, byte p]
-    # Little-endian: byte p of each int32 is bits 8p..8p+7.
-    return planes.contiguous().view(torch.int32).view(k_tiles * PLANE_K, n)
-
-
-def unpack_planes(packed: torch.Tensor, k: int) -> torch.Tensor:
-    """Inverse of pack_planes (tests and debugging)."""
-    rows, n = packed.shape
-    planes = packed.contiguous().view(torch.uint8).view(rows // PLANE_K, PLANE_K, n, 4)
-    return planes.permute(2, 0, 3, 1).reshape(n, -1)[:, :k].contiguous().view(torch.float8_e4m3fn)
-
-
-@triton.jit
-def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
-    """Byte P of each int32 as OUT: 1 -> bf16 (x 2^-120), 2 -> fp16 (x 2^-8)."""
-    pair = _pair_bits(packed, P % 2 == 1, 7 if OUT == 2 else 4)
-    half = (pair >> 16) if P >= 2 else pair
-    if OUT == 1:
-        return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        return half.to(tl.int16).to(tl.float16, bitcast=True)
-
-
 def pack_experts(weight: torch.Tensor) -> torch.Tensor:
     """FP8 [E, N, K] -> int32 [E, ceil(K/128) * 32, N], each expert in the k-planes layout."""
-    return torch.stack([pack_planes(w) for w in weight])
+    return torch.stack([pack_weight(w) for w in weight])
 
 
 def operand_exponents(dtype: torch.dtype) -> tuple[int, float, float]:

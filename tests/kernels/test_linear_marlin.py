@@ -21,16 +21,14 @@ def test_pack_roundtrip_and_layout(seed):
 
     w = torch.randint(0, 256, (40, 300), dtype=torch.uint8).view(quant.FP8_DTYPE)
     packed = pack_weight(w)
-    assert packed.dtype == torch.int32 and packed.shape == (40, 3 * 32)
+    assert packed.dtype == torch.int32 and packed.shape == (3 * 32, 40)
     assert torch.equal(unpack_weight(packed, 300).view(torch.uint8), w.view(torch.uint8))
-    # int16 64 t + i holds w[:, 128 t + i] (low byte) and w[:, 128 t + 64 + i] (high byte).
-    as_bytes = packed.view(torch.uint8).view(40, 3, 64, 2)
-    assert torch.equal(as_bytes[:, 1, 5, 0], w.view(torch.uint8)[:, 128 + 5])
-    assert torch.equal(as_bytes[:, 1, 5, 1], w.view(torch.uint8)[:, 128 + 64 + 5])
-    assert as_bytes[:, 2, 300 - 256 :, 0].eq(0).all() and as_bytes[:, 2, :, 1].eq(0).all()  # K padding
+    # Byte p of row j in K tile t is w[:, 128 t + 32 p + j].
+    as_bytes = packed.view(torch.uint8).view(96, 40, 4)
+    assert torch.equal(as_bytes[32 + 5, :, 2], w.view(torch.uint8)[:, 128 + 64 + 5])
 
 
-@pytest.mark.parametrize("m", [1, 16], ids=["gemv", "mma"])
+@pytest.mark.parametrize("m", [1, 16], ids=["gemv-path", "dot-path"])
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEVICE == "cpu", reason="the interpreter computes bf16 dots in fp16 and truncates bf16 stores"))])
 def test_every_fp8_value_converts_exactly(m, dtype):
@@ -66,7 +64,7 @@ def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
 
 
 @pytest.mark.parametrize("split_k", [2, 4])
-@pytest.mark.parametrize("m", [1, 3], ids=["gemv", "mma"])
+@pytest.mark.parametrize("m", [1, 3], ids=["gemv", "dot"])
 def test_split_k_sums_every_slice_once(seed, split_k, m):
     from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm, workspace_size
 
@@ -84,29 +82,26 @@ def test_split_k_sums_every_slice_once(seed, split_k, m):
     assert counters.eq(0).all()
 
 
-def _all_candidates():
-    from quantgate.kernels.triton.w8a16_gemm import CANDIDATES, LARGE_M
+def _gemv_candidates():
+    from quantgate.kernels.triton.w8a16_gemm import candidates_for
 
-    return sorted({c for cands in CANDIDATES.values() for c in cands} | set(LARGE_M), key=str)
+    return candidates_for(1)
 
 
-@pytest.mark.parametrize("config", _all_candidates(), ids=str)
-def test_every_candidate_matches_float64_reference(seed, config):
-    # 5 K tiles (the last partial, 600 = 4 * 128 + 88): split ones get slices of 3 and 2 tiles,
-    # so the GEMV's loads of 2 to 8 tiles and its next load in flight run past each slice's end
-    # (masked); 40 rows: one row tile of the 64- and 128-row configs, three (the last partial)
-    # of the 16-row ones. The GEMV (block_m 1) computes one row.
+@pytest.mark.parametrize("config", _gemv_candidates(), ids=str)
+def test_every_gemv_candidate_matches_float64_reference(seed, config):
+    # 5 K tiles (the last partial): split ones get slices of 3 and 2 tiles, so loads of 2 to 16
+    # tiles and the next load in flight run past each slice's end (masked); split_per_sm 0 runs
+    # all 5 unsplit.
     from quantgate.kernels.triton.w8a16_gemm import w8a16_gemm, workspace_size
 
     case = make_case(96, 600, Scheme.FP8_BLOCK, device=DEVICE)
     kernel = MarlinFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(40, 600, device=DEVICE).half()
+    x = torch.randn(1, 600, device=DEVICE).half()
     workspace = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
-    for rows in (1,) if config.block_m == 1 else (1, 40):
-        out = w8a16_gemm(x[:rows], case.layer.weight, case.layer.weight_scale, groupwise=True, workspace=workspace,
-                         config=config)
-        assert rel_error(out, reference_w8a16(case, x[:rows], torch.float16)) < 1e-3
+    out = w8a16_gemm(x, case.layer.weight, case.layer.weight_scale, groupwise=True, workspace=workspace, config=config)
+    assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3
     assert workspace.eq(0).all()
 
 
@@ -115,9 +110,8 @@ def test_gemv_config_refuses_more_than_one_row():
 
     x = torch.zeros(2, 128, device=DEVICE).half()
     packed = pack_weight(torch.zeros(32, 128, device=DEVICE).to(quant.FP8_DTYPE))
-    gemv = next(c for c in candidates_for(1) if c.block_m == 1)
     with pytest.raises(ValueError, match="computes one row"):
-        w8a16_gemm(x, packed, torch.ones(1, 32, device=DEVICE).half(), groupwise=False, config=gemv)
+        w8a16_gemm(x, packed, torch.ones(1, 32, device=DEVICE).half(), groupwise=False, config=candidates_for(1)[0])
 
 
 def test_fp16_scales_that_overflow_are_refused():
@@ -142,7 +136,7 @@ GPU_CASES = [(scheme, dtype, m) for scheme in SCHEMES for dtype in (torch.bfloat
 @pytest.mark.parametrize("scheme, dtype, m", GPU_CASES, ids=str)
 @pytest.mark.usefixtures("untuned")
 def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
-    # M 1: the GEMV; 16: one 16-row MMA tile with split-K; 300: large tiles.
+    # M 1: the GEMV; 16: tensor-core dots with split-K; 300: large tiles.
     case = make_case(GPU_N, GPU_K, scheme, act_dtype=dtype, device="cuda")
     kernel = MarlinFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)

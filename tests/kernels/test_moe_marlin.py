@@ -13,7 +13,7 @@ import torch
 from quantgate.kernels import IncompatibleBufferError, Platform
 from quantgate.kernels.moe.marlin import MarlinMoEKernel
 from quantgate.kernels.schemes import Scheme
-from quantgate.kernels.triton.fused_moe_w8a16 import unpack_planes
+from quantgate.kernels.triton.w8a16_gemm import unpack_weight
 
 from quantgate.kernels.moe.reference import mean_relative_error, reference_moe
 
@@ -64,7 +64,7 @@ def test_processing_packs_four_fp8_per_int32_and_keeps_storage_on_reload(seed):
     kernel.process_weights_after_loading(layer)
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     assert layer.w13_weight.dtype == torch.int32 and layer.w13_weight.shape == (e, 2 * 32, 2 * i)  # ceil(200/128)=2
-    assert torch.equal(unpack_planes(layer.w13_weight[3], h).view(torch.uint8), w13[3].view(torch.uint8))
+    assert torch.equal(unpack_weight(layer.w13_weight[3], h).view(torch.uint8), w13[3].view(torch.uint8))
     assert layer.w13_weight_scale_inv.dtype == torch.float16 and layer.w13_weight_scale_inv.shape == (e, 2, 2 * i)
 
     names = ["w13_weight", "w2_weight", "w13_weight_scale_inv", "w2_weight_scale_inv", "moe_workspace"]
