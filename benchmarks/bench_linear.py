@@ -14,6 +14,8 @@ pre-quantized operands. Two timings of everything:
   (triton's do_bench zeroes one: the dirty L2 then costs every timed call ~50 MB of write-back,
   which inflated round 1's small-M times): host launch overhead shows whenever it exceeds the
   GPU time.
+- host (M > 16): the host's time per call alone, calls enqueued behind a GPU sleep so none waits
+  for the GPU. Where it exceeds the graph time, the eager time is the host's.
 The acceptance checks of issue 3 use the graph times at M <= 16 and the eager times above (both
 are in the results). Also measured: the device copy bandwidth and marlin's weight bandwidth at
 M=1; the activation-quantization kernels alone (what the torch backend adds to a bare
@@ -110,6 +112,25 @@ def eager_ms(fn: Callable[[], object]) -> float:
     """Median time of `fn` launched from Python one call at a time (host overhead included when
     it exceeds the GPU time), each after an L2 eviction that leaves no dirty lines."""
     return tuning.time_ms(fn, EAGER_REP_MS, EAGER_WARMUP_MS)
+
+
+HOST_CALLS, HOST_SLEEP_CYCLES = 100, 100_000_000  # ~50 ms of GPU sleep: longer than 100 slow enqueues
+
+
+def host_ms(fn: Callable[[], object]) -> float:
+    """Host time per call of `fn` (best of three runs of HOST_CALLS), with the GPU asleep so
+    that no call waits for it."""
+    fn()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        torch.cuda._sleep(HOST_SLEEP_CYCLES)
+        start = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        best = min(best, (time.perf_counter() - start) / HOST_CALLS * 1e3)
+        torch.cuda.synchronize()
+    return best
 
 
 def graph_ms(calls: list[Callable[[], object]], estimate_ms: float) -> float:
@@ -275,11 +296,13 @@ def _bench_shape(k: int, n: int, ms: list[int], dtype: torch.dtype, l2_bytes: in
         references: dict = {}
         for name, kind, calls, err in entries:
             row = {"m": m, "k": k, "n": n, "backend": name, "scheme": kind, "eager_ms": None,
-                   "graph_ms": None, "copies": len(calls) if calls else None, "error": err}
+                   "graph_ms": None, "host_ms": None, "copies": len(calls) if calls else None, "error": err}
             if calls:
                 row["eager_ms"], row["error"] = _attempt(lambda: eager_ms(calls[0]))
                 if row["eager_ms"]:
                     row["graph_ms"], row["error"] = _attempt(lambda: graph_ms(calls, row["eager_ms"]))
+                if row["eager_ms"] and m > GRAPH_M:
+                    row["host_ms"], row["error"] = _attempt(lambda: host_ms(calls[0]))
                 if kind.startswith("fp8"):
                     row["check_error"], _ = _attempt(
                         lambda: _check(ops.w, x, name, Scheme(kind), calls[0](), references))
@@ -497,16 +520,18 @@ def _markdown(env, bandwidth, rows, correct, exactness, checks, best, tuned) -> 
              f"Device copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s", "",
              "## Times", "",
              "graph: per call in a CUDA graph over rotating weight copies (no host overhead); eager: one call at a "
-             "time after an L2 eviction by reads (host overhead included). Acceptance uses graph at M <= 16 and eager above. Backends time `apply` (activation "
+             "time after an L2 eviction by reads (host overhead included); host: the host's time per call alone "
+             "(M > 16). Acceptance uses graph at M <= 16 and eager above. Backends time `apply` (activation "
              "quantization included); peers are bare GEMMs on pre-quantized operands; act_quant_* rows are the "
              "activation quantization kernels alone. 'output error': the timed launch's output against float64 "
              "rounded to bf16.", "",
-             "| M | K | N | backend | scheme | graph us | eager us | TFLOP/s | x bf16 (graph) | x bf16 (eager) | "
-             "x F.scaled_mm block (graph) | (eager) | copies | output error | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| M | K | N | backend | scheme | graph us | eager us | host us | TFLOP/s | x bf16 (graph) | "
+             "x bf16 (eager) | x F.scaled_mm block (graph) | (eager) | copies | output error | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['m']} | {r['k']} | {r['n']} | {r['backend']} | {r['scheme']} | {us(r['graph_ms'])} | "
-                     f"{us(r['eager_ms'])} | {_fmt(r['tflops'], '.0f')} | {_fmt(r['vs_bf16_graph'], '.2f')} | "
+                     f"{us(r['eager_ms'])} | {us(r.get('host_ms'))} | {_fmt(r['tflops'], '.0f')} | "
+                     f"{_fmt(r['vs_bf16_graph'], '.2f')} | "
                      f"{_fmt(r['vs_bf16_eager'], '.2f')} | {_fmt(r['vs_scaled_mm_block_graph'], '.2f')} | "
                      f"{_fmt(r['vs_scaled_mm_block_eager'], '.2f')} | {r['copies'] or '-'} | "
                      f"{_fmt(r.get('check_error'), '.1e')} | {r['error'] or ''} |")
@@ -650,7 +675,7 @@ def _dry_run(out: Path) -> int:
                 failed = name == "scaled_mm_block" and m == 1
                 t = None if failed else 2 * m * k * n / 1e12 / rng.uniform(200, 1200) + rng.uniform(0.005, 0.02)
                 rows.append({"m": m, "k": k, "n": n, "backend": name, "scheme": kind, "eager_ms": t and t * 1.3,
-                             "graph_ms": t, "copies": 3, "error": "RuntimeError: made up" if failed else None})
+                             "graph_ms": t, "host_ms": t and m > GRAPH_M and rng.uniform(0.02, 0.1), "copies": 3, "error": "RuntimeError: made up" if failed else None})
     correct = [{"m": m, "k": k, "n": n, "dtype": d, "backend": label, "scheme": s.value,
                 "rel_error": rng.uniform(1e-4, 3e-3), "rel_error_vs_rounded": 1e-5 if d == "bfloat16" else None,
                 "rounding_floor": 1.4e-3 if d == "bfloat16" else None,
@@ -719,6 +744,16 @@ def _print_summary(env, bandwidth, rows, correct, exactness, checks, best, tuned
             tail = f"  [{frac['weight_bandwidth_fraction']:.2f}]" if frac and frac.get("weight_bandwidth_fraction") else ""
             print(f"{m:>5} {k:>5} {n:>5}  {cell('bf16', 'peer', 7)} {cell('scaled_mm_block', 'peer', 7)} | "
                   + " ".join(cell(label, s, 10) for label, s in cols[2:]) + tail)
+    large = [m for m in ms if m > GRAPH_M]
+    if large:
+        print("\nhost us per call (M > 16; the eager time is the host's where this exceeds the GPU's)")
+        for m in large:
+            for k, n in shapes:
+                def host(label, scheme, width):
+                    r = _find(rows, m=m, k=k, n=n, backend=label, scheme=scheme)
+                    return (f"{r['host_ms'] * 1e3:.1f}" if r and r.get("host_ms") else "n/a").rjust(width)
+                print(f"{m:>5} {k:>5} {n:>5}  {host('bf16', 'peer', 7)} {host('scaled_mm_block', 'peer', 7)} | "
+                      + " ".join(host(label, s, 10) for label, s in cols[2:]))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from quantgate.kernels.triton.launch import cdiv, next_power_of_2
 from quantgate.kernels.triton.pdl import await_inputs, launch_options
 from quantgate.kernels.triton.scratch import device_buffer
 
@@ -59,7 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if rows:
         res = residual if residual is not None else x
         _rms_norm_kernel[(rows,)](x, res, weight, out, rows, n, x.stride(0), res.stride(0), out.stride(0), eps,
-                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n),
+                                  HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n),
                                   **launch_options(x.device))
     return out
 
@@ -222,7 +223,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     batch, num_heads, head_dim = q.shape
     if batch:
         assert q.stride(2) == 1 and q.stride(1) == head_dim and out.stride(2) == 1 and out.stride(1) == head_dim
-        grid_splits = min(MAX_SPLITS, triton.cdiv(max(max_len, 1), SPLIT_KEYS))
+        grid_splits = min(MAX_SPLITS, cdiv(max(max_len, 1), SPLIT_KEYS))
         rows = batch * num_heads
         partials = device_buffer(q.device, "attention_partials", rows * grid_splits * (head_dim + 2), torch.float32)
         counters = device_buffer(q.device, "attention_counters", rows, torch.int32)
@@ -254,6 +255,6 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, n = gate.shape
     out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
     if rows and n:
-        _silu_and_mul_kernel[(rows, triton.cdiv(n, 1024))](gate, up, out, rows, n, gate.stride(0), up.stride(0),
+        _silu_and_mul_kernel[(rows, cdiv(n, 1024))](gate, up, out, rows, n, gate.stride(0), up.stride(0),
                                                            BLOCK=1024, **launch_options(gate.device))
     return out

@@ -5,12 +5,12 @@ CPU and on CUDA >= 8.9; 1x128 x 128x128 block scales run only on Hopper (cuBLASL
 Activations are quantized per scheme with the Triton kernels on CUDA (one launch, scales
 written in the layout `_scaled_mm` checks) and with the torch reference on CPU.
 
-Prefill-sized eager calls are bound by host time, not by the GEMM (~5-10 us per torch op or
-launch on a server CPU against ~20 us of GPU time at M=512, K=N=4096), so `apply` runs the
-quantization launch, one allocation per output and `_scaled_mm`, nothing else: the weight (and
-the block scales) are stored in the transposed layout `_scaled_mm` reads, the bias joins in the
-GEMM epilogue (one rounding of the float32 sum, as the reference has), 2-D activations are not
-reshaped, and rows are sliced only when padded.
+Prefill-sized eager calls are bound by host time, not by the GEMM (~5-15 us per torch op or
+launch on the H200's host against ~20 us of GPU time at M=512, K=N=4096), so `apply` runs the
+quantization launch (by handle, into the device scratch: act_quant.py) and `_scaled_mm`, nothing
+else: the weight (and the block scales) are stored in the transposed layout `_scaled_mm` reads,
+the bias joins in the GEMM epilogue (one rounding of the float32 sum, as the reference has), 2-D
+activations are not reshaped, and rows are sliced only when padded.
 
 Per-tensor on CPU runs row-wise: torch 2.13's CPU `_scaled_mm` with single-value scales took
 ~22 s at M=2048, K=256, N=768 against ~25 ms with row scales (~4 s against 14 ms at M=256), which
@@ -136,7 +136,8 @@ class TorchBlockScaledMMLinearKernel(LinearKernel):
         cfg = self.config
         x2 = _rows(x, cfg.in_features)
         m = x2.shape[0]
-        xq, xs = quantize_per_token_group(x2, _BLOCK[1], column_major_scales=True, row_multiple=_BLOCK_ROW_MULTIPLE)
+        xq, xs = quantize_per_token_group(x2, _BLOCK[1], column_major_scales=True, row_multiple=_BLOCK_ROW_MULTIPLE,
+                                          transient=True)
         out = torch._scaled_mm(xq, layer.weight, scale_a=xs, scale_b=getattr(layer, cfg.scale_name),
                                bias=_bias(bias, x.dtype), out_dtype=x.dtype)
         if xq.shape[0] != m:
@@ -154,7 +155,7 @@ def _quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.is_cuda:
         from ..triton.act_quant import quantize_per_token
 
-        return quantize_per_token(x)
+        return quantize_per_token(x, transient=True)
     return quant.quantize_act_per_token(x)
 
 
@@ -162,5 +163,5 @@ def _quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[t
     if x.is_cuda:
         from ..triton.act_quant import quantize_per_tensor
 
-        return quantize_per_tensor(x, scale)
+        return quantize_per_tensor(x, scale, transient=True)
     return quant.quantize_act_per_tensor(x, scale)

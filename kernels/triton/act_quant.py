@@ -6,6 +6,11 @@ and scale equals the torch reference's; tests compare them bit for bit.
 
 `row_multiple` pads the row count with all-zero rows (scale = MIN_SCALE): cuBLAS block scaling
 reads the 1x128 scales column-major with a leading dimension that must be 16-byte aligned.
+
+The GEMM backends quantize with `transient=True`: the outputs are views of a per-device scratch
+(scratch.py), cached per shape, valid until the next transient quantization on the device, and
+the launch skips the JIT's dispatch (launch.py). An eager prefill-sized call is bound by host
+time, and two output allocations and the JIT cost ~20 of its ~50 us on the H200's host.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import triton.language as tl
 from triton import knobs
 
 from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE, scale_from_amax
+from .launch import DirectLaunch, aligned, cdiv, next_power_of_2
+from .scratch import device_buffer
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
@@ -105,48 +112,92 @@ def _check_input(x: torch.Tensor) -> None:
                          f"strides {x.stride()}")
 
 
+_TRANSIENT_VIEWS: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+_MAX_TRANSIENT_VIEWS = 512  # distinct (rows, K, scale layout): prefill row counts vary per step
+
+
+def _outputs(device: torch.device, mp: int, k: int, groups: int | None, column_major: bool,
+             transient: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """FP8 values [mp, k] and float32 scales [mp, groups] (none for groups None; strides (1, mp)
+    if column_major), fresh or views of the device scratch."""
+    if not transient:
+        q = torch.empty((mp, k), dtype=FP8_DTYPE, device=device)
+        if groups is None:
+            return q, None
+        if column_major:
+            return q, torch.empty_strided((mp, groups), (1, mp), dtype=torch.float32, device=device)
+        return q, torch.empty((mp, groups), dtype=torch.float32, device=device)
+    key = (device, mp, k, groups, column_major)
+    views = _TRANSIENT_VIEWS.get(key)
+    if views is None:
+        if len(_TRANSIENT_VIEWS) >= _MAX_TRANSIENT_VIEWS:
+            _TRANSIENT_VIEWS.clear()
+        q = device_buffer(device, "act_quant_values", mp * k, torch.uint8)[:mp * k].view(FP8_DTYPE).view(mp, k)
+        scale = None
+        if groups is not None:
+            flat = device_buffer(device, "act_quant_scales", mp * groups, torch.float32)[:mp * groups]
+            scale = flat.view(groups, mp).t() if column_major else flat.view(mp, groups)
+        _TRANSIENT_VIEWS[key] = views = (q, scale)
+    return views
+
+
+_group_quant = DirectLaunch(_group_quant_kernel)
+_row_quant = DirectLaunch(_row_quant_kernel)
+
+
 def quantize_per_token_group(
-    x: torch.Tensor, group: int = 128, *, column_major_scales: bool = False, row_multiple: int = 1
+    x: torch.Tensor, group: int = 128, *, column_major_scales: bool = False, row_multiple: int = 1,
+    transient: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (fp8 [Mp, K], float32 scales [Mp, ceil(K/group)]), Mp = M rounded up to row_multiple.
-    `group` must be a power of two. column_major_scales: scales stored with strides (1, Mp)."""
+    `group` must be a power of two. column_major_scales: scales stored with strides (1, Mp).
+    transient: outputs in the device scratch (module docstring)."""
     _check_input(x)
     if group & (group - 1):
         raise ValueError(f"group size must be a power of two, got {group}")
     m, k = x.shape
     mp = _padded_rows(m, row_multiple)
     groups = math.ceil(k / group)
-    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
-    if column_major_scales:
-        scale = torch.empty_strided((mp, groups), (1, mp), dtype=torch.float32, device=x.device)
-    else:
-        scale = torch.empty((mp, groups), dtype=torch.float32, device=x.device)
+    q, scale = _outputs(x.device, mp, k, groups, column_major_scales, transient)
     if mp == 0 or k == 0:
         return q, scale
-    per_program = min(triton.next_power_of_2(groups), max(1, 1024 // group))
-    grid = (mp, triton.cdiv(groups, per_program))
-    _group_quant_kernel[grid](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
-                              GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
+    per_program = min(next_power_of_2(groups), max(1, 1024 // group))
+    # q and scale are fresh or scratch views at offset 0: aligned, with the strides below.
+    stride_xm = x.stride(0)
+    scale_strides = (1, mp) if column_major_scales else (groups, 1)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, group, per_program)
+    _group_quant(key, (mp, cdiv(groups, per_program)), (x, q, scale, m, k, stride_xm, k, *scale_strides),
+                 GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
     return q, scale
 
 
-def quantize_per_token(x: torch.Tensor, *, row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 [Mp, K], float32 scales [Mp, 1]): one dynamic scale per row."""
+def _row_quant_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, static: bool) -> None:
+    m, k = x.shape
+    stride_xm = x.stride(0)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static)
+    _row_quant(key, (q.shape[0],), (x, q, scale, m, k, stride_xm, k),  # q: [Mp, K] contiguous
+               STATIC=static, BLOCK=min(4096, next_power_of_2(k)), num_warps=4)
+
+
+def quantize_per_token(
+    x: torch.Tensor, *, row_multiple: int = 1, transient: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (fp8 [Mp, K], float32 scales [Mp, 1]): one dynamic scale per row.
+    transient: outputs in the device scratch (module docstring)."""
     _check_input(x)
     m, k = x.shape
     mp = _padded_rows(m, row_multiple)
-    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
+    q, scale = _outputs(x.device, mp, k, 1, False, transient)
     if mp and k:
-        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=False,
-                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        _row_quant_launch(x, q, scale, static=False)
     return q, scale
 
 
 def quantize_per_tensor(
-    x: torch.Tensor, scale: torch.Tensor | None = None, *, row_multiple: int = 1
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, row_multiple: int = 1, transient: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 [Mp, K], 0-d float32 scale): the given static scale, else amax / 448."""
+    """x [M, K] -> (fp8 [Mp, K], 0-d float32 scale): the given static scale, else amax / 448.
+    transient: the FP8 values in the device scratch (module docstring)."""
     _check_input(x)
     m, k = x.shape
     if scale is None:
@@ -155,8 +206,7 @@ def quantize_per_tensor(
     elif scale.dtype != torch.float32 or scale.dim():  # a checkpoint's static scale is bound as 0-d float32
         scale = scale.to(torch.float32).reshape(())
     mp = _padded_rows(m, row_multiple)
-    q = torch.empty((mp, k), dtype=FP8_DTYPE, device=x.device)
+    q, _ = _outputs(x.device, mp, k, None, False, transient)
     if mp and k:
-        _row_quant_kernel[(mp,)](x, q, scale, m, k, x.stride(0), q.stride(0), STATIC=True,
-                                 BLOCK=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        _row_quant_launch(x, q, scale, static=True)
     return q, scale

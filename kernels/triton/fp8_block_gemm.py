@@ -37,6 +37,7 @@ import triton.language as tl
 from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
 from . import fp8_gemv
 from .fp8_gemv import GemvConfig, w8a8_gemv
+from .launch import DirectLaunch, aligned, cdiv
 from .pdl import await_inputs, launch_options
 from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -78,7 +79,7 @@ MIN_BLOCK_N = 32  # the smallest column tile of a split launch: sizes the layer'
 
 def workspace_size(n: int) -> int:
     """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
-    return triton.cdiv(n, MIN_BLOCK_N)
+    return cdiv(n, MIN_BLOCK_N)
 
 
 @functools.cache
@@ -272,6 +273,11 @@ def _w8a8_tma_kernel(
     _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS)
 
 
+# Prefill-sized launches, eager in the engine: by handle (launch.py). Decode-sized ones run in
+# CUDA graphs, where the JIT's dispatch costs nothing.
+_tiled_launch = DirectLaunch(_w8a8_gemm_kernel)
+_tma_launch = DirectLaunch(_w8a8_tma_kernel)
+
 _ONE_ROW_TUNER = Autotuner("w8a8_one_row")
 _SMALL_M_TUNER = Autotuner("w8a8_small_m")
 _TILED_TUNER = Autotuner("w8a8_tiled")
@@ -313,10 +319,11 @@ def w8a8_linear(
                          bias=bias, config=config or fp8_gemv.candidates(groupwise, scale_block_n)[0])
     if path == "small_m":
         return _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace, config, split_k)
+    # Transient: the GEMM below is launched before the next quantization can overwrite them.
     if groupwise:
-        a, a_scale = quantize_per_token_group(x, BLOCK_K, column_major_scales=True)
+        a, a_scale = quantize_per_token_group(x, BLOCK_K, column_major_scales=True, transient=True)
     else:
-        a, a_scale = quantize_per_token(x)
+        a, a_scale = quantize_per_token(x, transient=True)
     return w8a8_gemm(a, a_scale, weight, weight_scale, out_dtype, groupwise=groupwise, scale_block_n=scale_block_n,
                      bias=bias, workspace=workspace, tma=path == "tma", config=config, split_k=split_k)
 
@@ -361,11 +368,11 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
         scale_block_n = 1
 
     def run(cfg: GemmConfig, split: int | None = None) -> None:
-        n_tiles = triton.cdiv(n, cfg.block_n)
+        n_tiles = cdiv(n, cfg.block_n)
         if split is None:
             split = 1
             if workspace is not None and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K),
+                split = choose_split_k(n_tiles, cdiv(k, BLOCK_K),
                                        target_programs(x.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, n_tiles, workspace, x.device)
         stride_wsg = weight_scale.stride(1) if groupwise else 0
@@ -419,6 +426,11 @@ def w8a8_gemm(
         scale_strides = (a_scale.stride(0), 0, b_scale.stride(0), 0)
         scale_block_n = 1
     key = (m_bucket(m), n, k, out_dtype, groupwise, scale_block_n)
+    # What the launches specialize on besides the config; M and the M-dependent scale stride are
+    # not specialized, out is fresh (aligned) and its row stride is N.
+    spec = (out_dtype, groupwise, scale_block_n, n, k, scale_strides[0], scale_strides[3],
+            aligned(a_scale.data_ptr()), aligned(b_scale.data_ptr()),
+            None if bias is None else (bias.dtype, aligned(bias.data_ptr())))
     if tma:
         if not a.is_contiguous() or k % 16 or n % 16:
             raise ValueError(f"w8a8_gemm: TMA needs a contiguous a and K, N multiples of 16; got a {tuple(a.shape)} "
@@ -429,27 +441,32 @@ def w8a8_gemm(
 
             a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg.block_m, BLOCK_K])
             b_desc = TensorDescriptor(b, [n, k], [k, 1], [cfg.block_n, BLOCK_K])
-            grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-            _w8a8_tma_kernel[grid](
-                a_desc, b_desc, out, a_scale, b_scale, bias if bias is not None else out,
-                m, n, k, out.stride(0), *scale_strides,
-                SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-                GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
+            _tma_launch(
+                (cfg, *spec), grid,
+                (a_desc, b_desc, out, a_scale, b_scale, bias if bias is not None else out,
+                 m, n, k, out.stride(0), *scale_strides),
+                SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
 
         run_tma(config or _TMA_TUNER.pick(key, TMA_CANDIDATES, run_tma, a.device))
         return out
 
     def run(cfg: GemmConfig, split: int | None = None) -> None:
-        m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+        m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
         if split is None:
             split = 1
             if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, triton.cdiv(k, BLOCK_K),
+                split = choose_split_k(n_tiles, cdiv(k, BLOCK_K),
                                        target_programs(a.device, cfg.split_per_sm), m, n)
         partial, counters = split_k_buffers(split, m, n, m_tiles * n_tiles, workspace, a.device)
-        _w8a8_gemm_kernel[(m_tiles * n_tiles, split)](
-            a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
-            m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides,
+        _tiled_launch(
+            (cfg, split > 1, *spec, aligned(a.data_ptr()), a.stride(0), aligned(b.data_ptr()),
+             aligned(partial.data_ptr()), aligned(counters.data_ptr())),
+            (m_tiles * n_tiles, split),
+            (a, b, out, a_scale, b_scale, bias if bias is not None else out, partial, counters,
+             m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides),
             SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
             EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
             GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

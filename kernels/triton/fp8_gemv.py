@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .act_quant import _scale_from_amax, _to_fp8
+from .launch import cdiv
 from .pdl import await_inputs, launch_options
 
 _GROUP = tl.constexpr(128)  # activation quantization group along K; BLOCK_K is a multiple of it
@@ -130,7 +131,7 @@ def w8a8_gemv(
     if groupwise and scale_block_n % config.block_n:
         raise ValueError(f"w8a8_gemv: a column tile of {config.block_n} does not lie within one of the "
                          f"{scale_block_n}-row weight scale blocks; use w8a8_linear")
-    _w8a8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
+    _w8a8_gemv_kernel[(cdiv(n, config.block_n),)](
         x, weight, weight_scale, out, bias if bias is not None else out, n, k, weight.stride(0), stride_wsn,
         stride_wsg, SCALE_BLOCK_N=scale_block_n if groupwise else 1, GROUPWISE=groupwise,
         HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,

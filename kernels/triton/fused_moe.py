@@ -47,6 +47,7 @@ import triton.language as tl
 from ..quant import FP8_DTYPE
 from . import act_quant
 from .act_quant import _scale_from_amax, _to_fp8
+from .launch import cdiv
 from .moe_align import moe_align_block_size
 
 GROUP = 128  # activation group and weight block edge of block checkpoints
@@ -287,7 +288,7 @@ def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, o
     inter = two_i // 2
     tile = cfg.gate_up
     s = scales or ExpertScales(a, 1, 0, 0, 0)  # unquantized: never read
-    grid = (triton.cdiv(sorted_slots.numel(), cfg.block_m) * triton.cdiv(inter, tile.block_n),)
+    grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(inter, tile.block_n),)
     _gate_up_kernel[grid](
         a, a_scale if a_scale is not None else a, w13, s.tensor, out, out_scale if out_scale is not None else out,
         sorted_slots, block_expert, num_padded,
@@ -309,7 +310,7 @@ def _launch_down(a, a_scale, a_mode, w2, scales: ExpertScales | None, out, topk_
     _, n, k = w2.shape
     tile = cfg.down
     s = scales or ExpertScales(a, 1, 0, 0, 0)
-    grid = (triton.cdiv(sorted_slots.numel(), cfg.block_m) * triton.cdiv(n, tile.block_n),)
+    grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(n, tile.block_n),)
     _down_kernel[grid](
         a, a_scale if a_scale is not None else a, w2, s.tensor, out, topk_weights,
         sorted_slots, block_expert, num_padded,
@@ -368,7 +369,7 @@ def fused_moe_fp8(
     if activation == "group":
         xq, xs = act_quant.quantize_per_token_group(x, GROUP)
         inter_q = torch.empty((rows, inter), dtype=FP8_DTYPE, device=x.device)
-        inter_s = torch.empty((rows, triton.cdiv(inter, GROUP)), dtype=torch.float32, device=x.device)
+        inter_s = torch.empty((rows, cdiv(inter, GROUP)), dtype=torch.float32, device=x.device)
         _launch_gate_up(xq, xs, A_GROUPWISE, w13, w13_scales, inter_q, inter_s, align, num_slots, top_k, config)
         down_mode = A_GROUPWISE
     else:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
+from .launch import cdiv
 from .moe_align import moe_align_block_size
 from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 
@@ -185,7 +186,7 @@ def fused_moe_w8a16(
 
     h = torch.empty((rows, intermediate), dtype=x.dtype, device=x.device)
     tile = config.gate_up
-    _w8a16_gate_up_kernel[(rows // config.block_m * triton.cdiv(intermediate, tile.block_n),)](
+    _w8a16_gate_up_kernel[(rows // config.block_m * cdiv(intermediate, tile.block_n),)](
         x, w13_packed, w13_scale, h, sorted_slots, block_expert, num_padded,
         num_slots, rows, hidden, intermediate, top_k,
         x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1), h.stride(0),
@@ -194,7 +195,7 @@ def fused_moe_w8a16(
     )
     slot_out = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     tile = config.down
-    _w8a16_down_kernel[(rows // config.block_m * triton.cdiv(hidden, tile.block_n),)](
+    _w8a16_down_kernel[(rows // config.block_m * cdiv(hidden, tile.block_n),)](
         h, w2_packed, w2_scale, slot_out, topk_weights, sorted_slots, block_expert, num_padded,
         num_slots, rows, hidden, intermediate,
         h.stride(0), w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), slot_out.stride(0),

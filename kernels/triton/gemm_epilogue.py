@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv
 from .scratch import device_buffer
 
 SPLIT_K_MAX = 32  # split_k is a runtime kernel argument: one compilation serves every split
@@ -86,7 +87,7 @@ def choose_split_k(tiles: int, k_tiles: int, target: int, m: int, n: int) -> int
     runt trailing slice."""
     limit = min(SPLIT_K_MAX, k_tiles // 2, MAX_PARTIAL_BYTES // (4 * m * n))
     split = max(1, min(target // tiles, limit))
-    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
+    return cdiv(k_tiles, cdiv(k_tiles, split))
 
 
 def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.Tensor | None,

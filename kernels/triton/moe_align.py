@@ -18,11 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv, next_power_of_2
+
 
 def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     """Rows the aligned layout can need (a multiple of block_m): every non-empty expert adds
     fewer than block_m padding rows."""
-    return triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
+    return cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
 
 
 @triton.jit(do_not_specialize=["num_slots", "max_rows", "max_blocks"])
@@ -86,8 +88,8 @@ def moe_align_block_size(
     _moe_align_kernel[(1,)](
         topk_ids, sorted_slots, block_expert, num_padded, cursor,
         num_slots, num_experts, rows, blocks,
-        BLOCK_M=block_m, EXPERTS_POW2=triton.next_power_of_2(num_experts), CHUNK=chunk,
-        BLOCK_CHUNK=max(16, 8192 // triton.next_power_of_2(num_experts)),
+        BLOCK_M=block_m, EXPERTS_POW2=next_power_of_2(num_experts), CHUNK=chunk,
+        BLOCK_CHUNK=max(16, 8192 // next_power_of_2(num_experts)),
         num_warps=8 if num_slots > 4096 else 4,
     )
     return sorted_slots, block_expert, num_padded

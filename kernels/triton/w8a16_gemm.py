@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv
 from .pdl import await_inputs, launch_options
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -85,13 +86,13 @@ def candidates_for(m: int) -> tuple[W8A16Config, ...]:
 
 def workspace_size(n: int) -> int:
     """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
-    return triton.cdiv(n, MIN_BLOCK_N)
+    return cdiv(n, MIN_BLOCK_N)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """FP8 [N, K] -> int32 [ceil(K/128) * 32, N] in the k-planes layout (zero-padded K)."""
     n, k = weight.shape
-    k_tiles = triton.cdiv(k, GROUP_K)
+    k_tiles = cdiv(k, GROUP_K)
     padded = torch.zeros((n, k_tiles * GROUP_K), dtype=torch.uint8, device=weight.device)
     padded[:, :k] = weight.view(torch.uint8)
     planes = padded.view(n, k_tiles, 4, PLANE_K).permute(1, 3, 0, 2)  # [tile, j, n, byte p]
@@ -276,7 +277,7 @@ def w8a16_gemm(
     """
     m, k = x.shape
     rows, n = packed.shape
-    k_tiles = triton.cdiv(k, GROUP_K)
+    k_tiles = cdiv(k, GROUP_K)
     if x.dtype not in SCALE_SHIFT or scale.dtype != x.dtype:
         raise ValueError(f"w8a16_gemm: activations and scales must share a dtype in "
                          f"{tuple(SCALE_SHIFT)}, got {x.dtype} and {scale.dtype}")
@@ -302,11 +303,11 @@ def w8a16_gemm(
 def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
     m, k = x.shape
     n = packed.shape[1]
-    m_tiles, n_tiles = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+    m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
     if split_k is None:
         split_k = 1
         if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-            split_k = choose_split_k(n_tiles, triton.cdiv(k, GROUP_K),
+            split_k = choose_split_k(n_tiles, cdiv(k, GROUP_K),
                                      target_programs(x.device, cfg.split_per_sm), m, n)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]

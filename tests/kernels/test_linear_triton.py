@@ -147,3 +147,27 @@ def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
     out = kernel.apply(case.layer, x)
     assert out.shape == (m, GPU_N) and out.dtype == dtype
     assert rel_error(out, reference_w8a8(case, x), round_ref=dtype == torch.bfloat16) < 5e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(CUDA_CAPABILITY < (8, 9), reason="needs FP8 tensor cores (8.9+)")
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("path", ["tiled", "tma"])
+@pytest.mark.usefixtures("untuned")
+def test_cuda_launches_by_handle_follow_each_call(seed, scheme, path):
+    """Prefill-sized launches go by the compiled kernel's handle after the first (launch.py):
+    later calls with other row counts (and so other scale strides and transient scratch views),
+    and with and without a bias, must each get their own result."""
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_linear
+
+    if path == "tma" and CUDA_CAPABILITY[0] != 9:
+        pytest.skip("TMA tiles run on sm_90")
+    case = make_case(GPU_N, GPU_K, scheme, bias=True, device="cuda")
+    scale = getattr(case.layer, case.config.scale_name)
+    groupwise = scheme is B
+    for m, bias in ((300, case.bias), (333, case.bias), (300, None), (40, case.bias)):
+        x = torch.randn(m, GPU_K, device="cuda").half()
+        out = w8a8_linear(x, case.weight, scale if groupwise else scale.reshape(-1), torch.float16,
+                          groupwise=groupwise, bias=bias, path=path)
+        ref = reference_w8a8(case, x) - (0 if bias is not None else case.bias.double())
+        assert rel_error(out, ref) < 1e-3, (m, bias is not None)

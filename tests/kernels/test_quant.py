@@ -83,6 +83,30 @@ def test_triton_per_token_and_per_tensor_quant_are_bit_exact(seed):
         assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
 
 
+def test_transient_quantization_reuses_scratch_and_keeps_the_bits(seed):
+    """The backends' path: outputs in the device scratch (one view per shape) and, on a GPU,
+    launches by handle, cached per specialization. Rows that start off a 16-byte boundary and
+    a second row count must not run a handle cached for other arguments."""
+    from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token, quantize_per_token_group
+
+    base = _activations(9, 264, torch.bfloat16)
+    for x in (base[:6, :256], base[1:8, 3:259], base[:3, :256]):  # aligned, misaligned rows, another M
+        cpu = x.cpu()
+        ref_q, ref_s = quant.quantize_act_per_token_group(cpu, 128)
+        q, s = quantize_per_token_group(x, 128, column_major_scales=True, row_multiple=4, transient=True)
+        again = quantize_per_token_group(x, 128, column_major_scales=True, row_multiple=4, transient=True)
+        assert again[0].data_ptr() == q.data_ptr() and again[1].data_ptr() == s.data_ptr()
+        assert s.stride() == (1, q.shape[0]) and q.shape[0] % 4 == 0
+        assert _same_fp8(q[:len(x)].cpu(), ref_q) and torch.equal(s[:len(x)].cpu(), ref_s)
+        ref_q, ref_s = quant.quantize_act_per_token(cpu)
+        q, s = quantize_per_token(x, transient=True)
+        assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu(), ref_s)
+        static = torch.tensor(0.02, device=x.device)
+        ref_q, _ = quant.quantize_act_per_tensor(cpu, static.cpu())
+        q, _ = quantize_per_tensor(x, static, transient=True)
+        assert _same_fp8(q.cpu(), ref_q)
+
+
 def test_triton_quant_rejects_strided_rows_and_odd_groups():
     from quantgate.kernels.triton.act_quant import quantize_per_token_group
 
