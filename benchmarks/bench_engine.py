@@ -1,6 +1,6 @@
-"""Engine throughput and decode speed on randomly initialised Qwen3 checkpoints.
+"""Engine throughput, decode and prefill speed on randomly initialised Qwen3 checkpoints.
 
-Three measurements, one command each:
+Four measurements, one command each:
 
   # CPU: a fixed request set at concurrency 1 (one request at a time) and 32 (continuous batching)
   python benchmarks/bench_engine.py throughput --shape tiny --concurrency 1 32
@@ -15,7 +15,12 @@ Three measurements, one command each:
   python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
       --linear-backend marlin triton --out $OUT
 
-For throughput and decode the checkpoints are written to a temporary folder from random
+  # CUDA: one prefill (eager, as the engine runs it) of each prompt length, per backend: wall ms,
+  # the GPU's kernel ms inside it (profiled), and prompt tokens/s
+  python benchmarks/bench_engine.py prefill --shape qwen3-1.7b --prompt-len 512 2048 \
+      --linear-backend torch triton marlin --out $OUT
+
+For throughput, decode and prefill the checkpoints are written to a temporary folder from random
 weights (FP8 variants are quantized with quantgate.kernels.quant, native block format), so
 the numbers measure the engine, not a model. Prints a table; with --out writes the full results as JSON.
 """
@@ -262,6 +267,63 @@ def kernels_per_step(engine: LLMEngine, prompt_len: int) -> tuple[int, float, li
     return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3, breakdown
 
 
+def prefill_time(engine: LLMEngine, prompt_len: int, repeats: int) -> dict:
+    """Wall time of the steps that prefill one `prompt_len`-token prompt and sample its first
+    token (best of `repeats`, after a warm-up), and the GPU kernel time of one such prefill."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def once(request_id: str) -> float:
+        engine.add_request(request_id, list(range(1, prompt_len + 1)),
+                           SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - start
+
+    once("warm-up")  # tuners and Triton compilation for these shapes
+    best = min(once(f"p{r}") for r in range(repeats))
+    row = {"prompt_len": prompt_len, "prefill_ms": 1e3 * best, "prompt_tokens_per_s": prompt_len / best}
+    if engine.device.type == "cuda":
+        try:  # the profiler (CUPTI) only explains the wall time: its failure must not lose it
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                once("profiled")
+                torch.cuda.synchronize()
+            row["kernel_ms"] = sum(e.time_range.elapsed_us() for e in prof.events()
+                                   if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
+        except Exception as err:  # noqa: BLE001
+            print(f"prefill profile failed: {err!r}", file=sys.stderr)
+    return row
+
+
+def prefill(args: argparse.Namespace) -> list[dict]:
+    shape = SHAPES[args.shape]
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            path = write_random_checkpoint(Path(tmp) / variant, shape, DTYPES[args.dtype], variant == "fp8-block",
+                                           "cuda" if device == "cuda" else "cpu")
+            for backend in args.linear_backend if variant != "bf16" else ["auto"]:
+                loaded = load_model(path, device=device, linear_backend=backend)
+                kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
+                engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=max(args.prompt_len) + 2,
+                                   enforce_eager=True, kv_cache_memory=2**30,
+                                   max_prefill_tokens=max(args.prompt_len))
+                for n in args.prompt_len:
+                    rows.append({"variant": variant, "linear_backend": backend, **prefill_time(engine, n, args.repeats),
+                                 "kernels": kernels, "shape": args.shape, "device": loaded.platform.name})
+                del engine, loaded
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    print(f"\nprefill, {args.shape}: one prompt, eager (as the engine prefills); kernel ms = GPU time inside")
+    print(f"{'variant':>10} {'backend':>8} {'tokens':>6} {'ms':>8} {'kernel ms':>9} {'tok/s':>9}  linear kernels")
+    for r in rows:
+        kernel = f"{r['kernel_ms']:.2f}" if r.get("kernel_ms") is not None else "-"
+        print(f"{r['variant']:>10} {r['linear_backend']:>8} {r['prompt_len']:>6} {r['prefill_ms']:>8.2f} "
+              f"{kernel:>9} {r['prompt_tokens_per_s']:>9.0f}  {', '.join(r['kernels'])}")
+    return rows
+
+
 def decode(args: argparse.Namespace) -> list[dict]:
     shape = SHAPES[args.shape]
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
@@ -402,6 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--linear-backend", nargs="+", default=["auto"],
                    help="backends for the FP8 layers, one run each (e.g. marlin triton)")
     t.add_argument("--linear-backend", default="auto", help="backend for the FP8 layers (e.g. triton, torch, marlin)")
+    f = sub.add_parser("prefill", help="one prefill of each prompt length, eager, per backend")
+    f.add_argument("--variants", nargs="+", choices=["bf16", "fp8-block"], default=["bf16", "fp8-block"])
+    f.add_argument("--prompt-len", type=int, nargs="+", default=[512, 2048])
+    f.add_argument("--repeats", type=int, default=3)
+    f.add_argument("--linear-backend", nargs="+", default=["auto"],
+                   help="backends for the FP8 layers, one run each (e.g. torch triton marlin)")
     g = sub.add_parser("gsm8k", help="the embedded eval's workload on a shipped model folder")
     g.add_argument("--model", type=Path, default=Path("models/tiny-qwen3-fp8-block-native"))
     g.add_argument("--data", type=Path, default=Path("models/data/synth-gsm8k-v1"))
@@ -413,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--linear-backend", default="emulation")
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
     g.add_argument("--out", type=Path, help="directory for results JSON")
-    for p in (t, d):
+    for p in (t, d, f):
         p.add_argument("--shape", choices=sorted(SHAPES), default="tiny" if p is t else "qwen3-1.7b")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
         p.add_argument("--device", default="cpu" if p is t else "auto")
@@ -423,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = {"throughput": throughput, "decode": decode, "gsm8k": gsm8k}[args.mode](args)
+    rows = {"throughput": throughput, "decode": decode, "prefill": prefill, "gsm8k": gsm8k}[args.mode](args)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"bench_engine_{args.mode}.json").write_text(json.dumps(rows, indent=2))

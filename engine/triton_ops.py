@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from quantgate.kernels.triton.launch import cdiv, next_power_of_2
+from quantgate.kernels.triton.launch import DirectLaunch, aligned, cdiv, next_power_of_2
 from quantgate.kernels.triton.pdl import await_inputs, launch_options
 from quantgate.kernels.triton.scratch import device_buffer
 
@@ -59,10 +59,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     if rows:
         res = residual if residual is not None else x
-        _rms_norm_kernel[(rows,)](x, res, weight, out, rows, n, x.stride(0), res.stride(0), out.stride(0), eps,
-                                  HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n),
-                                  **launch_options(x.device))
+        strides = (x.stride(0), res.stride(0), out.stride(0))
+        options = launch_options(x.device)
+        key = (x.dtype, weight.dtype, n, *strides, aligned(x.data_ptr()), aligned(res.data_ptr()),
+               aligned(weight.data_ptr()), residual is not None, options["PDL"])
+        _rms_norm(key, (rows,), (x, res, weight, out, rows, n, *strides, eps),
+                  HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n), **options)
     return out
+
+
+# Eager prefill is bound by host time: launches by handle (kernels/triton/launch.py).
+_rms_norm = DirectLaunch(_rms_norm_kernel)
 
 
 @triton.jit
@@ -255,6 +262,11 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, n = gate.shape
     out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
     if rows and n:
-        _silu_and_mul_kernel[(rows, cdiv(n, 1024))](gate, up, out, rows, n, gate.stride(0), up.stride(0),
-                                                           BLOCK=1024, **launch_options(gate.device))
+        strides = (gate.stride(0), up.stride(0))
+        options = launch_options(gate.device)
+        key = (gate.dtype, *strides, aligned(gate.data_ptr()), aligned(up.data_ptr()), options["PDL"])
+        _silu_and_mul(key, (rows, cdiv(n, 1024)), (gate, up, out, rows, n, *strides), BLOCK=1024, **options)
     return out
+
+
+_silu_and_mul = DirectLaunch(_silu_and_mul_kernel)
