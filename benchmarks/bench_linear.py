@@ -114,7 +114,7 @@ def eager_ms(fn: Callable[[], object]) -> float:
     return tuning.time_ms(fn, EAGER_REP_MS, EAGER_WARMUP_MS)
 
 
-HOST_CALLS, HOST_SLEEP_CYCLES = 100, 100_000_000  # ~50 ms of GPU sleep: longer than 100 slow enqueues
+HOST_CALLS, HOST_SLEEP_CYCLES = 50, 40_000_000  # ~20 ms of GPU sleep: longer than 50 slow enqueues
 
 
 def host_ms(fn: Callable[[], object]) -> float:
