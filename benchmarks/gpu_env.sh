@@ -11,4 +11,5 @@ if ! "${PYTHON:-python}" -c "import quantgate.kernels" 2>/dev/null; then
     export PYTHONPATH="$QUANTGATE_SHIM${PYTHONPATH:+:$PYTHONPATH}"
 fi
 unset TRITON_INTERPRET
+# The device machine may keep a stale .git from an earlier call (run 8): pass QUANTGATE_COMMIT.
 export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv
+from .launch import DirectLaunch, aligned, cdiv
 from .pdl import await_inputs, launch_options
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -311,22 +311,35 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
                                      target_programs(x.device, cfg.split_per_sm), m, n)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
+    bias_arg = bias if bias is not None else out
+    options = launch_options(x.device)
+    # What the launch specializes on besides cfg and the constexprs below (launch.py); the output
+    # is fresh, so aligned with N-element rows.
+    pointers = tuple(aligned(t.data_ptr()) for t in (x, packed, scale, bias_arg, partial, counters))
+    spec = (cfg, x.dtype, groupwise, bias is not None, split_k > 1, n, k, options["PDL"], *pointers)
     if cfg.block_m == 1:  # float32 weights, 2^-120
-        _w8a16_gemv_kernel[(n_tiles, split_k)](
-            x, packed, scale, out, bias if bias is not None else out, partial, counters,
-            n, k, split_k, scale.stride(0) if groupwise else 0,
+        stride_sg = scale.stride(0) if groupwise else 0
+        _gemv_launch(
+            (*spec, stride_sg), (n_tiles, split_k),
+            (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, stride_sg),
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
     else:
         out_kind, w_exp, x_exp = 2, 8, 0
-    _w8a16_gemm_kernel[(m_tiles, n_tiles, split_k)](
-        x, packed, scale, out, bias if bias is not None else out, partial, counters,
-        m, n, k, split_k, x.stride(0), out.stride(0), scale.stride(0),
+    strides = (x.stride(0), n, scale.stride(0))  # out: [M, N] contiguous
+    _gemm_launch(
+        (*spec, *strides), (m_tiles, n_tiles, split_k),
+        (x, packed, scale, out, bias_arg, partial, counters, m, n, k, split_k, *strides),
         X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)),
         GROUPWISE=groupwise, OUT=out_kind, HAS_BIAS=bias is not None, SPLIT=split_k > 1,
         EVEN_K=k % GROUP_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+
+
+# Eager calls (prefill, --enforce-eager decode) are bound by host time: by handle (launch.py).
+_gemv_launch = DirectLaunch(_w8a16_gemv_kernel)
+_gemm_launch = DirectLaunch(_w8a16_gemm_kernel)

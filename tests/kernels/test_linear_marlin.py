@@ -144,3 +144,20 @@ def test_cuda_matches_float64_reference(seed, scheme, dtype, m):
     out = kernel.apply(case.layer, x)
     assert out.shape == (m, GPU_N) and out.dtype == dtype
     assert rel_error(out, reference_w8a16(case, x, dtype), round_ref=dtype == torch.bfloat16) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", [Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL], ids=lambda s: s.value)
+@pytest.mark.usefixtures("untuned")
+def test_cuda_launches_by_handle_follow_each_call(seed, scheme):
+    """Eager launches go by the compiled kernel's handle after the first (launch.py): later
+    calls with other row counts, split-K on and off, a bias and none, each get their own result."""
+    case = make_case(GPU_N, GPU_K, scheme, bias=True, device="cuda")
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    for m, bias in ((1, case.layer.bias), (1, None), (3, case.layer.bias), (16, None), (300, case.layer.bias),
+                    (333, None), (1, case.layer.bias)):
+        x = torch.randn(m, GPU_K, device="cuda").half()
+        ref = reference_w8a16(case, x, torch.float16) - (0 if bias is not None else case.bias.double())
+        assert rel_error(kernel.apply(case.layer, x, bias), ref) < 1e-3, (m, bias is not None)
+        assert case.layer.workspace.eq(0).all()
