@@ -20,6 +20,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from triton import knobs
+from triton.knobs import HookChain
 from triton.compiler import CompiledKernel
 from triton.runtime import JITFunction, driver
 
@@ -65,8 +66,14 @@ class DirectLaunch:
             return
         compiled, tail = entry
         stream = driver.active.get_current_stream(device)
-        enter_hook = knobs.runtime.launch_enter_hook  # profilers (proton) see direct launches too
+        enter_hook, exit_hook = _active(knobs.runtime.launch_enter_hook), _active(knobs.runtime.launch_exit_hook)
         metadata = compiled.launch_metadata(grid, stream, *args, *tail) if enter_hook is not None else None
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, metadata, enter_hook,
-                     knobs.runtime.launch_exit_hook, *args, *tail)
+                     compiled.function, compiled.packed_metadata, metadata, enter_hook, exit_hook, *args, *tail)
+
+
+def _active(hook: Any) -> Any:
+    """The launch hook to pass, None when none is installed. Triton 3.6's hooks are chains, never
+    None: passed as they are, every launch builds its metadata and calls two empty chains. With
+    a hook installed (profilers, proton) launches by handle report as the JIT's do."""
+    return None if isinstance(hook, HookChain) and not hook.calls else hook
