@@ -34,12 +34,13 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from quantgate.engine import LLMEngine, SamplingParams, load_model
+from quantgate.engine import LLMEngine, LoadedModel, SamplingParams, load_model
 from quantgate.kernels import quant
 
 SHAPES = {
@@ -295,10 +296,12 @@ def prefill_time(engine: LLMEngine, prompt_len: int, repeats: int) -> dict:
     return row
 
 
-def prefill(args: argparse.Namespace) -> list[dict]:
+def loaded_models(args: argparse.Namespace) -> Iterator[tuple[str, str, str, LoadedModel, list[str]]]:
+    """(device, variant, backend, model, its linear kernels) for each requested variant and FP8
+    backend (bf16 runs once, with auto), on random checkpoints written to a temporary folder.
+    Each model is released, and the CUDA cache emptied, before the next one loads."""
     shape = SHAPES[args.shape]
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             path = write_random_checkpoint(Path(tmp) / variant, shape, DTYPES[args.dtype], variant == "fp8-block",
@@ -306,15 +309,21 @@ def prefill(args: argparse.Namespace) -> list[dict]:
             for backend in args.linear_backend if variant != "bf16" else ["auto"]:
                 loaded = load_model(path, device=device, linear_backend=backend)
                 kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
-                engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=max(args.prompt_len) + 2,
-                                   enforce_eager=True, kv_cache_memory=2**30,
-                                   max_prefill_tokens=max(args.prompt_len))
-                for n in args.prompt_len:
-                    rows.append({"variant": variant, "linear_backend": backend, **prefill_time(engine, n, args.repeats),
-                                 "kernels": kernels, "shape": args.shape, "device": loaded.platform.name})
-                del engine, loaded
+                yield device, variant, backend, loaded, kernels
+                del loaded
                 if device == "cuda":
                     torch.cuda.empty_cache()
+
+
+def prefill(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for _, variant, backend, loaded, kernels in loaded_models(args):
+        engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=max(args.prompt_len) + 2, enforce_eager=True,
+                           kv_cache_memory=2**30, max_prefill_tokens=max(args.prompt_len))
+        for n in args.prompt_len:
+            rows.append({"variant": variant, "linear_backend": backend, **prefill_time(engine, n, args.repeats),
+                         "kernels": kernels, "shape": args.shape, "device": loaded.platform.name})
+        del engine, loaded
     print(f"\nprefill, {args.shape}: one prompt, eager (as the engine prefills); kernel ms = GPU time inside")
     print(f"{'variant':>10} {'backend':>8} {'tokens':>6} {'ms':>8} {'kernel ms':>9} {'tok/s':>9}  linear kernels")
     for r in rows:
@@ -325,47 +334,37 @@ def prefill(args: argparse.Namespace) -> list[dict]:
 
 
 def decode(args: argparse.Namespace) -> list[dict]:
-    shape = SHAPES[args.shape]
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for variant in args.variants:
-            path = write_random_checkpoint(Path(tmp) / variant, shape, DTYPES[args.dtype], variant == "fp8-block",
-                                           "cuda" if device == "cuda" else "cpu")
-            for backend in args.linear_backend if variant != "bf16" else ["auto"]:
-                loaded = load_model(path, device=device, linear_backend=backend)
-                kernels = sorted({m["kernel"] for m in loaded.kernel_report()["modules"].values()})
-                for eager in (False, True) if device == "cuda" else (True,):
-                    # Eager decode is slow and only checks the graphs' gain: fewer tokens, one timed run.
-                    gen_tokens, repeats = (args.eager_tokens, 1) if eager else (args.gen_tokens, args.repeats)
-                    engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
-                                       enforce_eager=eager, kv_cache_memory=2**30)
-                    decode_speed(engine, args.prompt_len, gen_tokens, 1)  # warm-up (tuners, Triton compilation)
-                    row = {"variant": variant, "linear_backend": backend, "graphs": not eager,
-                           **decode_speed(engine, args.prompt_len, gen_tokens, repeats), "kernels": kernels,
-                           "shape": args.shape, "device": loaded.platform.name, "gen_tokens": gen_tokens}
-                    if device == "cuda":
-                        if not eager:
-                            row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
-                            row["overlapped_steps"] = engine.num_overlapped_steps
-                            # The same graphs with the host reading each step before launching the next:
-                            # what overlapped decode gains. Kernels are then profiled one step at a time.
-                            engine.overlap_decode = False
-                            row["sync_tokens_per_s"] = decode_speed(engine, args.prompt_len, gen_tokens,
-                                                                    repeats)["decode_tokens_per_s"]
-                        try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
-                            (row["kernels_per_step"], row["kernel_ms_per_step"],
-                             row["kernel_breakdown"]) = kernels_per_step(engine, args.prompt_len)
-                        except Exception as err:  # noqa: BLE001
-                            print(f"kernel profile of {variant}/{backend} failed: {err!r}", file=sys.stderr)
-                    # Host time per step: what the GPU waits for (graphs), or step minus forward (eager).
-                    busy = row.get("gpu_ms") or row["forward_ms"]
-                    row["host_ms"] = row["step_ms"] - busy if busy is not None else None
-                    rows.append(row)
-                    del engine
-                del loaded
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+    for device, variant, backend, loaded, kernels in loaded_models(args):
+        for eager in (False, True) if device == "cuda" else (True,):
+            # Eager decode is slow and only checks the graphs' gain: fewer tokens, one timed run.
+            gen_tokens, repeats = (args.eager_tokens, 1) if eager else (args.gen_tokens, args.repeats)
+            engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
+                               enforce_eager=eager, kv_cache_memory=2**30)
+            decode_speed(engine, args.prompt_len, gen_tokens, 1)  # warm-up (tuners, Triton compilation)
+            row = {"variant": variant, "linear_backend": backend, "graphs": not eager,
+                   **decode_speed(engine, args.prompt_len, gen_tokens, repeats), "kernels": kernels,
+                   "shape": args.shape, "device": loaded.platform.name, "gen_tokens": gen_tokens}
+            if device == "cuda":
+                if not eager:
+                    row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
+                    row["overlapped_steps"] = engine.num_overlapped_steps
+                    # The same graphs with the host reading each step before launching the next:
+                    # what overlapped decode gains. Kernels are then profiled one step at a time.
+                    engine.overlap_decode = False
+                    row["sync_tokens_per_s"] = decode_speed(engine, args.prompt_len, gen_tokens,
+                                                            repeats)["decode_tokens_per_s"]
+                try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
+                    (row["kernels_per_step"], row["kernel_ms_per_step"],
+                     row["kernel_breakdown"]) = kernels_per_step(engine, args.prompt_len)
+                except Exception as err:  # noqa: BLE001
+                    print(f"kernel profile of {variant}/{backend} failed: {err!r}", file=sys.stderr)
+            # Host time per step: what the GPU waits for (graphs), or step minus forward (eager).
+            busy = row.get("gpu_ms") or row["forward_ms"]
+            row["host_ms"] = row["step_ms"] - busy if busy is not None else None
+            rows.append(row)
+            del engine
+        del loaded
     print_decode_table(args, rows)
     tuned = tuned_shapes()
     print_tuned(tuned)
