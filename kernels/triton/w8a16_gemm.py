@@ -344,7 +344,7 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     else:
         out_kind, w_exp, x_exp = 2, 8, 0
     if cfg.fragments:
-        strides = (x.stride(0), scale.stride(0))
+        strides = (x.stride(0), scale.stride(0) if groupwise else 0)
         # M = 1 and multiples of 16 compile apart (Triton specializes those integers).
         _mma_launch(
             (*spec, m == 1, m % 16 == 0, *(v == 1 or v % 16 == 0 for v in strides)), (n_tiles, split_k),
