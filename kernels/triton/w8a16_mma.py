@@ -69,6 +69,14 @@ def _halves(packed, ODD: gl.constexpr, DTYPE: gl.constexpr):
 
 
 @gluon.jit
+def _load_act(ptrs, row_ok, k5, kt, K, live, EVEN_K: gl.constexpr):
+    if EVEN_K:
+        return gl.load(ptrs, mask=row_ok & live, other=0.0)
+    else:
+        return gl.load(ptrs, mask=row_ok & live & (kt * 128 + k5 < K), other=0.0)
+
+
+@gluon.jit
 def _await_inputs(PDL: gl.constexpr):
     """pdl.await_inputs for Gluon kernels."""
     if PDL:
@@ -124,15 +132,21 @@ def _w8a16_mma_kernel(
     s_ptrs = s_ptr + k_first * stride_sg + cn_in
 
     acc = gl.zeros([16, BLOCK_N], gl.float32, mma)
-    packed = gl.load(w_ptrs, mask=(k_first < k_last), other=0)
+    live = k_first < k_last
+    packed = gl.load(w_ptrs, mask=live, other=0)
     # The first tile is in flight while the kernel before (whose output is x) finishes.
     _await_inputs(PDL)
+    # Everything a tile multiplies (weights, activations, block scales) is loaded one tile
+    # ahead: the MMAs never wait on a load issued in the same iteration.
+    x = _load_act(x_ptrs, x_row_ok, k5, k_first, K, live, EVEN_K)
+    if GROUPWISE:
+        scale = gl.load(s_ptrs, mask=live, other=0.0)
     for kt in range(k_first, k_last):
-        following = gl.load(w_ptrs + 32 * N, mask=(kt + 1 < k_last), other=0)
-        if EVEN_K:
-            x = gl.load(x_ptrs, mask=x_row_ok, other=0.0)
-        else:
-            x = gl.load(x_ptrs, mask=x_row_ok & (kt * 128 + k5 < K), other=0.0)
+        live = kt + 1 < k_last
+        following = gl.load(w_ptrs + 32 * N, mask=live, other=0)
+        x_following = _load_act(x_ptrs + 128, x_row_ok, k5, kt + 1, K, live, EVEN_K)
+        if GROUPWISE:
+            scale_following = gl.load(s_ptrs + stride_sg, mask=live, other=0.0)
         x = (x.to(gl.float32) * X_MUL).to(DTYPE)
         # [16, 2e, 2h, 4q, 8s] -> (m, s, h, q, e) -> [16, 128]
         a = gl.reshape(gl.permute(x, [0, 4, 2, 3, 1]), [16, 128])
@@ -144,13 +158,15 @@ def _w8a16_mma_kernel(
         b = gl.convert_layout(b, b_op, assert_trivial=True)
         if GROUPWISE:
             part = mma_v2(a, b, gl.zeros([16, BLOCK_N], gl.float32, mma))
-            acc += part * gl.load(s_ptrs).to(gl.float32)[None, :]
+            acc += part * scale.to(gl.float32)[None, :]
+            scale = scale_following
+            s_ptrs += stride_sg
         else:
             acc = mma_v2(a, b, acc)
         packed = following
+        x = x_following
         w_ptrs += 32 * N
         x_ptrs += 128
-        s_ptrs += stride_sg
     acc = acc * S_MUL
     if not GROUPWISE:
         acc = acc * gl.load(s_ptrs).to(gl.float32)[None, :]
