@@ -36,7 +36,6 @@ import datetime as dt
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +50,8 @@ from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
 from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
 from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
 from quantgate.kernels.triton import act_quant, tuning, w8a16_gemm
+
+import provenance  # noqa: E402 - benchmarks/provenance.py, next to this script
 
 MS = (1, 16, 512, 2048, 8192)
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
@@ -94,17 +95,11 @@ def _attempt(fn):
 
 
 def _environment() -> dict:
-    commit = os.environ.get("QUANTGATE_COMMIT", "unknown")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).parent).stdout.strip() or commit
-    except (OSError, subprocess.CalledProcessError):
-        pass
     props = torch.cuda.get_device_properties(0)
     return {"device": torch.cuda.get_device_name(0), "capability": f"{props.major}.{props.minor}",
             "sms": props.multi_processor_count, "l2_bytes": getattr(props, "L2_cache_size", 50 << 20),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": commit,
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": provenance.commit(),
             "autotune": os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0"}
 
 

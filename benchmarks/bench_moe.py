@@ -35,7 +35,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +56,8 @@ from quantgate.kernels.moe.triton import TritonFusedMoEKernel, TritonUnquantized
 from quantgate.kernels.triton.tuning import replay_ms
 from quantgate.kernels.schemes import MoELayerConfig, Scheme
 from quantgate.kernels.triton import fused_moe, fused_moe_w8a16, moe_align
+
+import provenance  # noqa: E402 - benchmarks/provenance.py, next to this script
 
 SHAPES = {
     "qwen3-30b-a3b": dict(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768),
@@ -123,16 +124,10 @@ def _graph_ms(calls: list) -> float:
 
 
 def _environment() -> dict:
-    commit = os.environ.get("QUANTGATE_COMMIT", "unknown")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).parent).stdout.strip() or commit
-    except (OSError, subprocess.CalledProcessError):
-        pass
     props = torch.cuda.get_device_properties(0)
     return {"device": torch.cuda.get_device_name(0), "capability": f"{props.major}.{props.minor}",
             "sms": props.multi_processor_count, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": commit}
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": provenance.commit()}
 
 
 class Layer:
