@@ -35,7 +35,6 @@ from .launch import DirectLaunch, aligned, cdiv
 from .pdl import await_inputs, launch_options
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
-from .w8a16_mma import _w8a16_mma_kernel
 
 GROUP_K = 128  # K tile = scale group along K for block checkpoints
 PLANE_K = GROUP_K // 4
@@ -53,12 +52,6 @@ class W8A16Config:
     num_stages: int
     split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
     tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
-    fragments: bool = False  # w8a16_mma.py: M <= 16 rows, block_n = 32 * num_warps
-
-    def __post_init__(self) -> None:
-        if self.fragments and (self.block_m != 16 or self.block_n != 32 * self.num_warps or self.num_stages < 2):
-            raise ValueError(f"{self}: the fragment kernel computes 16 rows and 32 columns per warp, "
-                             f"with a ring of at least 2 K tiles")
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
@@ -71,18 +64,14 @@ class W8A16Config:
 # 16 columns with 8 or 16 tiles per load read K = 2048 in one or two loads, unsplit.
 # The 64x128 tile is the largest that does not spill on sm_80 (mma.sync keeps operands in
 # registers).
-_FRAGMENT_CANDIDATES = (  # w8a16_mma: ~154 registers a thread and 20 KB of shared memory per stage (4 warps)
-    W8A16Config(16, 128, 4, 3, 3, fragments=True), W8A16Config(16, 128, 4, 4, 2, fragments=True),
-    W8A16Config(16, 128, 4, 3, 6, fragments=True), W8A16Config(16, 256, 8, 3, 2, fragments=True),
-    W8A16Config(16, 128, 4, 2, 3, fragments=True))
 CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
     1: (W8A16Config(1, 64, 4, 1, 5), W8A16Config(1, 64, 4, 1, 10), W8A16Config(1, 64, 4, 1, 4, tiles=2),
         W8A16Config(1, 64, 4, 1, 8, tiles=2), W8A16Config(1, 64, 8, 1, 2, tiles=4),
         W8A16Config(1, 64, 8, 1, 4, tiles=4), W8A16Config(1, 64, 8, 1, 0, tiles=4),
         W8A16Config(1, 128, 8, 1, 2, tiles=2), W8A16Config(1, 16, 8, 1, 0, tiles=16),
-        W8A16Config(1, 16, 4, 1, 0, tiles=8), *_FRAGMENT_CANDIDATES),
+        W8A16Config(1, 16, 4, 1, 0, tiles=8)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
-         W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6), *_FRAGMENT_CANDIDATES),
+         W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
     256: (W8A16Config(64, 128, 4, 3), W8A16Config(64, 64, 4, 3)),
 }
@@ -305,11 +294,8 @@ def w8a16_gemm(
     if config is None:
         key = (m_bucket(m), n, k, x.dtype, groupwise)
         config = _TUNER.pick(key, candidates_for(m), run, x.device)
-    elif config.fragments and x.device.type != "cuda":
-        raise ValueError(f"w8a16_gemm: the config {config} is a Gluon kernel, which runs on CUDA GPUs only "
-                         f"(Triton's interpreter cannot run it); pick another config")
-    elif config.block_m == 1 and m != 1 or config.fragments and m > config.block_m:
-        raise ValueError(f"w8a16_gemm: the config {config} computes at most {config.block_m} rows, got M={m}")
+    elif config.block_m == 1 and m != 1:
+        raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
     run(config, split_k)
     return out
 
@@ -344,16 +330,6 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
     else:
         out_kind, w_exp, x_exp = 2, 8, 0
-    if cfg.fragments:
-        strides = (x.stride(0), scale.stride(0) if groupwise else 0)
-        # M = 1 and multiples of 16 compile apart (Triton specializes those integers).
-        _mma_launch(
-            (*spec, m == 1, m % 16 == 0, *(v == 1 or v % 16 == 0 for v in strides)), (n_tiles, split_k),
-            (x, packed, scale, out, bias_arg, partial, counters, m, n, k, split_k, *strides),
-            X_MUL=float(2.0 ** x_exp), S_MUL=float(2.0 ** (w_exp - x_exp - shift)), GROUPWISE=groupwise,
-            HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, WARPS=cfg.num_warps,
-            STAGES=cfg.num_stages, num_warps=cfg.num_warps, **options)
-        return
     strides = (x.stride(0), n, scale.stride(0))  # out: [M, N] contiguous
     _gemm_launch(
         (*spec, *strides), (m_tiles, n_tiles, split_k),
@@ -367,4 +343,3 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
 # Eager calls (prefill, --enforce-eager decode) are bound by host time: by handle (launch.py).
 _gemv_launch = DirectLaunch(_w8a16_gemv_kernel)
 _gemm_launch = DirectLaunch(_w8a16_gemm_kernel)
-_mma_launch = DirectLaunch(_w8a16_mma_kernel)
