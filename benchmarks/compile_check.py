@@ -159,14 +159,11 @@ def variants() -> list[Variant]:
             split = bool(cfg.split_per_sm)
             for groupwise in (True, False):
                 if cfg.block_m == 1:
-                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg,
-                                            f".split{int(split)}.t{cfg.tiles}{'.stream' if cfg.stream else ''}"
-                                            f"{f'.r{cfg.max_registers}' if cfg.max_registers else ''}"),
+                    out.append(Variant(name("w8a16.gemv", groupwise, tag, cfg, f".split{int(split)}.t{cfg.tiles}"),
                                        w._w8a16_gemv_kernel, {
-                        **common, **ptrs, "N": "i32/16", "programs": "i32", "GROUPWISE": groupwise, "SPLIT": split,
-                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "STREAM": cfg.stream, "PDL": False}, 80,
-                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {})}))
+                        **common, **ptrs, "N": "i32/16", "GROUPWISE": groupwise, "SPLIT": split,
+                        "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": False}, 80,
+                        {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
                 else:
                     out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
                                        w._w8a16_gemm_kernel, {
@@ -178,8 +175,7 @@ def variants() -> list[Variant]:
     cfg = w.CANDIDATES[1][0]
     out.append(Variant(name("w8a16.gemv", True, "bf16", cfg, ".split1.pdl"), w._w8a16_gemv_kernel, {
         **common, "x_ptr": torch.bfloat16, "s_ptr": torch.bfloat16, "c_ptr": torch.bfloat16, "bias_ptr": torch.bfloat16,
-        "N": "i32/16", "programs": "i32", "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles,
-        "STREAM": False, "PDL": True},
+        "N": "i32/16", "GROUPWISE": True, "SPLIT": True, "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": True},
         90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # Deduplicate configs that differ only in what the compiled kernel does not see (split target).
     return list({v.name: v for v in out}.values())

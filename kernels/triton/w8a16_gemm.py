@@ -52,8 +52,6 @@ class W8A16Config:
     num_stages: int
     split_per_sm: int = 0  # split K until there are this many programs per SM (0: never split)
     tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
-    stream: bool = False  # GEMV: split_per_sm x SMs programs share the work evenly (stream-K)
-    max_registers: int = 0  # ptxas register cap per thread (maxnreg), 0: its own choice
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
@@ -71,9 +69,7 @@ CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
         W8A16Config(1, 64, 4, 1, 8, tiles=2), W8A16Config(1, 64, 8, 1, 2, tiles=4),
         W8A16Config(1, 64, 8, 1, 4, tiles=4), W8A16Config(1, 64, 8, 1, 0, tiles=4),
         W8A16Config(1, 128, 8, 1, 2, tiles=2), W8A16Config(1, 16, 8, 1, 0, tiles=16),
-        W8A16Config(1, 16, 4, 1, 0, tiles=8), W8A16Config(1, 64, 4, 1, 5, stream=True, max_registers=96),
-        W8A16Config(1, 64, 4, 1, 4, stream=True), W8A16Config(1, 64, 4, 1, 2, tiles=2, stream=True),
-        W8A16Config(1, 64, 4, 1, 10, stream=True, max_registers=96)),
+        W8A16Config(1, 16, 4, 1, 0, tiles=8)),
     16: (W8A16Config(16, 64, 4, 3, 6), W8A16Config(16, 32, 4, 3, 9), W8A16Config(16, 64, 4, 3, 12),
          W8A16Config(16, 128, 4, 4, 3), W8A16Config(16, 64, 4, 4, 6)),
     64: (W8A16Config(64, 64, 4, 3, 2), W8A16Config(32, 64, 4, 3, 3)),
@@ -139,62 +135,29 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
             return half.to(tl.int16).to(tl.float16, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["split_k", "programs"])
+@triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemv_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
-    N, K, split_k, programs, stride_sg,
+    N, K, split_k, stride_sg,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
-    STREAM: tl.constexpr,  # `programs` share the (column tile, K tile) units evenly (stream-K)
     PDL: tl.constexpr,
 ):
-    """One activation row. Split-K gives program (n, k) column tile n and the k-th slice of K.
-    Stream-K (STREAM) gives program p the units [p T / P, (p + 1) T / P) of the T = column tiles
-    x K tiles units, K fastest: every program gets the same work to within one K tile, whatever
-    the number of column tiles, so one wave of P programs ends together. A column tile whose K
-    range several programs share is reduced like a split (their slots in program order)."""
-    k_tiles = tl.cdiv(K, 128)
-    if STREAM:
-        total = tl.cdiv(N, BLOCK_N) * k_tiles
-        p = tl.program_id(0)
-        unit = p * total // programs
-        end = (p + 1) * total // programs
-        while unit < end:
-            tile = unit // k_tiles
-            # programs sharing this tile: the first whose range holds its first unit, to the one
-            # holding its last (unit u is in program ceil((u + 1) P / T) - 1)
-            first = tl.cdiv((tile * k_tiles + 1) * programs, total) - 1
-            last = tl.cdiv((tile + 1) * k_tiles * programs, total) - 1
-            _gemv_segment(x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N, K, stride_sg, tile,
-                          unit - tile * k_tiles, tl.minimum(end - tile * k_tiles, k_tiles), p - first,
-                          last - first + 1, X_MUL, S_MUL, GROUPWISE, HAS_BIAS, SPLIT, EVEN_K, BLOCK_N, TILES, PDL)
-            unit = (tile + 1) * k_tiles
-    else:
-        pid_k = tl.program_id(1)
-        per_split = tl.cdiv(k_tiles, split_k)
-        k_first = pid_k * per_split
-        _gemv_segment(x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N, K, stride_sg,
-                      tl.program_id(0), k_first, tl.minimum(k_first + per_split, k_tiles), pid_k, split_k,
-                      X_MUL, S_MUL, GROUPWISE, HAS_BIAS, SPLIT, EVEN_K, BLOCK_N, TILES, PDL)
-
-
-@triton.jit
-def _gemv_segment(
-    x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N, K, stride_sg,
-    pid_n, k_first, k_last, slot, slots,
-    X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, PDL: tl.constexpr,
-):
-    """Column tile pid_n over K tiles [k_first, k_last), written as split-K slot `slot` of
-    `slots`: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like a weight chunk,
-    reduced over its rows once at the end. The next chunk's load is issued before the current
-    one is converted."""
+    """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
+    a weight chunk, reduced over its rows once at the end. The next chunk's load is issued
+    before the current one is converted."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_in = rn % N
     rj = tl.arange(0, 32 * TILES)
     tile = rj // 32  # the chunk's K tile that each row belongs to
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
 
     w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
     # Scales are read through pointers shaped like the weight chunk (repeated over each tile's
@@ -229,8 +192,8 @@ def _gemv_segment(
     out = tl.sum(acc, axis=0) * S_MUL
     if not GROUPWISE:
         out = out * tl.load(s_ptr + rn_in).to(tl.float32)
-    store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, slot,
-               slots, pid_n, HAS_BIAS, SPLIT)
+    store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, pid_k,
+               split_k, pid_n, HAS_BIAS, SPLIT)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -310,8 +273,7 @@ def w8a16_gemm(
 
     scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
     `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M. Without `config`
-    the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps;
-    for a stream config `split_k` is the number of programs).
+    the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps).
     """
     m, k = x.shape
     rows, n = packed.shape
@@ -341,15 +303,12 @@ def w8a16_gemm(
 def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
     m, k = x.shape
     n = packed.shape[1]
-    m_tiles, n_tiles, k_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n), cdiv(k, GROUP_K)
-    stream = cfg.stream and workspace is not None
-    if stream:  # split_k is the number of programs; at most `slots` of them share a column tile
-        programs = min(split_k or target_programs(x.device, cfg.split_per_sm), n_tiles * k_tiles)
-        split_k = cdiv(k_tiles, n_tiles * k_tiles // programs) + 1
-    elif split_k is None:
+    m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
+    if split_k is None:
         split_k = 1
         if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-            split_k = choose_split_k(n_tiles, k_tiles, target_programs(x.device, cfg.split_per_sm), m, n)
+            split_k = choose_split_k(n_tiles, cdiv(k, GROUP_K),
+                                     target_programs(x.device, cfg.split_per_sm), m, n)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
     bias_arg = bias if bias is not None else out
@@ -361,12 +320,11 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     if cfg.block_m == 1:  # float32 weights, 2^-120
         stride_sg = scale.stride(0) if groupwise else 0
         _gemv_launch(
-            (*spec, stride_sg, stream), (programs,) if stream else (n_tiles, split_k),
-            (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, programs if stream else 1, stride_sg),
+            (*spec, stride_sg), (n_tiles, split_k),
+            (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, stride_sg),
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, STREAM=stream, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), **options)
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP

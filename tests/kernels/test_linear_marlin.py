@@ -105,27 +105,6 @@ def test_every_gemv_candidate_matches_float64_reference(seed, config):
     assert workspace.eq(0).all()
 
 
-@pytest.mark.parametrize("programs", [1, 2, 3, 7, 15, 40])
-def test_stream_gemv_shares_tiles_and_sums_each_once(seed, programs):
-    """Stream-K: P programs split 3 column tiles x 5 K tiles (the last partial) into equal runs,
-    so a column tile is computed by one to five programs and reduced in program order; 40 > 15
-    units runs one program per unit. Twice, to show the counters are left at zero and the
-    result does not depend on arrival order."""
-    from quantgate.kernels.triton.w8a16_gemm import W8A16Config, w8a16_gemm, workspace_size
-
-    case = make_case(160, 600, Scheme.FP8_BLOCK, bias=True, device=DEVICE)
-    kernel = MarlinFp8LinearKernel(case.config)
-    kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(1, 600, device=DEVICE).half()
-    workspace = torch.zeros(workspace_size(160), dtype=torch.int32, device=DEVICE)
-    config = W8A16Config(1, 64, 4, 1, 5, stream=True)
-    outs = [w8a16_gemm(x, case.layer.weight, case.layer.weight_scale, groupwise=True, bias=case.layer.bias,
-                       workspace=workspace, config=config, split_k=programs) for _ in range(2)]
-    assert rel_error(outs[0], reference_w8a16(case, x, torch.float16)) < 1e-3
-    assert torch.equal(outs[0], outs[1])
-    assert workspace.eq(0).all()
-
-
 def test_gemv_config_refuses_more_than_one_row():
     from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm
 
