@@ -1,0 +1,160 @@
+"""Run 10, call 1: marlin (W8A16) weights streamed by TMA through a shared-memory ring.
+
+Triton 3.6 pipelines descriptor loads in a `tl.range(..., num_stages=S)` loop as TMA copies into
+S buffers: the copy engine keeps S-1 tiles in flight per program with no registers and one
+issuing thread, where today's kernels hold their in-flight loads in registers (the GEMV one
+tile ahead, the dot kernel through cp.async). Same math as kernels/triton/w8a16_gemm.py; only
+the weight loads differ. Graph times (tuning.graph_time_ms: cold L2, predecessor, PDL) against
+the tuner's pick of today's kernels and bf16 cuBLAS, in us; errors against float64.
+    QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> [out.json]"
+"""
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from quantgate.kernels.triton.gemm_epilogue import split_k_buffers, store_tile
+from quantgate.kernels.triton.pdl import await_inputs, launch_options
+from quantgate.kernels.triton.tuning import graph_time_ms
+from quantgate.kernels.triton.w8a16_gemm import _X_EXP, _plane, pack_weight, w8a16_gemm, workspace_size
+
+
+@triton.jit(do_not_specialize=["split_k"])
+def _gemv_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N, K, split_k, stride_sg,
+              X_MUL: tl.constexpr, S_MUL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+              TILES: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rn_in = rn % N
+    rj = tl.arange(0, 32 * TILES)
+    tile = rj // 32
+    k_tiles = tl.cdiv(K, 128)
+    # Slices are whole chunks: a chunk never reads the next slice's rows (past the end TMA fills 0).
+    per_split = tl.cdiv(tl.cdiv(k_tiles, split_k), TILES) * TILES
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+    await_inputs(PDL)
+    acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(k_first, k_last, TILES, num_stages=STAGES):
+        packed = w_desc.load([kt * 32, n0])
+        live = kt + tile < k_last
+        s = tl.load(s_ptr + (kt + tile)[:, None] * stride_sg + rn_in[None, :], mask=live[:, None], other=0.0)
+        t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
+        for p in tl.static_range(4):
+            x = tl.load(x_ptr + (kt + tile) * 128 + p * 32 + rj % 32,
+                        mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
+            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+        acc += t * s.to(tl.float32)
+    out = tl.sum(acc, axis=0) * S_MUL
+    store_tile(out[None, :], c_ptr, bias_ptr, partial_ptr, counter_ptr, tl.arange(0, 1), rn, 1, N, N, pid_k,
+               split_k, pid_n, False, SPLIT)
+
+
+@triton.jit(do_not_specialize=["M", "split_k"])
+def _dot_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, K, split_k, stride_xm, stride_sg,
+             X_MUL: tl.constexpr, S_MUL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rn_in = rn % N
+    rj = tl.arange(0, 32)
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+    await_inputs(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(k_first, k_last, num_stages=STAGES):
+        packed = w_desc.load([kt * 32, n0])
+        s = tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for p in tl.static_range(4):
+            x = tl.load(x_ptr + (rm % M)[:, None] * stride_xm + (kt * 128 + p * 32 + rj)[None, :])
+            x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
+            part = tl.dot(x, _plane(packed, p, 1), part)
+        acc += part * s[None, :]
+    store_tile(acc * S_MUL, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, N, pid_k,
+               split_k, pid_n, False, SPLIT)
+
+
+def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split):
+    m, k = x.shape
+    n = packed.shape[1]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    n_tiles = triton.cdiv(n, bn)
+    partial, counters = split_k_buffers(split, m, n, n_tiles, ws, x.device)
+    rows = 32 * tiles if kind == "gemv" else 32
+    desc = TensorDescriptor(packed, list(packed.shape), [n, 1], [rows, bn])
+    opts = launch_options(x.device)
+    if kind == "gemv":
+        _gemv_tma[(n_tiles, split)](x, desc, scale, out, out, partial, counters, n, k, split, scale.stride(0),
+                                    X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1,
+                                    BLOCK_N=bn, TILES=tiles, STAGES=stages, num_warps=warps, **opts)
+    else:
+        _dot_tma[(n_tiles, split)](x, desc, scale, out, out, partial, counters, m, n, k, split, x.stride(0),
+                                   scale.stride(0), X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)),
+                                   SPLIT=split > 1, BLOCK_M=16, BLOCK_N=bn, STAGES=stages, num_warps=warps, **opts)
+    return out
+
+
+GEMV = [(64, 1, 4, 4), (64, 2, 3, 4), (128, 1, 4, 4), (128, 2, 3, 8), (256, 1, 3, 8), (64, 4, 3, 8), (32, 4, 4, 4)]
+DOT = [(64, 1, 3, 4), (64, 1, 5, 4), (128, 1, 3, 4), (128, 1, 4, 8)]
+SPLITS = (1, 2, 3, 4, 6, 8)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    rows = []
+    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
+        w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
+        packed = pack_weight(w)
+        scale = torch.rand(k // 128, n, device="cuda", dtype=torch.bfloat16) + 0.5
+        ws = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
+        wb = w.to(torch.bfloat16)
+        w_ref = w.double() * scale.double().repeat_interleave(128, 0).t()
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.double() @ w_ref.t()
+
+            def err(out):
+                return ((out.double() - ref).abs().mean() / ref.abs().mean()).item()
+
+            t_bf16 = graph_time_ms(lambda: x @ wb.t()) * 1e3
+            today = w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)
+            t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
+            best = None
+            for bn, tiles, stages, warps in (GEMV if m == 1 else DOT):
+                for split in SPLITS:
+                    args = (x, packed, scale, ws, "gemv" if m == 1 else "dot", bn, tiles, stages, warps, split)
+                    try:
+                        e = err(run_tma(*args))
+                        t = graph_time_ms(lambda: run_tma(*args)) * 1e3
+                    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
+                        print(f"  K={k} N={n} M={m} {args[4:]}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                        continue
+                    row = dict(k=k, n=n, m=m, bn=bn, tiles=tiles, stages=stages, warps=warps, split=split, us=t,
+                               err=e, bf16_us=t_bf16, today_us=t_today, today_err=err(today))
+                    rows.append(row)
+                    if best is None or t < best["us"]:
+                        best = row
+            print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} today {t_today:.1f} (x{t_bf16 / t_today:.2f}, err "
+                  f"{err(today):.1e}) | TMA best {best['us']:.1f} (x{t_bf16 / best['us']:.2f}, err {best['err']:.1e}) "
+                  f"bn={best['bn']} tiles={best['tiles']} stages={best['stages']} warps={best['warps']} "
+                  f"split={best['split']} | copy-BW share needs bytes {w.numel() / best['us'] / 1e6:.2f} TB/s",
+                  flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
