@@ -6,7 +6,9 @@ issuing thread, where today's kernels hold their in-flight loads in registers (t
 tile ahead, the dot kernel through cp.async). Same math as kernels/triton/w8a16_gemm.py; only
 the weight loads differ. Graph times (tuning.graph_time_ms: cold L2, predecessor, PDL) against
 the tuner's pick of today's kernels and bf16 cuBLAS, in us; errors against float64.
-    QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> [out.json]"
+    QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> call1|call2 [out.json]"
+Call 1 (commit 1dc4d43): the GEMV and the dot kernel with TMA weights. Call 2: the dot kernel
+at M = 1, 16, 64, 256, with and without an L2 prefetch of its first K tiles before the PDL wait.
 """
 import json
 import sys
@@ -56,13 +58,14 @@ def _gemv_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
-def _dot_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, K, split_k, stride_xm, stride_sg,
+def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, K, split_k, stride_xm, stride_sg,
              X_MUL: tl.constexpr, S_MUL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+             BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0):
+    pid_m = tl.program_id(2)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BLOCK_N
-    rm = tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = n0 + tl.arange(0, BLOCK_N)
     rn_in = rn % N
     rj = tl.arange(0, 32)
@@ -70,6 +73,14 @@ def _dot_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M,
     per_split = tl.cdiv(k_tiles, split_k)
     k_first = pid_k * per_split
     k_last = tl.minimum(k_first + per_split, k_tiles)
+    if PREFETCH > 0:
+        # The first K tiles' weight lines into L2 while the kernel before still runs (PDL): the
+        # pipelined TMA loads can only be issued after the wait, as they sit with the x loads.
+        lines = tl.arange(0, PREFETCH * 32 * BLOCK_N // 32)
+        row = k_first * 32 + lines // (BLOCK_N // 32)
+        addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
+                                  is_pure=False, pack=1)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, num_stages=STAGES):
@@ -82,14 +93,14 @@ def _dot_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M,
             part = tl.dot(x, _plane(packed, p, 1), part)
         acc += part * s[None, :]
     store_tile(acc * S_MUL, c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, N, pid_k,
-               split_k, pid_n, False, SPLIT)
+               split_k, pid_m * tl.num_programs(0) + pid_n, False, SPLIT)
 
 
-def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split):
+def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split, block_m=16, prefetch=0):
     m, k = x.shape
     n = packed.shape[1]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    n_tiles = triton.cdiv(n, bn)
+    n_tiles, m_tiles = triton.cdiv(n, bn), triton.cdiv(m, block_m)
     partial, counters = split_k_buffers(split, m, n, n_tiles, ws, x.device)
     rows = 32 * tiles if kind == "gemv" else 32
     desc = TensorDescriptor(packed, list(packed.shape), [n, 1], [rows, bn])
@@ -99,20 +110,28 @@ def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split):
                                     X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1,
                                     BLOCK_N=bn, TILES=tiles, STAGES=stages, num_warps=warps, **opts)
     else:
-        _dot_tma[(n_tiles, split)](x, desc, scale, out, out, partial, counters, m, n, k, split, x.stride(0),
-                                   scale.stride(0), X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)),
-                                   SPLIT=split > 1, BLOCK_M=16, BLOCK_N=bn, STAGES=stages, num_warps=warps, **opts)
+        _dot_tma[(n_tiles, split, m_tiles)](x, desc, packed, scale, out, out, partial, counters, m, n, k, split,
+                                            x.stride(0), scale.stride(0), X_MUL=float(2.0 ** _X_EXP),
+                                            S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1, BLOCK_M=block_m,
+                                            BLOCK_N=bn, STAGES=stages, PREFETCH=prefetch, num_warps=warps, **opts)
     return out
 
 
+# Call 1: (block_n, tiles per load, stages, warps) for the GEMV at M = 1 and the dot kernel at M = 16.
 GEMV = [(64, 1, 4, 4), (64, 2, 3, 4), (128, 1, 4, 4), (128, 2, 3, 8), (256, 1, 3, 8), (64, 4, 3, 8), (32, 4, 4, 4)]
 DOT = [(64, 1, 3, 4), (64, 1, 5, 4), (128, 1, 3, 4), (128, 1, 4, 8)]
 SPLITS = (1, 2, 3, 4, 6, 8)
+# Call 2: the dot kernel only, (M, block_m, block_n, stages, warps, L2-prefetched K tiles).
+DOT2 = [(m, 16, bn, st, w, pf) for m in (1, 16) for bn, st, w in
+        ((32, 3, 2), (32, 4, 4), (64, 2, 4), (64, 3, 4), (64, 4, 4), (64, 3, 2), (128, 3, 4), (128, 3, 8))
+        for pf in (0, 2)] + [
+    (64, bm, bn, st, w, 0) for bm, bn, st, w in ((32, 64, 3, 4), (64, 64, 3, 4), (64, 128, 3, 4), (32, 128, 3, 4))] + [
+    (256, bm, bn, st, w, 0) for bm, bn, st, w in ((64, 64, 3, 4), (64, 128, 3, 4), (64, 128, 4, 8), (128, 128, 3, 8))]
 
 
 def main() -> None:
+    call = sys.argv[1] if len(sys.argv) > 1 else "call2"
     torch.manual_seed(0)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     rows = []
     for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
         w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
@@ -121,7 +140,14 @@ def main() -> None:
         ws = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
         wb = w.to(torch.bfloat16)
         w_ref = w.double() * scale.double().repeat_interleave(128, 0).t()
-        for m in (1, 16):
+        if call == "call1":
+            plan = {1: [("gemv", bn, t, st, wa, 16, 0) for bn, t, st, wa in GEMV],
+                    16: [("dot", bn, t, st, wa, 16, 0) for bn, t, st, wa in DOT]}
+        else:
+            plan = {}
+            for m, bm, bn, st, wa, pf in DOT2:
+                plan.setdefault(m, []).append(("dot", bn, 1, st, wa, bm, pf))
+        for m, configs in plan.items():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = x.double() @ w_ref.t()
 
@@ -132,27 +158,27 @@ def main() -> None:
             today = w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)
             t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
             best = None
-            for bn, tiles, stages, warps in (GEMV if m == 1 else DOT):
-                for split in SPLITS:
-                    args = (x, packed, scale, ws, "gemv" if m == 1 else "dot", bn, tiles, stages, warps, split)
+            for kind, bn, tiles, stages, warps, bm, pf in configs:
+                for split in (SPLITS if m <= bm else (1,)):
+                    args = (x, packed, scale, ws, kind, bn, tiles, stages, warps, split, bm, pf)
                     try:
                         e = err(run_tma(*args))
                         t = graph_time_ms(lambda: run_tma(*args)) * 1e3
                     except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
                         print(f"  K={k} N={n} M={m} {args[4:]}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                         continue
-                    row = dict(k=k, n=n, m=m, bn=bn, tiles=tiles, stages=stages, warps=warps, split=split, us=t,
-                               err=e, bf16_us=t_bf16, today_us=t_today, today_err=err(today))
+                    row = dict(k=k, n=n, m=m, kind=kind, bm=bm, bn=bn, tiles=tiles, stages=stages, warps=warps,
+                               prefetch=pf, split=split, us=t, err=e, bf16_us=t_bf16, today_us=t_today,
+                               today_err=err(today))
                     rows.append(row)
                     if best is None or t < best["us"]:
                         best = row
             print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} today {t_today:.1f} (x{t_bf16 / t_today:.2f}, err "
                   f"{err(today):.1e}) | TMA best {best['us']:.1f} (x{t_bf16 / best['us']:.2f}, err {best['err']:.1e}) "
-                  f"bn={best['bn']} tiles={best['tiles']} stages={best['stages']} warps={best['warps']} "
-                  f"split={best['split']} | copy-BW share needs bytes {w.numel() / best['us'] / 1e6:.2f} TB/s",
-                  flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+                  f"{best['kind']} bm={best['bm']} bn={best['bn']} tiles={best['tiles']} stages={best['stages']} "
+                  f"warps={best['warps']} prefetch={best['prefetch']} split={best['split']}", flush=True)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w") as f:
             json.dump(rows, f, indent=1)
 
 
