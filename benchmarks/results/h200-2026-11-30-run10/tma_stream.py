@@ -7,8 +7,10 @@ tile ahead, the dot kernel through cp.async). Same math as kernels/triton/w8a16_
 the weight loads differ. Graph times (tuning.graph_time_ms: cold L2, predecessor, PDL) against
 the tuner's pick of today's kernels and bf16 cuBLAS, in us; errors against float64.
     QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> call1|call2 [out.json]"
-Call 1 (commit 1dc4d43): the GEMV and the dot kernel with TMA weights. Call 2: the dot kernel
-at M = 1, 16, 64, 256, with and without an L2 prefetch of its first K tiles before the PDL wait.
+Call 1 (commit 1dc4d43): the GEMV and the dot kernel with TMA weights. Call 2 (b568441): the dot
+kernel at M = 1, 16, 64, 256, with and without an L2 prefetch of its first K tiles before the PDL
+wait. Call 3: the dot kernel on today's layout and on a column-tile-major copy of it (each
+program's weight slice contiguous), deeper rings, splits up to 16.
 """
 import json
 import sys
@@ -60,7 +62,8 @@ def _gemv_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, K, split_k, stride_xm, stride_sg,
              X_MUL: tl.constexpr, S_MUL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0):
+             BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
+             TILED: tl.constexpr = False):
     pid_m = tl.program_id(2)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -77,14 +80,20 @@ def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_
         # The first K tiles' weight lines into L2 while the kernel before still runs (PDL): the
         # pipelined TMA loads can only be issued after the wait, as they sit with the x loads.
         lines = tl.arange(0, PREFETCH * 32 * BLOCK_N // 32)
-        row = k_first * 32 + lines // (BLOCK_N // 32)
-        addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
+        if TILED:
+            addr = w_ptr + (pid_n * k_tiles + k_first).to(tl.int64) * 32 * BLOCK_N + lines * 32
+        else:
+            row = k_first * 32 + lines // (BLOCK_N // 32)
+            addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
                                   is_pure=False, pack=1)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, num_stages=STAGES):
-        packed = w_desc.load([kt * 32, n0])
+        if TILED:  # weight [n tiles * K tiles * 32, BLOCK_N]: each program's slice is contiguous
+            packed = w_desc.load([(pid_n * k_tiles + kt) * 32, 0])
+        else:
+            packed = w_desc.load([kt * 32, n0])
         s = tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for p in tl.static_range(4):
@@ -96,24 +105,32 @@ def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_
                split_k, pid_m * tl.num_programs(0) + pid_n, False, SPLIT)
 
 
-def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split, block_m=16, prefetch=0):
+def tile_contiguous(packed: torch.Tensor, bn: int) -> torch.Tensor:
+    """k-planes [K tiles * 32, N] -> [N / bn * K tiles * 32, bn]: column tile major."""
+    rows, n = packed.shape
+    return packed.view(rows, n // bn, bn).permute(1, 0, 2).contiguous().view(-1, bn)
+
+
+def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split, block_m=16, prefetch=0, tiled=None):
     m, k = x.shape
     n = packed.shape[1]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     n_tiles, m_tiles = triton.cdiv(n, bn), triton.cdiv(m, block_m)
     partial, counters = split_k_buffers(split, m, n, n_tiles, ws, x.device)
     rows = 32 * tiles if kind == "gemv" else 32
-    desc = TensorDescriptor(packed, list(packed.shape), [n, 1], [rows, bn])
+    w = packed if tiled is None else tiled
+    desc = TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [rows, bn])
     opts = launch_options(x.device)
     if kind == "gemv":
         _gemv_tma[(n_tiles, split)](x, desc, scale, out, out, partial, counters, n, k, split, scale.stride(0),
                                     X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1,
                                     BLOCK_N=bn, TILES=tiles, STAGES=stages, num_warps=warps, **opts)
     else:
-        _dot_tma[(n_tiles, split, m_tiles)](x, desc, packed, scale, out, out, partial, counters, m, n, k, split,
+        _dot_tma[(n_tiles, split, m_tiles)](x, desc, w, scale, out, out, partial, counters, m, n, k, split,
                                             x.stride(0), scale.stride(0), X_MUL=float(2.0 ** _X_EXP),
                                             S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1, BLOCK_M=block_m,
-                                            BLOCK_N=bn, STAGES=stages, PREFETCH=prefetch, num_warps=warps, **opts)
+                                            BLOCK_N=bn, STAGES=stages, PREFETCH=prefetch, TILED=tiled is not None,
+                                            num_warps=warps, **opts)
     return out
 
 
@@ -140,13 +157,17 @@ def main() -> None:
         ws = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
         wb = w.to(torch.bfloat16)
         w_ref = w.double() * scale.double().repeat_interleave(128, 0).t()
+        tiled = tile_contiguous(packed, 64)
         if call == "call1":
-            plan = {1: [("gemv", bn, t, st, wa, 16, 0) for bn, t, st, wa in GEMV],
-                    16: [("dot", bn, t, st, wa, 16, 0) for bn, t, st, wa in DOT]}
+            plan = {1: [("gemv", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in GEMV],
+                    16: [("dot", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in DOT]}
+        elif call == "call3":
+            plan = {m: [("dot", 64, 1, st, 4, 16, pf, lay) for st in (3, 4, 6) for pf in (0, 2)
+                        for lay in ("rows", "tiles")] for m in (1, 16)}
         else:
             plan = {}
             for m, bm, bn, st, wa, pf in DOT2:
-                plan.setdefault(m, []).append(("dot", bn, 1, st, wa, bm, pf))
+                plan.setdefault(m, []).append(("dot", bn, 1, st, wa, bm, pf, "rows"))
         for m, configs in plan.items():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = x.double() @ w_ref.t()
@@ -158,9 +179,10 @@ def main() -> None:
             today = w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)
             t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
             best = None
-            for kind, bn, tiles, stages, warps, bm, pf in configs:
-                for split in (SPLITS if m <= bm else (1,)):
-                    args = (x, packed, scale, ws, kind, bn, tiles, stages, warps, split, bm, pf)
+            for kind, bn, tiles, stages, warps, bm, pf, layout in configs:
+                for split in ((SPLITS if call != "call3" else (2, 3, 4, 6, 8, 12, 16)) if m <= bm else (1,)):
+                    args = (x, packed, scale, ws, kind, bn, tiles, stages, warps, split, bm, pf,
+                            tiled if layout == "tiles" else None)
                     try:
                         e = err(run_tma(*args))
                         t = graph_time_ms(lambda: run_tma(*args)) * 1e3
@@ -168,7 +190,7 @@ def main() -> None:
                         print(f"  K={k} N={n} M={m} {args[4:]}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                         continue
                     row = dict(k=k, n=n, m=m, kind=kind, bm=bm, bn=bn, tiles=tiles, stages=stages, warps=warps,
-                               prefetch=pf, split=split, us=t, err=e, bf16_us=t_bf16, today_us=t_today,
+                               prefetch=pf, layout=layout, split=split, us=t, err=e, bf16_us=t_bf16, today_us=t_today,
                                today_err=err(today))
                     rows.append(row)
                     if best is None or t < best["us"]:
@@ -176,7 +198,7 @@ def main() -> None:
             print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} today {t_today:.1f} (x{t_bf16 / t_today:.2f}, err "
                   f"{err(today):.1e}) | TMA best {best['us']:.1f} (x{t_bf16 / best['us']:.2f}, err {best['err']:.1e}) "
                   f"{best['kind']} bm={best['bm']} bn={best['bn']} tiles={best['tiles']} stages={best['stages']} "
-                  f"warps={best['warps']} prefetch={best['prefetch']} split={best['split']}", flush=True)
+                  f"warps={best['warps']} prefetch={best['prefetch']} {best['layout']} split={best['split']}", flush=True)
     if len(sys.argv) > 2:
         with open(sys.argv[2], "w") as f:
             json.dump(rows, f, indent=1)
