@@ -151,11 +151,12 @@ def variants() -> list[Variant]:
     common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "K": "i32/16",
               "split_k": "i32", "stride_sg": "i32/16", "X_MUL": 2.0 ** 64, "S_MUL": 2.0 ** 56, "HAS_BIAS": False,
               "EVEN_K": True}
-    configs = {c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
+    configs = ({c for cands in w.CANDIDATES.values() for c in cands} | set(w.LARGE_M)
+               | {c for cands in w.SM90_CANDIDATES.values() for c in cands})
     for dtype, tag in dtypes:
         ptrs = {"x_ptr": dtype, "s_ptr": dtype, "c_ptr": dtype, "bias_ptr": dtype}
         for cfg in sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.tiles,
-                                                  c.split_per_sm)):
+                                                  c.split_per_sm, c.tma, c.prefetch)):
             split = bool(cfg.split_per_sm)
             for groupwise in (True, False):
                 if cfg.block_m == 1:
@@ -165,11 +166,14 @@ def variants() -> list[Variant]:
                         "BLOCK_N": cfg.block_n, "TILES": cfg.tiles, "PDL": False}, 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
                 else:
-                    out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}"),
+                    tma = f".tma.pf{cfg.prefetch}" if cfg.tma else ""
+                    out.append(Variant(name("w8a16.dot", groupwise, tag, cfg, f".split{int(split)}{tma}"),
                                        w._w8a16_gemm_kernel, {
                         **common, **ptrs, "M": "i32", "N": "i32/16", "stride_xm": "i32/16", "stride_cm": "i32/16",
+                        "w_desc": f"tensordesc<i32[{w.PLANE_K}, {cfg.block_n}]>" if cfg.tma else None,
                         "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
-                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": False}, 80,
+                        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": cfg.tma, "TMA": cfg.tma,
+                        "PREFETCH": cfg.prefetch}, 90 if cfg.tma else 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # The PDL variant (sm_90: griddepcontrol) of the GEMV default.
     cfg = w.CANDIDATES[1][0]

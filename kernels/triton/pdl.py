@@ -12,7 +12,8 @@ Rule for a kernel launched with `**launch_options(device)`: call `await_inputs(P
 reading anything an earlier kernel writes and before its first store (a store before it could
 overwrite what the earlier kernel still reads). It waits, then lets the next kernel launch.
 Kernels launched without PDL (PyTorch's, cuBLAS's) wait for full completion as before, so
-mixing is safe.
+mixing is safe. Work before the wait must not depend on earlier kernels: index math, and
+`prefetch_l2` of the weights.
 
 PDL is on only inside `for_graph_capture()`, which the engine wraps around its CUDA graph
 warm-up and capture: there the launch gaps are GPU time. Eagerly the step is bound by the host,
@@ -30,9 +31,11 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 PDL_ENV = "QUANTGATE_PDL"
+_INTERPRETED = tl.constexpr(knobs.runtime.interpret)  # read when kernels are defined, as triton.jit does
 
 
 @functools.cache
@@ -76,3 +79,13 @@ def await_inputs(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(addresses):
+    """Start loading the 128-byte lines at `addresses` into L2, without waiting or using a
+    register for them: what a kernel can do with data no earlier kernel writes (its weights)
+    before `await_inputs`. Nothing under the interpreter."""
+    if not _INTERPRETED:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addresses], dtype=tl.int32,
+                                  is_pure=False, pack=1)

@@ -105,6 +105,42 @@ def test_every_gemv_candidate_matches_float64_reference(seed, config):
     assert workspace.eq(0).all()
 
 
+def _tma_candidates():
+    from quantgate.kernels.triton.w8a16_gemm import SM90_CANDIDATES
+
+    return sorted({c for cands in SM90_CANDIDATES.values() for c in cands if c.tma}, key=str)
+
+
+@pytest.mark.parametrize("config", _tma_candidates(), ids=str)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_every_tma_candidate_matches_float64_reference(seed, config, m):
+    # Hopper's TMA weight loads (the interpreter runs tensor descriptors on CPU): 5 K tiles, the
+    # last partial, N = 200 not a multiple of the 64-column tile (the descriptor fills zeros).
+    from quantgate.kernels.triton.w8a16_gemm import w8a16_gemm, workspace_size
+
+    case = make_case(200, 600, Scheme.FP8_BLOCK, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 600, device=DEVICE).half()
+    workspace = torch.zeros(workspace_size(200), dtype=torch.int32, device=DEVICE)
+    for split_k in (None, 2):
+        out = w8a16_gemm(x, case.layer.weight, case.layer.weight_scale, groupwise=True, workspace=workspace,
+                         config=config, split_k=split_k)
+        assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3, split_k
+        assert workspace.eq(0).all()
+
+
+def test_tma_configs_need_sixteen_byte_rows():
+    from quantgate.kernels.triton.w8a16_gemm import pack_weight, tma_capable, w8a16_gemm
+
+    assert not tma_capable(torch.device("cpu"), 256)
+    x = torch.zeros(2, 128, device=DEVICE).half()
+    packed = pack_weight(torch.zeros(30, 128, device=DEVICE).to(quant.FP8_DTYPE))
+    with pytest.raises(ValueError, match="N a multiple of 4"):
+        w8a16_gemm(x, packed, torch.ones(1, 30, device=DEVICE).half(), groupwise=False,
+                   config=_tma_candidates()[0])
+
+
 def test_gemv_config_refuses_more_than_one_row():
     from quantgate.kernels.triton.w8a16_gemm import candidates_for, pack_weight, w8a16_gemm
 
