@@ -173,7 +173,7 @@ def variants() -> list[Variant]:
                         "w_desc": f"tensordesc<i32[{w.PLANE_K}, {cfg.block_n}]>" if cfg.tma else None,
                         "GROUPWISE": groupwise, "OUT": 1 if dtype == torch.bfloat16 else 2, "SPLIT": split,
                         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PDL": cfg.tma, "TMA": cfg.tma,
-                        "PREFETCH": cfg.prefetch}, 90 if cfg.tma else 80,
+                        "PREFETCH": cfg.prefetch, "STAGES": cfg.num_stages}, 90 if cfg.tma else 80,
                         {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     # The PDL variant (sm_90: griddepcontrol) of the GEMV default.
     cfg = w.CANDIDATES[1][0]
