@@ -10,7 +10,8 @@ the tuner's pick of today's kernels and bf16 cuBLAS, in us; errors against float
 Call 1 (commit 1dc4d43): the GEMV and the dot kernel with TMA weights. Call 2 (b568441): the dot
 kernel at M = 1, 16, 64, 256, with and without an L2 prefetch of its first K tiles before the PDL
 wait. Call 3: the dot kernel on today's layout and on a column-tile-major copy of it (each
-program's weight slice contiguous), deeper rings, splits up to 16.
+program's weight slice contiguous), deeper rings, splits up to 16. Call 7: swap-AB (weights the
+wgmma A operand from registers, x^T the B operand in shared memory) against the dot kernel.
 """
 import json
 import sys
@@ -105,6 +106,44 @@ def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_
                split_k, pid_m * tl.num_programs(0) + pid_n, False, SPLIT)
 
 
+@triton.jit(do_not_specialize=["M", "split_k"])
+def _swap_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, K, split_k, stride_xm,
+              stride_sg, X_MUL: tl.constexpr, S_MUL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0):
+    """Swap-AB: out^T [BLOCK_N, BLOCK_M] = W_tile (converted in registers: the wgmma A operand) x
+    x^T (the B operand from shared memory, written once per program, not once per warp)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rn_in = rn % N
+    rj = tl.arange(0, 32)
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, split_k)
+    k_first = pid_k * per_split
+    k_last = tl.minimum(k_first + per_split, k_tiles)
+    if PREFETCH > 0:
+        lines = tl.arange(0, PREFETCH * 32 * BLOCK_N // 32)
+        row = k_first * 32 + lines // (BLOCK_N // 32)
+        addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    await_inputs(PDL)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in tl.range(k_first, k_last, num_stages=STAGES):
+        packed = w_desc.load([kt * 32, n0])
+        s = tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for p in tl.static_range(4):
+            x = tl.load(x_ptr + (rm % M)[:, None] * stride_xm + (kt * 128 + p * 32 + rj)[None, :])
+            x = (x.to(tl.float32) * X_MUL).to(tl.bfloat16)
+            part = tl.dot(tl.trans(_plane(packed, p, 1)), tl.trans(x), part)
+        acc += part * s[:, None]
+    store_tile(tl.trans(acc * S_MUL), c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, N, pid_k,
+               split_k, pid_n, False, SPLIT)
+
+
 def tile_contiguous(packed: torch.Tensor, bn: int) -> torch.Tensor:
     """k-planes [K tiles * 32, N] -> [N / bn * K tiles * 32, bn]: column tile major."""
     rows, n = packed.shape
@@ -125,6 +164,11 @@ def run_tma(x, packed, scale, ws, kind, bn, tiles, stages, warps, split, block_m
         _gemv_tma[(n_tiles, split)](x, desc, scale, out, out, partial, counters, n, k, split, scale.stride(0),
                                     X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)), SPLIT=split > 1,
                                     BLOCK_N=bn, TILES=tiles, STAGES=stages, num_warps=warps, **opts)
+    elif kind == "swap":
+        _swap_tma[(n_tiles, split)](x, desc, w, scale, out, out, partial, counters, m, n, k, split, x.stride(0),
+                                    scale.stride(0), X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP)),
+                                    SPLIT=split > 1, BLOCK_M=block_m, BLOCK_N=bn, STAGES=stages, PREFETCH=prefetch,
+                                    num_warps=warps, **opts)
     else:
         _dot_tma[(n_tiles, split, m_tiles)](x, desc, w, scale, out, out, partial, counters, m, n, k, split,
                                             x.stride(0), scale.stride(0), X_MUL=float(2.0 ** _X_EXP),
@@ -161,6 +205,10 @@ def main() -> None:
         if call == "call1":
             plan = {1: [("gemv", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in GEMV],
                     16: [("dot", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in DOT]}
+        elif call == "call7":
+            plan = {m: [(kind, bn, 1, st, wa, 16, pf, "rows") for kind, bn, st, wa, pf in (
+                ("dot", 64, 4, 4, 2), ("dot", 64, 3, 4, 0), ("swap", 64, 3, 4, 0), ("swap", 64, 4, 4, 2),
+                ("swap", 128, 3, 4, 0), ("swap", 128, 3, 8, 0), ("swap", 128, 4, 4, 2))] for m in (1, 16)}
         elif call == "call3":
             plan = {m: [("dot", 64, 1, st, 4, 16, pf, lay) for st in (3, 4, 6) for pf in (0, 2)
                         for lay in ("rows", "tiles")] for m in (1, 16)}
@@ -180,7 +228,7 @@ def main() -> None:
             t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
             best = None
             for kind, bn, tiles, stages, warps, bm, pf, layout in configs:
-                for split in ((SPLITS if call != "call3" else (2, 3, 4, 6, 8, 12, 16)) if m <= bm else (1,)):
+                for split in ((SPLITS if call not in ("call3", "call7") else (2, 3, 4, 6, 8, 12, 16)) if m <= bm else (1,)):
                     args = (x, packed, scale, ws, kind, bn, tiles, stages, warps, split, bm, pf,
                             tiled if layout == "tiles" else None)
                     try:
