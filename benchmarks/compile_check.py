@@ -121,7 +121,7 @@ def variants() -> list[Variant]:
                     "N": "i32/16", "K": "i32/16", "split_k": "i32", "stride_xm": "i32/16", "stride_wn": "i32/16",
                     "stride_cm": "i32/16", "stride_wsn": "i32", "stride_wsg": "i32", **scales(groupwise),
                     "HAS_BIAS": False, "SPLIT": True, "EVEN_K": True, "BLOCK_M": cfg.block_m,
-                    "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "PDL": False}, 89,
+                    "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "PDL": False, "STAGES": cfg.num_stages}, 89,
                     {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     tiled = {c for cands in g.TILED_CANDIDATES.values() for c in cands} | set(g.TILED_LARGE)
     for cfg in sorted(tiled, key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_per_sm)):
@@ -134,7 +134,7 @@ def variants() -> list[Variant]:
                 "K": "i32/16", "split_k": "i32", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
                 "stride_asm": "i32", "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
                 "HAS_BIAS": False, "SPLIT": bool(cfg.split_per_sm), "EVEN_K": True, "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m}, 89,
+                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages}, 89,
                 {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     for cfg in g.TMA_CANDIDATES:
         for groupwise in (True, False):
@@ -145,7 +145,8 @@ def variants() -> list[Variant]:
                 "M": "i32", "N": "i32/16", "K": "i32/16", "stride_cm": "i32/16", "stride_asm": "i32",
                 "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
                 "HAS_BIAS": False, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K,
-                "GROUP_M": cfg.group_m}, 90, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
+                "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages}, 90,
+                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 
     w = w8a16_gemm
     common = {"w_ptr": torch.int32, "partial_ptr": torch.float32, "counter_ptr": torch.int32, "K": "i32/16",

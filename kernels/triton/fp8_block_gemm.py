@@ -101,6 +101,7 @@ def _w8a8_small_m_kernel(
     GROUPWISE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop (see _w8a8_gemm_kernel)
 ):
     """x [M <= BLOCK_M, K] in bf16/fp16, quantized here; acc^T [BLOCK_N, BLOCK_M] = W_tile @ xq^T."""
     await_inputs(PDL)
@@ -132,7 +133,7 @@ def _w8a8_small_m_kernel(
     else:
         ws_ptrs = ws_ptr + (rn_in // SCALE_BLOCK_N) * stride_wsn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in range(k_first, k_last):
+    for kt in tl.range(k_first, k_last, num_stages=STAGES):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=rows, other=0.0)
             w = tl.load(w_ptrs)
@@ -181,6 +182,7 @@ def _w8a8_gemm_kernel(
     SCALE_BLOCK_N: tl.constexpr, GROUPWISE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,  # the launch's num_stages
 ):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -208,7 +210,9 @@ def _w8a8_gemm_kernel(
         b_scale_ptrs = b_scale_ptr + (rn_in // SCALE_BLOCK_N) * stride_bsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_first, k_last):
+    # Stages named in the loop, not only as the launch option: Triton then pipelines the scale
+    # loads as well as the dot operands', where it would otherwise wait for them in every K step.
+    for kt in tl.range(k_first, k_last, num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -240,6 +244,7 @@ def _w8a8_tma_kernel(
     M, N, K, stride_cm, stride_asm, stride_asg, stride_bsn, stride_bsg,
     SCALE_BLOCK_N: tl.constexpr, GROUPWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop (see _w8a8_gemm_kernel)
 ):
     """a_desc: [M, K] fp8 blocks [BLOCK_M, BLOCK_K]; b_desc: [N, K] fp8 blocks [BLOCK_N, BLOCK_K]."""
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -256,7 +261,7 @@ def _w8a8_tma_kernel(
         b_scale_ptrs = b_scale_ptr + (rn_in // SCALE_BLOCK_N) * stride_bsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+    for kt in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
         a = a_desc.load([m0, kt * BLOCK_K])
         b = b_desc.load([n0, kt * BLOCK_K])
         if GROUPWISE:
@@ -381,7 +386,7 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
             m, n, k, split, x.stride(0), weight.stride(0), out.stride(0), weight_scale.stride(0), stride_wsg,
             SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
             EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device))
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, STAGES=cfg.num_stages, **launch_options(x.device))
 
     if config is None:
         key = (m_bucket(m), n, k, x.dtype, out_dtype, groupwise, scale_block_n)
@@ -448,7 +453,7 @@ def w8a8_gemm(
                  m, n, k, out.stride(0), *scale_strides),
                 SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                num_stages=cfg.num_stages, STAGES=cfg.num_stages)
 
         run_tma(config or _TMA_TUNER.pick(key, TMA_CANDIDATES, run_tma, a.device))
         return out
@@ -469,7 +474,7 @@ def w8a8_gemm(
              m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides),
             SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
             EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages, STAGES=cfg.num_stages)
 
     if config is None:
         config = _TILED_TUNER.pick(key, TILED_CANDIDATES.get(m_bucket(m), TILED_LARGE), run, a.device)
