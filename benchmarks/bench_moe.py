@@ -622,7 +622,8 @@ def _compile_variants() -> list:
         args.update({n: p for n, p in dict(a_ptr=a, x_ptr=a, a_scale_ptr=f32, w_ptr=w, w_scale_ptr=f32, s_ptr=a,
                                             out_ptr=o, out_scale_ptr=f32, topk_weights_ptr=f32).items()
                      if n in kernel.arg_names})
-        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, **constexprs)
+        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m,
+                    STAGES=tile.num_stages, **constexprs)
         if "BLOCK_K" in kernel.arg_names:
             args["BLOCK_K"] = tile.block_k
         return Variant(name, kernel, args, cap, {"num_warps": tile.num_warps, "num_stages": tile.num_stages})

@@ -64,6 +64,7 @@ def _w8a16_gate_up_kernel(
     stride_xm, stride_we, stride_se, stride_sk, stride_om,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
 ):
     pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -83,7 +84,7 @@ def _w8a16_gate_up_kernel(
     x_ptrs = x_ptr + tokens[:, None] * stride_xm + rj[None, :]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, 128)):
+    for kt in tl.range(0, tl.cdiv(K, 128), num_stages=STAGES):
         pg = tl.load(wg_ptrs)
         pu = tl.load(wg_ptrs + I)
         part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -123,6 +124,7 @@ def _w8a16_down_kernel(
     stride_xm, stride_we, stride_se, stride_sk, stride_om,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
 ):
     pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -139,7 +141,7 @@ def _w8a16_down_kernel(
     s_ptrs = s_ptr + expert * stride_se + rn_in
     x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + rj[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, 128)):
+    for kt in tl.range(0, tl.cdiv(K, 128), num_stages=STAGES):
         packed = tl.load(w_ptrs)
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for p in tl.static_range(4):
@@ -191,7 +193,7 @@ def fused_moe_w8a16(
         num_slots, rows, hidden, intermediate, top_k,
         x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1), h.stride(0),
         GROUPWISE=w13_scale.shape[1] > 1, EVEN_K=hidden % GROUP_K == 0,
-        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, **common,
+        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages, **common,
     )
     slot_out = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     tile = config.down
@@ -200,6 +202,6 @@ def fused_moe_w8a16(
         num_slots, rows, hidden, intermediate,
         h.stride(0), w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), slot_out.stride(0),
         GROUPWISE=w2_scale.shape[1] > 1, EVEN_K=intermediate % GROUP_K == 0,
-        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, **common,
+        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages, **common,
     )
     return sum_slots(slot_out, num_tokens, top_k)
