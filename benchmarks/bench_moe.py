@@ -622,8 +622,7 @@ def _compile_variants() -> list:
         args.update({n: p for n, p in dict(a_ptr=a, x_ptr=a, a_scale_ptr=f32, w_ptr=w, w_scale_ptr=f32, s_ptr=a,
                                             out_ptr=o, out_scale_ptr=f32, topk_weights_ptr=f32).items()
                      if n in kernel.arg_names})
-        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m,
-                    STAGES=tile.num_stages, **constexprs)
+        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, **constexprs)
         if "BLOCK_K" in kernel.arg_names:
             args["BLOCK_K"] = tile.block_k
         return Variant(name, kernel, args, cap, {"num_warps": tile.num_warps, "num_stages": tile.num_stages})
@@ -652,9 +651,9 @@ def _compile_variants() -> list:
                        f".upto{largest}.bm{c.block_m}")
                 common = dict(X_MUL=x_mul, S_MUL=s_mul, GROUPWISE=groupwise, OUT=kind)
                 out.append(gemm(fused_moe_w8a16._w8a16_gate_up_kernel, f"w8a16.gate_up.{tag}", 80, dtype, i32,
-                                dtype, c, c.gate_up, **common))
+                                dtype, c, c.gate_up, STAGES=c.gate_up.num_stages, **common))
                 out.append(gemm(fused_moe_w8a16._w8a16_down_kernel, f"w8a16.down.{tag}", 80, dtype, i32, dtype,
-                                c, c.down, **common))
+                                c, c.down, STAGES=c.down.num_stages, **common))
     return out
 
 

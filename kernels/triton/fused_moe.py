@@ -162,7 +162,6 @@ def _gate_up_kernel(
     QUANT_OUT: tl.constexpr,  # write FP8 + 1x128 scales (BLOCK_N == 128), else the out dtype
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
 ):
     pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -193,7 +192,7 @@ def _gate_up_kernel(
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_base + a_offs, mask=live[:, None], other=0.0)
             bg = tl.load(w_base + w_offs)
@@ -240,7 +239,6 @@ def _down_kernel(
     stride_om,
     A_SCALES: tl.constexpr, W_ROWS_PER_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
 ):
     pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -260,7 +258,7 @@ def _down_kernel(
     s_ptrs = w_scale_ptr + expert * stride_wse + (rn_in // W_ROWS_PER_SCALE) * stride_wsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_base + a_offs, mask=live[:, None], other=0.0)
             b = tl.load(w_base + w_offs)
@@ -302,7 +300,7 @@ def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, o
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, QUANT_OUT=out_scale is not None,
         EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
@@ -323,7 +321,7 @@ def _launch_down(a, a_scale, a_mode, w2, scales: ExpertScales | None, out, topk_
         out.stride(0),
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
