@@ -87,13 +87,16 @@ CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
     256: (W8A16Config(64, 128, 4, 3), W8A16Config(64, 64, 4, 3)),
 }
 LARGE_M = (W8A16Config(64, 128, 4, 3),)
-# Hopper: the TMA dot kernel first at 2-16 rows, and timed against the GEMV at one row (run 10,
-# graph us at M = 16 against today's dot kernel: 4096x4096 9.2 vs 12.4, 4096x14336 22.1 vs 24.1,
-# 14336x4096 21.7 vs 25.0; at M = 1 it won on 4096x14336 only, 20.3 vs 21.1). The split targets
-# give the best splits measured: 4 at 4096x4096 and 4096x14336, 8 at 14336x4096.
-_TMA_DOT = (W8A16Config(16, 64, 4, 4, 2, tma=True, prefetch=2), W8A16Config(16, 64, 4, 3, 4, tma=True),
-            W8A16Config(16, 64, 4, 3, 7, tma=True), W8A16Config(16, 64, 4, 3, 4, tma=True, prefetch=2))
-SM90_CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {1: CANDIDATES[1] + _TMA_DOT, 16: _TMA_DOT + CANDIDATES[16]}
+# Hopper, 2-16 rows: the TMA dot kernel first (run 10, graph us at M = 16 against the pointer dot
+# kernel: 4096x4096 9.2 vs 12.4, 4096x14336 22.1 vs 24.1, 14336x4096 21.7 vs 25.0). The split
+# targets give the best splits measured: 4 at 4096x4096 and 4096x14336, 8 at 14336x4096. Not at
+# one row: there it tied the GEMV (8.4-20.4 vs 8.3-21.1 us) and, picked under PDL by a 3% margin,
+# was 20% slower than the GEMV without PDL (bench_linear, call 12).
+SM90_CANDIDATES: dict[int, tuple[W8A16Config, ...]] = {
+    16: (W8A16Config(16, 64, 4, 4, 2, tma=True, prefetch=2), W8A16Config(16, 64, 4, 3, 4, tma=True),
+         W8A16Config(16, 64, 4, 3, 7, tma=True), W8A16Config(16, 64, 4, 3, 4, tma=True, prefetch=2))
+    + CANDIDATES[16],
+}
 # Split-K only while the output has one row tile; the workspace holds one counter per column tile.
 MIN_BLOCK_N = 32
 
