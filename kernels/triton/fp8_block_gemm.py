@@ -27,7 +27,6 @@ Configurations are chosen per shape on the GPU (tuning.py), the heuristic defaul
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,7 @@ import triton.language as tl
 from .act_quant import _scale_from_amax, _to_fp8, quantize_per_token, quantize_per_token_group
 from . import fp8_gemv
 from .fp8_gemv import GemvConfig, w8a8_gemv
-from .launch import DirectLaunch, aligned, cdiv
+from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options
 from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -80,15 +79,6 @@ MIN_BLOCK_N = 32  # the smallest column tile of a split launch: sizes the layer'
 def workspace_size(n: int) -> int:
     """int32 counters a layer with N outputs needs (zero-initialised, bound once)."""
     return cdiv(n, MIN_BLOCK_N)
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def _tma_capable(device: torch.device) -> bool:
-    return device.type == "cuda" and _capability(device)[0] == 9
 
 
 # Not specialized: arguments that vary with the batch or only address a scale row once, so that
@@ -339,7 +329,7 @@ def _default_path(m: int, k: int, n: int, device: torch.device) -> str:
     if m <= SMALL_M:
         return "small_m"
     # TMA rows of K fp8 bytes (and of N output elements) must be 16-byte aligned.
-    if m >= TMA_MIN_M and k % 16 == 0 and n % 16 == 0 and _tma_capable(device):
+    if m >= TMA_MIN_M and k % 16 == 0 and n % 16 == 0 and tma_device(device):
         return "tma"
     return "tiled"
 

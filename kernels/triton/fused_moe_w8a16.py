@@ -193,7 +193,8 @@ def fused_moe_w8a16(
         num_slots, rows, hidden, intermediate, top_k,
         x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1), h.stride(0),
         GROUPWISE=w13_scale.shape[1] > 1, EVEN_K=hidden % GROUP_K == 0,
-        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages, **common,
+        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        STAGES=tile.num_stages, **common,
     )
     slot_out = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     tile = config.down
@@ -202,6 +203,7 @@ def fused_moe_w8a16(
         num_slots, rows, hidden, intermediate,
         h.stride(0), w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), slot_out.stride(0),
         GROUPWISE=w2_scale.shape[1] > 1, EVEN_K=intermediate % GROUP_K == 0,
-        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages, STAGES=tile.num_stages, **common,
+        BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        STAGES=tile.num_stages, **common,
     )
     return sum_slots(slot_out, num_tokens, top_k)

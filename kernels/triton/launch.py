@@ -16,9 +16,11 @@ runs a kernel compiled for other arguments.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from typing import Any
 
+import torch
 from triton import knobs
 from triton.knobs import HookChain
 from triton.compiler import CompiledKernel
@@ -35,6 +37,13 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (0 for 0), on the host."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@functools.cache
+def tma_device(device: torch.device) -> bool:
+    """Whether the TMA kernels (host tensor descriptors) run on `device`: Hopper, the GPU they
+    are tuned on."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def aligned(ptr: int) -> bool:

@@ -32,7 +32,6 @@ tiles, tiles per load and splits are tuned per shape on the GPU (tuning.py).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .launch import DirectLaunch, aligned, cdiv
+from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options, prefetch_l2
 from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -112,12 +111,7 @@ def candidates_for(m: int, tma: bool = False) -> tuple[W8A16Config, ...]:
 
 def tma_capable(device: torch.device, n: int) -> bool:
     """Whether the TMA configs can run: Hopper, and packed rows of N int32 16-byte aligned."""
-    return n % 4 == 0 and device.type == "cuda" and _capability(device)[0] == 9
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    return n % 4 == 0 and tma_device(device)
 
 
 def workspace_size(n: int) -> int:
