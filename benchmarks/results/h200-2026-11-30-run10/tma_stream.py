@@ -6,7 +6,8 @@ issuing thread, where today's kernels hold their in-flight loads in registers (t
 tile ahead, the dot kernel through cp.async). Same math as kernels/triton/w8a16_gemm.py; only
 the weight loads differ. Graph times (tuning.graph_time_ms: cold L2, predecessor, PDL) against
 the tuner's pick of today's kernels and bf16 cuBLAS, in us; errors against float64.
-    QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> call1|call2 [out.json]"
+    QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> call1|call2|call3|call7 [out.json]"
+Shapes, peers and the timing loop: cases.py.
 Call 1 (commit 1dc4d43): the GEMV and the dot kernel with TMA weights. Call 2 (b568441): the dot
 kernel at M = 1, 16, 64, 256, with and without an L2 prefetch of its first K tiles before the PDL
 wait. Call 3: the dot kernel on today's layout and on a column-tile-major copy of it (each
@@ -22,9 +23,27 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from quantgate.kernels.triton.gemm_epilogue import split_k_buffers, store_tile
-from quantgate.kernels.triton.pdl import await_inputs, launch_options
-from quantgate.kernels.triton.tuning import graph_time_ms
-from quantgate.kernels.triton.w8a16_gemm import _X_EXP, _plane, pack_weight, w8a16_gemm, workspace_size
+from quantgate.kernels.triton.pdl import await_inputs, launch_options, prefetch_l2
+from quantgate.kernels.triton.w8a16_gemm import _X_EXP, _plane
+
+
+@triton.jit
+def _k_slice(K, split_k, pid_k, TILES: tl.constexpr):
+    """(K tiles, first, end) of slice pid_k. Slices are whole chunks of TILES tiles, so a chunk never
+    reads the next slice's rows (past the weight's end TMA fills zeros)."""
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(tl.cdiv(k_tiles, split_k), TILES) * TILES
+    k_first = pid_k * per_split
+    return k_tiles, k_first, tl.minimum(k_first + per_split, k_tiles)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, k_first, n0, N, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The first PREFETCH K tiles of a k-planes column tile into L2, before the PDL wait: the
+    pipelined TMA loads can only be issued after it, as they sit with the activation loads."""
+    lines = tl.arange(0, PREFETCH * BLOCK_N)
+    row = k_first * 32 + lines // (BLOCK_N // 32)
+    prefetch_l2(w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32)
 
 
 @triton.jit(do_not_specialize=["split_k"])
@@ -38,11 +57,7 @@ def _gemv_tma(x_ptr, w_desc, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr, N
     rn_in = rn % N
     rj = tl.arange(0, 32 * TILES)
     tile = rj // 32
-    k_tiles = tl.cdiv(K, 128)
-    # Slices are whole chunks: a chunk never reads the next slice's rows (past the end TMA fills 0).
-    per_split = tl.cdiv(tl.cdiv(k_tiles, split_k), TILES) * TILES
-    k_first = pid_k * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)
+    k_tiles, k_first, k_last = _k_slice(K, split_k, pid_k, TILES)
     await_inputs(PDL)
     acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, TILES, num_stages=STAGES):
@@ -73,21 +88,13 @@ def _dot_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_
     rn = n0 + tl.arange(0, BLOCK_N)
     rn_in = rn % N
     rj = tl.arange(0, 32)
-    k_tiles = tl.cdiv(K, 128)
-    per_split = tl.cdiv(k_tiles, split_k)
-    k_first = pid_k * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)
+    k_tiles, k_first, k_last = _k_slice(K, split_k, pid_k, 1)
     if PREFETCH > 0:
-        # The first K tiles' weight lines into L2 while the kernel before still runs (PDL): the
-        # pipelined TMA loads can only be issued after the wait, as they sit with the x loads.
-        lines = tl.arange(0, PREFETCH * 32 * BLOCK_N // 32)
-        if TILED:
-            addr = w_ptr + (pid_n * k_tiles + k_first).to(tl.int64) * 32 * BLOCK_N + lines * 32
+        if TILED:  # the slice is contiguous
+            prefetch_l2(w_ptr + (pid_n * k_tiles + k_first).to(tl.int64) * 32 * BLOCK_N
+                        + tl.arange(0, PREFETCH * BLOCK_N) * 32)
         else:
-            row = k_first * 32 + lines // (BLOCK_N // 32)
-            addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+            _prefetch_rows(w_ptr, k_first, n0, N, PREFETCH, BLOCK_N)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, num_stages=STAGES):
@@ -119,16 +126,9 @@ def _swap_tma(x_ptr, w_desc, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter
     rn = n0 + tl.arange(0, BLOCK_N)
     rn_in = rn % N
     rj = tl.arange(0, 32)
-    k_tiles = tl.cdiv(K, 128)
-    per_split = tl.cdiv(k_tiles, split_k)
-    k_first = pid_k * per_split
-    k_last = tl.minimum(k_first + per_split, k_tiles)
+    _, k_first, k_last = _k_slice(K, split_k, pid_k, 1)
     if PREFETCH > 0:
-        lines = tl.arange(0, PREFETCH * 32 * BLOCK_N // 32)
-        row = k_first * 32 + lines // (BLOCK_N // 32)
-        addr = w_ptr + row.to(tl.int64) * N + n0 + (lines % (BLOCK_N // 32)) * 32
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        _prefetch_rows(w_ptr, k_first, n0, N, PREFETCH, BLOCK_N)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in tl.range(k_first, k_last, num_stages=STAGES):
@@ -190,63 +190,44 @@ DOT2 = [(m, 16, bn, st, w, pf) for m in (1, 16) for bn, st, w in
     (256, bm, bn, st, w, 0) for bm, bn, st, w in ((64, 64, 3, 4), (64, 128, 3, 4), (64, 128, 4, 8), (128, 128, 3, 8))]
 
 
+def plan(call: str) -> dict[int, list[tuple]]:
+    """M -> (kind, block_n, tiles, stages, warps, block_m, prefetch, layout) for each call."""
+    if call == "call1":
+        return {1: [("gemv", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in GEMV],
+                16: [("dot", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in DOT]}
+    if call == "call7":
+        return {m: [(kind, bn, 1, st, wa, 16, pf, "rows") for kind, bn, st, wa, pf in (
+            ("dot", 64, 4, 4, 2), ("dot", 64, 3, 4, 0), ("swap", 64, 3, 4, 0), ("swap", 64, 4, 4, 2),
+            ("swap", 128, 3, 4, 0), ("swap", 128, 3, 8, 0), ("swap", 128, 4, 4, 2))] for m in (1, 16)}
+    if call == "call3":
+        return {m: [("dot", 64, 1, st, 4, 16, pf, lay) for st in (3, 4, 6) for pf in (0, 2)
+                    for lay in ("rows", "tiles")] for m in (1, 16)}
+    out: dict[int, list[tuple]] = {}
+    for m, bm, bn, st, wa, pf in DOT2:
+        out.setdefault(m, []).append(("dot", bn, 1, st, wa, bm, pf, "rows"))
+    return out
+
+
 def main() -> None:
+    from cases import cases, report, time_candidates
+
     call = sys.argv[1] if len(sys.argv) > 1 else "call2"
-    torch.manual_seed(0)
+    configs_by_m = plan(call)
+    splits = SPLITS if call not in ("call3", "call7") else (2, 3, 4, 6, 8, 12, 16)
     rows = []
-    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
-        w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
-        packed = pack_weight(w)
-        scale = torch.rand(k // 128, n, device="cuda", dtype=torch.bfloat16) + 0.5
-        ws = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
-        wb = w.to(torch.bfloat16)
-        w_ref = w.double() * scale.double().repeat_interleave(128, 0).t()
-        tiled = tile_contiguous(packed, 64)
-        if call == "call1":
-            plan = {1: [("gemv", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in GEMV],
-                    16: [("dot", bn, t, st, wa, 16, 0, "rows") for bn, t, st, wa in DOT]}
-        elif call == "call7":
-            plan = {m: [(kind, bn, 1, st, wa, 16, pf, "rows") for kind, bn, st, wa, pf in (
-                ("dot", 64, 4, 4, 2), ("dot", 64, 3, 4, 0), ("swap", 64, 3, 4, 0), ("swap", 64, 4, 4, 2),
-                ("swap", 128, 3, 4, 0), ("swap", 128, 3, 8, 0), ("swap", 128, 4, 4, 2))] for m in (1, 16)}
-        elif call == "call3":
-            plan = {m: [("dot", 64, 1, st, 4, 16, pf, lay) for st in (3, 4, 6) for pf in (0, 2)
-                        for lay in ("rows", "tiles")] for m in (1, 16)}
-        else:
-            plan = {}
-            for m, bm, bn, st, wa, pf in DOT2:
-                plan.setdefault(m, []).append(("dot", bn, 1, st, wa, bm, pf, "rows"))
-        for m, configs in plan.items():
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ w_ref.t()
-
-            def err(out):
-                return ((out.double() - ref).abs().mean() / ref.abs().mean()).item()
-
-            t_bf16 = graph_time_ms(lambda: x @ wb.t()) * 1e3
-            today = w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)
-            t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
-            best = None
-            for kind, bn, tiles, stages, warps, bm, pf, layout in configs:
-                for split in ((SPLITS if call not in ("call3", "call7") else (2, 3, 4, 6, 8, 12, 16)) if m <= bm else (1,)):
-                    args = (x, packed, scale, ws, kind, bn, tiles, stages, warps, split, bm, pf,
-                            tiled if layout == "tiles" else None)
-                    try:
-                        e = err(run_tma(*args))
-                        t = graph_time_ms(lambda: run_tma(*args)) * 1e3
-                    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
-                        print(f"  K={k} N={n} M={m} {args[4:]}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                        continue
-                    row = dict(k=k, n=n, m=m, kind=kind, bm=bm, bn=bn, tiles=tiles, stages=stages, warps=warps,
-                               prefetch=pf, layout=layout, split=split, us=t, err=e, bf16_us=t_bf16, today_us=t_today,
-                               today_err=err(today))
-                    rows.append(row)
-                    if best is None or t < best["us"]:
-                        best = row
-            print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} today {t_today:.1f} (x{t_bf16 / t_today:.2f}, err "
-                  f"{err(today):.1e}) | TMA best {best['us']:.1f} (x{t_bf16 / best['us']:.2f}, err {best['err']:.1e}) "
-                  f"{best['kind']} bm={best['bm']} bn={best['bn']} tiles={best['tiles']} stages={best['stages']} "
-                  f"warps={best['warps']} prefetch={best['prefetch']} {best['layout']} split={best['split']}", flush=True)
+    for case in cases(configs_by_m):
+        tiled = tile_contiguous(case.packed, 64) if call == "call3" else None
+        candidates = []
+        for kind, bn, tiles, stages, warps, bm, pf, layout in configs_by_m[case.m]:
+            for split in splits if case.m <= bm else (1,):
+                args = (case.x, case.packed, case.scale, case.workspace, kind, bn, tiles, stages, warps, split, bm, pf,
+                        tiled if layout == "tiles" else None)
+                fields = dict(kind=kind, bm=bm, bn=bn, tiles=tiles, stages=stages, warps=warps, prefetch=pf,
+                              layout=layout, split=split)
+                candidates.append((fields, lambda args=args: run_tma(*args)))
+        found = time_candidates(case, candidates)
+        rows += found
+        report(case, found, "TMA", ("kind", "bm", "bn", "tiles", "stages", "warps", "prefetch", "layout", "split"))
     if len(sys.argv) > 2:
         with open(sys.argv[2], "w") as f:
             json.dump(rows, f, indent=1)

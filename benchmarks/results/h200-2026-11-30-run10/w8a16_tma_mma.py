@@ -9,6 +9,7 @@ warps of the program from shared memory. The weight tiles of the first STAGES - 
 requested before the PDL wait. Layouts and the logical-K permutation are run 9's.
 
     QUANTGATE_COMMIT=... bash -c "source benchmarks/gpu_env.sh; python <this file> [out.json]"
+Shapes, peers and the timing loop: cases.py.
 """
 
 from __future__ import annotations
@@ -211,52 +212,17 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def main() -> None:
-    from quantgate.kernels.triton.tuning import graph_time_ms
-    from quantgate.kernels.triton.w8a16_gemm import pack_weight, w8a16_gemm, workspace_size
+    from cases import cases, report, time_candidates
 
-    torch.manual_seed(0)
     rows = []
-    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
-        w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
-        packed = pack_weight(w)
-        scale = torch.rand(k // 128, n, device="cuda", dtype=torch.bfloat16) + 0.5
-        ws = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
-        wb = w.to(torch.bfloat16)
-        w_ref = w.double() * scale.double().repeat_interleave(128, 0).t()
-        for m in (1, 16):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ w_ref.t()
-
-            def err(out):
-                return ((out.double() - ref).abs().mean() / ref.abs().mean()).item()
-
-            t_bf16 = graph_time_ms(lambda: x @ wb.t()) * 1e3
-            today = w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)
-            t_today = graph_time_ms(lambda: w8a16_gemm(x, packed, scale, groupwise=True, workspace=ws)) * 1e3
-            best = None
-            for warps, stages in CONFIGS:
-                for split in SPLITS:
-                    if split > k // 256:
-                        continue
-                    args = (x, packed, scale, ws, warps, stages, split)
-                    try:
-                        e = err(run(*args))
-                        t = graph_time_ms(lambda: run(*args)) * 1e3
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"  K={k} N={n} M={m} w{warps} s{stages} split{split}: {type(exc).__name__}: "
-                              f"{str(exc)[:300]}", flush=True)
-                        continue
-                    row = dict(k=k, n=n, m=m, warps=warps, stages=stages, split=split, us=t, err=e, bf16_us=t_bf16,
-                               today_us=t_today, today_err=err(today))
-                    rows.append(row)
-                    if best is None or t < best["us"]:
-                        best = row
-            if best is None:
-                print(f"K={k} N={n} M={m}: nothing ran", flush=True)
-                continue
-            print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} today {t_today:.1f} (x{t_bf16 / t_today:.2f}, err "
-                  f"{err(today):.1e}) | TMA fragments best {best['us']:.1f} (x{t_bf16 / best['us']:.2f}, err "
-                  f"{best['err']:.1e}) w{best['warps']} s{best['stages']} split {best['split']}", flush=True)
+    for case in cases((1, 16)):
+        candidates = [(dict(warps=warps, stages=stages, split=split),
+                       lambda warps=warps, stages=stages, split=split: run(case.x, case.packed, case.scale,
+                                                                          case.workspace, warps, stages, split))
+                      for warps, stages in CONFIGS for split in SPLITS if split <= case.k // 256]
+        found = time_candidates(case, candidates)
+        rows += found
+        report(case, found, "TMA fragments", ("warps", "stages", "split"))
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(rows, f, indent=1)
