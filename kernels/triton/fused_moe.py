@@ -47,7 +47,7 @@ import triton.language as tl
 from ..quant import FP8_DTYPE
 from . import act_quant
 from .act_quant import _scale_from_amax, _to_fp8
-from .launch import cdiv
+from .launch import DirectLaunch, aligned, cdiv
 from .moe_align import moe_align_block_size
 
 GROUP = 128  # activation group and weight block edge of block checkpoints
@@ -281,6 +281,19 @@ def _down_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & (rn < N)[None, :])
 
 
+# Eager MoE calls (prefill, --enforce-eager decode) are bound by host time: the JIT's dispatch of
+# these ~25-argument launches took ~30 us each on the H200's host (run 11), so they go by handle
+# (launch.py). The keys name what the launches specialize on besides the kernels' constexprs:
+# the operands' dtypes and alignment, and the integers not in `do_not_specialize` (layer
+# constants). Outputs and the alignment tensors are fresh allocations, so aligned.
+_gate_up = DirectLaunch(_gate_up_kernel)
+_down = DirectLaunch(_down_kernel)
+
+
+def _operands_key(*tensors: torch.Tensor) -> tuple:
+    return tuple((t.dtype, aligned(t.data_ptr())) for t in tensors)
+
+
 def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, out_scale, align, num_slots,
                     top_k, cfg: FusedMoEConfig) -> None:
     sorted_slots, block_expert, num_padded = align
@@ -288,15 +301,20 @@ def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, o
     inter = two_i // 2
     tile = cfg.gate_up
     s = scales or ExpertScales(a, 1, 0, 0, 0)  # unquantized: never read
+    a_scale_arg = a_scale if a_scale is not None else a
+    out_scale_arg = out_scale if out_scale is not None else out
     grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(inter, tile.block_n),)
-    _gate_up_kernel[grid](
-        a, a_scale if a_scale is not None else a, w13, s.tensor, out, out_scale if out_scale is not None else out,
-        sorted_slots, block_expert, num_padded,
-        num_slots, sorted_slots.numel(), k, inter, top_k,
-        a.stride(0), _stride(a_scale, 0), _stride(a_scale, 1),
-        w13.stride(0), w13.stride(1),
-        s.stride_e, s.stride_n, s.stride_k, s.up_offset,
-        out.stride(0), _stride(out_scale, 0),
+    specialized = (k, inter, top_k, a.stride(0), w13.stride(0), w13.stride(1), out.stride(0))
+    _gate_up(
+        (a_mode, s.rows_per_scale, out_scale is not None, cfg.block_m, tile, out.dtype, out_scale_arg.dtype,
+         *_operands_key(a, a_scale_arg, w13, s.tensor), *specialized),
+        grid,
+        (a, a_scale_arg, w13, s.tensor, out, out_scale_arg, sorted_slots, block_expert, num_padded,
+         num_slots, sorted_slots.numel(), k, inter, top_k,
+         a.stride(0), _stride(a_scale, 0), _stride(a_scale, 1),
+         w13.stride(0), w13.stride(1),
+         s.stride_e, s.stride_n, s.stride_k, s.up_offset,
+         out.stride(0), _stride(out_scale, 0)),
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, QUANT_OUT=out_scale is not None,
         EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
@@ -310,15 +328,19 @@ def _launch_down(a, a_scale, a_mode, w2, scales: ExpertScales | None, out, topk_
     _, n, k = w2.shape
     tile = cfg.down
     s = scales or ExpertScales(a, 1, 0, 0, 0)
+    a_scale_arg = a_scale if a_scale is not None else a
     grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(n, tile.block_n),)
-    _down_kernel[grid](
-        a, a_scale if a_scale is not None else a, w2, s.tensor, out, topk_weights,
-        sorted_slots, block_expert, num_padded,
-        num_slots, sorted_slots.numel(), n, k,
-        a.stride(0), _stride(a_scale, 0), _stride(a_scale, 1),
-        w2.stride(0), w2.stride(1),
-        s.stride_e, s.stride_n, s.stride_k,
-        out.stride(0),
+    specialized = (n, k, a.stride(0), w2.stride(0), w2.stride(1), out.stride(0))
+    _down(
+        (a_mode, s.rows_per_scale, cfg.block_m, tile, out.dtype, topk_weights.dtype,
+         aligned(topk_weights.data_ptr()), *_operands_key(a, a_scale_arg, w2, s.tensor), *specialized),
+        grid,
+        (a, a_scale_arg, w2, s.tensor, out, topk_weights, sorted_slots, block_expert, num_padded,
+         num_slots, sorted_slots.numel(), n, k,
+         a.stride(0), _stride(a_scale, 0), _stride(a_scale, 1),
+         w2.stride(0), w2.stride(1),
+         s.stride_e, s.stride_n, s.stride_k,
+         out.stride(0)),
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,

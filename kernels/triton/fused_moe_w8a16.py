@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
-from .launch import cdiv
+from .launch import DirectLaunch, aligned, cdiv
 from .moe_align import moe_align_block_size
 from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 
@@ -165,6 +165,10 @@ def _w8a16_down_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & (rn < N)[None, :])
 
 
+_gate_up = DirectLaunch(_w8a16_gate_up_kernel)
+_down = DirectLaunch(_w8a16_down_kernel)
+
+
 def fused_moe_w8a16(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: torch.Tensor, w2_scale: torch.Tensor,
@@ -186,22 +190,31 @@ def fused_moe_w8a16(
     rows = sorted_slots.numel()
     common = dict(X_MUL=x_mul, S_MUL=s_mul, OUT=out_kind, BLOCK_M=config.block_m)
 
+    # By handle (launch.py; fused_moe.py says why): keyed on the caller's operands' alignment and
+    # the integers specialized on (layer constants); outputs and alignment tensors are fresh.
+    operands = tuple(aligned(t.data_ptr()) for t in (x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights))
+    key = (config, x.dtype, topk_weights.dtype, w13_scale.shape[1] > 1, w2_scale.shape[1] > 1, *operands,
+           hidden, intermediate, top_k, x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1),
+           w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1))
+
     h = torch.empty((rows, intermediate), dtype=x.dtype, device=x.device)
     tile = config.gate_up
-    _w8a16_gate_up_kernel[(rows // config.block_m * cdiv(intermediate, tile.block_n),)](
-        x, w13_packed, w13_scale, h, sorted_slots, block_expert, num_padded,
-        num_slots, rows, hidden, intermediate, top_k,
-        x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1), h.stride(0),
+    _gate_up(
+        key, (rows // config.block_m * cdiv(intermediate, tile.block_n),),
+        (x, w13_packed, w13_scale, h, sorted_slots, block_expert, num_padded,
+         num_slots, rows, hidden, intermediate, top_k,
+         x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1), h.stride(0)),
         GROUPWISE=w13_scale.shape[1] > 1, EVEN_K=hidden % GROUP_K == 0,
         BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
         STAGES=tile.num_stages, **common,
     )
     slot_out = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     tile = config.down
-    _w8a16_down_kernel[(rows // config.block_m * cdiv(hidden, tile.block_n),)](
-        h, w2_packed, w2_scale, slot_out, topk_weights, sorted_slots, block_expert, num_padded,
-        num_slots, rows, hidden, intermediate,
-        h.stride(0), w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), slot_out.stride(0),
+    _down(
+        key, (rows // config.block_m * cdiv(hidden, tile.block_n),),
+        (h, w2_packed, w2_scale, slot_out, topk_weights, sorted_slots, block_expert, num_padded,
+         num_slots, rows, hidden, intermediate,
+         h.stride(0), w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), slot_out.stride(0)),
         GROUPWISE=w2_scale.shape[1] > 1, EVEN_K=intermediate % GROUP_K == 0,
         BLOCK_N=tile.block_n, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
         STAGES=tile.num_stages, **common,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv, next_power_of_2
+from .launch import DirectLaunch, aligned, cdiv, next_power_of_2
 
 
 def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
@@ -63,6 +63,9 @@ def _moe_align_kernel(
         tl.store(sorted_slots_ptr + row, start + offs, mask=live)
 
 
+_moe_align = DirectLaunch(_moe_align_kernel)
+
+
 def moe_align_block_size(
     topk_ids: torch.Tensor, num_experts: int, block_m: int, cursor: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,9 +88,12 @@ def moe_align_block_size(
         raise ValueError(f"cursor workspace must be int32 with >= {num_experts} elements")
     # Large batches keep more atomics in flight per thread; small ones a short loop.
     chunk = 4096 if num_slots > 4096 else 1024
-    _moe_align_kernel[(1,)](
-        topk_ids, sorted_slots, block_expert, num_padded, cursor,
-        num_slots, num_experts, rows, blocks,
+    # By handle (launch.py): eager MoE calls are bound by host time. The outputs are fresh, so
+    # aligned; num_experts is the one specialized integer.
+    key = (block_m, num_experts, chunk, aligned(topk_ids.data_ptr()), aligned(cursor.data_ptr()))
+    _moe_align(
+        key, (1,),
+        (topk_ids, sorted_slots, block_expert, num_padded, cursor, num_slots, num_experts, rows, blocks),
         BLOCK_M=block_m, EXPERTS_POW2=next_power_of_2(num_experts), CHUNK=chunk,
         BLOCK_CHUNK=max(16, 8192 // next_power_of_2(num_experts)),
         num_warps=8 if num_slots > 4096 else 4,

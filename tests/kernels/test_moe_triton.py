@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from quantgate.kernels import IncompatibleBufferError
+from quantgate.kernels.moe.marlin import MarlinMoEKernel
 from quantgate.kernels.moe.routing import select_experts
 from quantgate.kernels.moe.triton import TritonFusedMoEKernel, TritonUnquantizedMoEKernel
 from quantgate.kernels.schemes import Scheme
@@ -135,6 +136,37 @@ def test_alignment_groups_slots_by_expert(num_tokens, top_k, experts_, block_m, 
         block = rows[b * block_m:(b + 1) * block_m]
         real = block[block < slots].long()
         assert real.numel() and flat[real].eq(int(block_expert[b])).all()
+
+
+def _unaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of contiguous `t` one element past a 16-byte boundary."""
+    buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buffer[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("kernel_class,scheme", [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, id="triton-block"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
+    pytest.param(MarlinMoEKernel, Scheme.FP8_BLOCK, id="marlin-block"),
+])
+def test_unaligned_operands_between_aligned_calls(kernel_class, scheme, seed):
+    """On a GPU every launch after a key's first goes by the compiled kernel's handle
+    (kernels/triton/launch.py), so a key that missed the alignment of the activations or of the
+    routing weights would run a kernel compiled for 16-byte aligned pointers on unaligned ones.
+    Calls alternate aligned and unaligned operands, each against the float64 reference."""
+    cfg = moe_config(scheme, hidden=200, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = kernel_class(cfg)
+    kernel.process_weights_after_loading(layer)
+    x, weights, ids = tie_free_inputs(raw, cfg, 5, DEVICE)
+    expected = reference_moe(raw, cfg, x, weights, ids, weight_only=kernel_class is MarlinMoEKernel)
+    unaligned_x, unaligned_weights = _unaligned(x), _unaligned(weights)
+    assert unaligned_x.data_ptr() % 16 and unaligned_weights.data_ptr() % 16
+    for x_in, weights_in in [(x, weights), (unaligned_x, weights), (x, unaligned_weights), (x, weights)]:
+        assert mean_relative_error(kernel.apply(layer, x_in, weights_in, ids), expected) < TOLERANCE
 
 
 def test_reload_keeps_storage_and_uses_new_weights(seed):
