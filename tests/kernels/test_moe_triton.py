@@ -155,8 +155,10 @@ def test_unaligned_operands_between_aligned_calls(kernel_class, scheme, seed):
     """On a GPU every launch after a key's first goes by the compiled kernel's handle
     (kernels/triton/launch.py), so a key that missed the alignment of the activations or of the
     routing weights would run a kernel compiled for 16-byte aligned pointers on unaligned ones.
-    Calls alternate aligned and unaligned operands, each against the float64 reference."""
-    cfg = moe_config(scheme, hidden=200, inter=128, act_dtype=torch.float16)
+    Calls alternate aligned and unaligned operands, each against the float64 reference. Rows of
+    256 elements: with a row stride divisible by 16 the aligned compilation loads the activations
+    in 16-byte vectors, which an unaligned pointer cannot take."""
+    cfg = moe_config(scheme, hidden=256, inter=128, act_dtype=torch.float16)
     layer = moe_layer(cfg, DEVICE)
     raw = raw_tensors(layer)
     kernel = kernel_class(cfg)
