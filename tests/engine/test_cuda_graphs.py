@@ -23,17 +23,22 @@ MAX_MODEL_LEN = 600
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
              max_position_embeddings=1024)
 VARIANTS = [("bf16", "auto"), ("fp8-block", "auto"), ("fp8-block", "marlin")]
+# Qwen3-MoE: layer 0 routes over 4 experts of 128 (the FP8 block MoE kernels' 128-wide groups),
+# layer 1 is a dense MLP. The backend names both the linear and the MoE backend.
+MOE_VARIANTS = [("moe-fp8-block", "auto"), ("moe-fp8-block", "marlin")]
 
 
 def _folder(tmp_path, name: str, seed: int, variant: str):
-    src = write_model(tmp_path / f"{name}-src", seed=seed, **SHAPE)
+    moe = variant.startswith("moe")
+    experts = {"moe_intermediate_size": 128} if moe else {}
+    src = write_model(tmp_path / f"{name}-src", moe=moe, seed=seed, **SHAPE, **experts)
     if variant == "bf16":
         return src
     return quantize_folder(src, tmp_path / name, Scheme.FP8_BLOCK, "fp8")
 
 
 def _engine(path, backend: str, eager: bool) -> LLMEngine:
-    loaded = load_model(path, device="cuda", dtype="bfloat16", linear_backend=backend)
+    loaded = load_model(path, device="cuda", dtype="bfloat16", linear_backend=backend, moe_backend=backend)
     return LLMEngine(loaded, max_num_seqs=8, max_model_len=MAX_MODEL_LEN, enforce_eager=eager, kv_cache_memory=2**28)
 
 
@@ -56,7 +61,7 @@ def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int, first_position: i
     return replayed, eager[:batch_size]
 
 
-@pytest.mark.parametrize("variant,backend", VARIANTS)
+@pytest.mark.parametrize("variant,backend", VARIANTS + MOE_VARIANTS)
 def test_graph_replay_equals_eager(tmp_path, variant, backend):
     path = _folder(tmp_path, "m", 0, variant)
     graphs = _engine(path, backend, eager=False)
