@@ -66,6 +66,11 @@ def test_graph_replay_equals_eager(tmp_path, variant, backend):
     path = _folder(tmp_path, "m", 0, variant)
     graphs = _engine(path, backend, eager=False)
     assert graphs.graphs is not None
+    modules = list(graphs.loaded.kernel_report()["modules"].values())
+    assert any(m["layer"] == "moe" for m in modules) == variant.startswith("moe")
+    quantized = [m["backend"] for m in modules if m["scheme"] != "unquantized"]
+    assert bool(quantized) == (variant != "bf16")
+    assert all(b == backend if backend != "auto" else b != "emulation" for b in quantized)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]
     assert _greedy_tokens(graphs, prompts) == _greedy_tokens(_engine(path, backend, eager=True), prompts)
     assert graphs.graphs.contexts == [256, 512, 600] and graphs.graphs.buckets(3, 300) == (4, 512)
