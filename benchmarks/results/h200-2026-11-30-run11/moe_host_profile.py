@@ -12,31 +12,20 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import bench_linear  # noqa: E402
 import bench_moe  # noqa: E402
 from quantgate.kernels.moe import experts  # noqa: E402
 from quantgate.kernels.triton import act_quant, fused_moe, moe_align  # noqa: E402
 
-CALLS, SLEEP = 200, 400_000_000
-
 
 def host_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda._sleep(SLEEP)
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-    return best
+    """bench_linear's host time per call (the GPU asleep, best of three), in us."""
+    return bench_linear.host_ms(fn) * 1e3
 
 
 def main(out: Path) -> None:
@@ -79,9 +68,9 @@ def main(out: Path) -> None:
 
     fn = bench_moe._method_fn(layer, "triton_fp8_block")
     prof = cProfile.Profile()
-    torch.cuda._sleep(SLEEP)
+    torch.cuda._sleep(bench_linear.HOST_SLEEP_CYCLES)
     prof.enable()
-    for _ in range(CALLS):
+    for _ in range(bench_linear.HOST_CALLS):
         fn(x, w, ids)
     prof.disable()
     torch.cuda.synchronize()
@@ -90,7 +79,8 @@ def main(out: Path) -> None:
     text = "\n".join(lines)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_host.txt").write_text(text + "\n\ncProfile, triton_fp8_block apply x %d\n" % CALLS + s.getvalue())
+    header = f"\n\ncProfile, triton_fp8_block apply x {bench_linear.HOST_CALLS}\n"
+    (out / "moe_host.txt").write_text(text + header + s.getvalue())
 
 
 if __name__ == "__main__":
