@@ -201,13 +201,16 @@ def _w8a16_gemv_kernel(
     x_ptrs = x_ptr + (k_first + tile) * 128 + rj % 32
     acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
     packed = tl.load(w_ptrs, mask=(k_first + tile < k_last)[:, None], other=0)
+    if TILE_SCALE:  # loaded a chunk ahead, like the weights: the chunk's first FMA needs it
+        s_next = tl.load(s_ptrs, mask=k_first + tile < k_last, other=0.0)
     # The first chunk is in flight while the kernel before (whose output is x) finishes.
     await_inputs(PDL)
     for kt in range(k_first, k_last, TILES):
         live = kt + tile < k_last
         following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)
         if TILE_SCALE:
-            x_mul = tl.load(s_ptrs, mask=live, other=0.0).to(tl.float32) * X_MUL
+            x_mul = s_next.to(tl.float32) * X_MUL
+            s_next = tl.load(s_ptrs + TILES * stride_sg, mask=kt + TILES + tile < k_last, other=0.0)
             t = acc
         else:
             x_mul = X_MUL
