@@ -20,6 +20,7 @@ from quantgate.kernels import quant  # noqa: E402
 from quantgate.kernels.triton import w8a16_gemm as w8  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # explicit split-K for the default config, one scale per K tile
 
 
 def main(out: Path) -> None:
@@ -39,16 +40,20 @@ def main(out: Path) -> None:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ w_ref.t()
         bf16_us = bench_linear.graph_ms([lambda wb=wb: x @ wb.t() for wb in bf16], 0.03) * 1e3
-        for cfg in (None, *w8.candidates_for(1)):
-            for sbn in (1, 128):
-                def call(p, cfg=cfg, sbn=sbn):
-                    return w8.w8a16_gemm(x, p, scale, groupwise=True, scale_block_n=sbn, workspace=workspace, config=cfg)
-                o = call(copies[0])
-                err = ((o.double() - ref).abs().mean() / ref.abs().mean()).item()
-                us = bench_linear.graph_ms([lambda p=p: call(p) for p in copies], 0.02) * 1e3
-                rows.append({"k": k, "n": n, "config": str(cfg) if cfg else "tuner", "scale_block_n": sbn, "us": us,
-                             "x_bf16": bf16_us / us, "copy_bw_frac": k * n / (us * 1e-6) / bandwidth, "err": err,
-                             "bf16_us": bf16_us})
+        default = w8.candidates_for(1)[0]
+        runs = [(cfg, sbn, None) for cfg in (None, *w8.candidates_for(1)) for sbn in (1, 128)]
+        runs += [(default, 128, split) for split in SPLITS]
+        for cfg, sbn, split in runs:
+            def call(p, cfg=cfg, sbn=sbn, split=split):
+                return w8.w8a16_gemm(x, p, scale, groupwise=True, scale_block_n=sbn, workspace=workspace, config=cfg,
+                                     split_k=split)
+            o = call(copies[0])
+            err = ((o.double() - ref).abs().mean() / ref.abs().mean()).item()
+            us = bench_linear.graph_ms([lambda p=p: call(p) for p in copies], 0.02) * 1e3
+            rows.append({"k": k, "n": n, "config": (str(cfg) if cfg else "tuner") + (f" split_k={split}" if split else ""),
+                         "scale_block_n": sbn, "us": us,
+                         "x_bf16": bf16_us / us, "copy_bw_frac": k * n / (us * 1e-6) / bandwidth, "err": err,
+                         "bf16_us": bf16_us})
     regs = {f"{key[1][0]} tile_scale={key[1][-1]}": (c.n_regs, c.n_spills) for key, (c, _) in w8._gemv_launch._compiled.items()}
     (out / "gemv_tile_scale.json").write_text(json.dumps({"copy_bw": bandwidth, "rows": rows, "regs": regs}, indent=1))
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
