@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from quantgate.kernels import quant  # noqa: E402
 from quantgate.kernels.triton import w8a16_gemm as w8  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # explicit split-K for the default config, one scale per K tile
+AHEAD = (1, 2, 3)  # chunks prefetched into L2 past the next load (W8A16Config.l2_ahead)
 
 
 def main(out: Path) -> None:
@@ -40,9 +41,9 @@ def main(out: Path) -> None:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ w_ref.t()
         bf16_us = bench_linear.graph_ms([lambda wb=wb: x @ wb.t() for wb in bf16], 0.03) * 1e3
-        default = w8.candidates_for(1)[0]
         runs = [(cfg, sbn, None) for cfg in (None, *w8.candidates_for(1)) for sbn in (1, 128)]
-        runs += [(default, 128, split) for split in SPLITS]
+        runs += [(replace(cfg, l2_ahead=ahead), sbn, None) for cfg in w8.candidates_for(1)[:4]
+                 for ahead in AHEAD for sbn in (1, 128)]
         for cfg, sbn, split in runs:
             def call(p, cfg=cfg, sbn=sbn, split=split):
                 return w8.w8a16_gemm(x, p, scale, groupwise=True, scale_block_n=sbn, workspace=workspace, config=cfg,
