@@ -1,6 +1,7 @@
-"""marlin's M = 1 GEMV with per-column block scales (the tree before) against one scale per K
-tile for a column tile inside one weight block (`scale_block_n=128`), every GEMV candidate, on
-issue 3's marlin shapes. Timing is bench_linear's: a CUDA graph over rotating weight copies (out
+"""marlin's M = 1 GEMV, issue 3's marlin shapes: per-column block scales (the tree before)
+against one scale per K tile for a column tile inside one weight block (`scale_block_n=128`),
+for every GEMV candidate; and the first four candidates with L2 prefetches 1-3 chunks past the
+next load (`l2_ahead`). Timing is bench_linear's: a CUDA graph over rotating weight copies (out
 of L2), no PDL; the bf16 cuBLAS peer and the copy bandwidth are measured in the same process.
 
     python benchmarks/results/h200-2026-11-30-run12/gemv_tile_scale.py OUT_DIR
@@ -69,6 +70,11 @@ def main(out: Path) -> None:
     for (k, n, sbn), r in sorted(best.items()):
         print(f"{k:>6} x {n:<6} sbn {sbn:>3} best   {r['us']:6.2f} us  x bf16 {r['x_bf16']:.3f}  "
               f"bw {r['copy_bw_frac']:.3f}  {r['config']}")
+    tuner = {(r["k"], r["n"]): r["us"] for r in rows if r["config"] == "tuner" and r["scale_block_n"] == 1}
+    for r in rows:  # everything within 3% of the tree before, or faster
+        if r["config"] != "tuner" and r["us"] < 1.03 * tuner[(r["k"], r["n"])]:
+            short = r["config"].replace("W8A16Config(block_m=1, ", "").replace(", tma=False", "").replace("num_", "")
+            print(f"{r['k']:>6} x {r['n']:<6} sbn {r['scale_block_n']:>3} {r['us']:6.2f} us  {short}")
     for key, (nr, ns) in regs.items():
         print("regs", nr, "spills", ns, key)
 
