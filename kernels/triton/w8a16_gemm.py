@@ -62,7 +62,7 @@ class W8A16Config:
     tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
     tma: bool = False  # dot kernel: weight tiles by TMA (sm_90, N a multiple of 4)
     prefetch: int = 0  # dot kernel: K tiles of weights prefetched into L2 before the PDL wait
-    l2_ahead: int = 0  # GEMV: each step prefetches into L2 the chunk this many past the next one
+    ahead: int = 1  # GEMV: chunks in flight (loaded into registers) while one is converted: 1 or 2
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
@@ -175,7 +175,7 @@ def _w8a16_gemv_kernel(
     TILE_SCALE: tl.constexpr,  # GROUPWISE, and the column tile lies in one weight block: one scale per K tile
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
-    L2_AHEAD: tl.constexpr,  # see W8A16Config.l2_ahead
+    AHEAD: tl.constexpr,  # see W8A16Config.ahead
     PDL: tl.constexpr,
 ):
     """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
@@ -203,21 +203,16 @@ def _w8a16_gemv_kernel(
     x_ptrs = x_ptr + (k_first + tile) * 128 + rj % 32
     acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
     packed = tl.load(w_ptrs, mask=(k_first + tile < k_last)[:, None], other=0)
+    if AHEAD == 2:
+        second = tl.load(w_ptrs + 32 * TILES * N, mask=(k_first + TILES + tile < k_last)[:, None], other=0)
     if TILE_SCALE:  # loaded a chunk ahead, like the weights: the chunk's first FMA needs it
         s_next = tl.load(s_ptrs, mask=k_first + tile < k_last, other=0.0)
     # The first chunk is in flight while the kernel before (whose output is x) finishes.
     await_inputs(PDL)
-    if L2_AHEAD > 0:  # one address per 128-byte line of a chunk
-        ROW_LINES: tl.constexpr = max(BLOCK_N // 32, 1)
-        lines = tl.arange(0, 32 * TILES * ROW_LINES)
-        pf_row = lines // ROW_LINES
-        pf_col = tl.minimum(pid_n * BLOCK_N + (lines % ROW_LINES) * 32, N - 1)
     for kt in range(k_first, k_last, TILES):
         live = kt + tile < k_last
-        if L2_AHEAD > 0:
-            row = tl.minimum((kt + (1 + L2_AHEAD) * TILES) * 32 + pf_row, k_last * 32 - 1)
-            prefetch_l2(w_ptr + row.to(tl.int64) * N + pf_col)
-        following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)
+        following = tl.load(w_ptrs + AHEAD * 32 * TILES * N, mask=(kt + AHEAD * TILES + tile < k_last)[:, None],
+                            other=0)
         if TILE_SCALE:
             x_mul = s_next.to(tl.float32) * X_MUL
             s_next = tl.load(s_ptrs + TILES * stride_sg, mask=kt + TILES + tile < k_last, other=0.0)
@@ -240,7 +235,11 @@ def _w8a16_gemv_kernel(
             acc += t * s
         else:
             acc += t
-        packed = following
+        if AHEAD == 2:
+            packed = second
+            second = following
+        else:
+            packed = following
         w_ptrs += 32 * TILES * N
         s_ptrs += TILES * stride_sg
         x_ptrs += 128 * TILES
@@ -401,7 +400,7 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, scale_block
             (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, stride_sg),
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             TILE_SCALE=tile_scale, HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, L2_AHEAD=cfg.l2_ahead, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+            TILES=cfg.tiles, AHEAD=cfg.ahead, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP

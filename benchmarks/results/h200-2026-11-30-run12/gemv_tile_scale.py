@@ -1,7 +1,6 @@
 """marlin's M = 1 GEMV, issue 3's marlin shapes: per-column block scales (the tree before)
 against one scale per K tile for a column tile inside one weight block (`scale_block_n=128`),
-for every GEMV candidate; and the first four candidates with L2 prefetches 1-3 chunks past the
-next load (`l2_ahead`). Timing is bench_linear's: a CUDA graph over rotating weight copies (out
+for every GEMV candidate, each with one chunk and with two chunks in flight (`ahead`). Timing is bench_linear's: a CUDA graph over rotating weight copies (out
 of L2), no PDL; the bf16 cuBLAS peer and the copy bandwidth are measured in the same process.
 
     python benchmarks/results/h200-2026-11-30-run12/gemv_tile_scale.py OUT_DIR
@@ -22,7 +21,6 @@ from quantgate.kernels import quant  # noqa: E402
 from quantgate.kernels.triton import w8a16_gemm as w8  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
-AHEAD = (1, 2, 3)  # chunks prefetched into L2 past the next load (W8A16Config.l2_ahead)
 
 
 def main(out: Path) -> None:
@@ -43,8 +41,7 @@ def main(out: Path) -> None:
         ref = x.double() @ w_ref.t()
         bf16_us = bench_linear.graph_ms([lambda wb=wb: x @ wb.t() for wb in bf16], 0.03) * 1e3
         runs = [(cfg, sbn, None) for cfg in (None, *w8.candidates_for(1)) for sbn in (1, 128)]
-        runs += [(replace(cfg, l2_ahead=ahead), sbn, None) for cfg in w8.candidates_for(1)[:4]
-                 for ahead in AHEAD for sbn in (1, 128)]
+        runs += [(replace(cfg, ahead=2), sbn, None) for cfg in w8.candidates_for(1) for sbn in (1, 128)]
         for cfg, sbn, split in runs:
             def call(p, cfg=cfg, sbn=sbn, split=split):
                 return w8.w8a16_gemm(x, p, scale, groupwise=True, scale_block_n=sbn, workspace=workspace, config=cfg,
@@ -71,8 +68,8 @@ def main(out: Path) -> None:
         print(f"{k:>6} x {n:<6} sbn {sbn:>3} best   {r['us']:6.2f} us  x bf16 {r['x_bf16']:.3f}  "
               f"bw {r['copy_bw_frac']:.3f}  {r['config']}")
     tuner = {(r["k"], r["n"]): r["us"] for r in rows if r["config"] == "tuner" and r["scale_block_n"] == 1}
-    for r in rows:  # everything within 3% of the tree before, or faster
-        if r["config"] != "tuner" and r["us"] < 1.03 * tuner[(r["k"], r["n"])]:
+    for r in rows:  # everything within 5% of the tree before, or faster
+        if r["config"] != "tuner" and r["us"] < 1.05 * tuner[(r["k"], r["n"])]:
             short = r["config"].replace("W8A16Config(block_m=1, ", "").replace(", tma=False", "").replace("num_", "")
             print(f"{r['k']:>6} x {r['n']:<6} sbn {r['scale_block_n']:>3} {r['us']:6.2f} us  {short}")
     for key, (nr, ns) in regs.items():
