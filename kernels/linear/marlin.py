@@ -66,7 +66,6 @@ class MarlinFp8LinearKernel(LinearKernel):
         x2 = x.reshape(-1, cfg.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        block = cfg.scheme is Scheme.FP8_BLOCK
-        out = w8a16_gemm(x2, layer.weight, getattr(layer, cfg.scale_name), groupwise=block,
-                         scale_block_n=cfg.block_size[0] if block else 1, bias=bias, workspace=layer.workspace)
+        out = w8a16_gemm(x2, layer.weight, getattr(layer, cfg.scale_name), groupwise=cfg.scheme is Scheme.FP8_BLOCK,
+                         bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)

@@ -62,7 +62,6 @@ class W8A16Config:
     tiles: int = 1  # GEMV: K tiles per load (the next load is in flight while one is converted)
     tma: bool = False  # dot kernel: weight tiles by TMA (sm_90, N a multiple of 4)
     prefetch: int = 0  # dot kernel: K tiles of weights prefetched into L2 before the PDL wait
-    ahead: int = 1  # GEMV: chunks in flight (loaded into registers) while one is converted: 1 or 2
 
 
 # Candidates per M bucket (tuning.m_bucket), the default first: the tuner times them once per
@@ -172,16 +171,13 @@ def _w8a16_gemv_kernel(
     N, K, split_k, stride_sg,
     X_MUL: tl.constexpr, S_MUL: tl.constexpr,
     GROUPWISE: tl.constexpr,  # scale row changes every 128 along K (block checkpoints)
-    TILE_SCALE: tl.constexpr,  # GROUPWISE, and the column tile lies in one weight block: one scale per K tile
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
-    AHEAD: tl.constexpr,  # see W8A16Config.ahead
     PDL: tl.constexpr,
 ):
     """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
     a weight chunk, reduced over its rows once at the end. The next chunk's load is issued
-    before the current one is converted. With TILE_SCALE the block scale multiplies the
-    activations (one per K tile), so each weight costs one FMA and no scale load."""
+    before the current one is converted."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -196,50 +192,30 @@ def _w8a16_gemv_kernel(
     w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]
     # Scales are read through pointers shaped like the weight chunk (repeated over each tile's
     # rows): a [BLOCK_N] load would get its own register layout and a shared-memory round trip.
-    if TILE_SCALE:
-        s_ptrs = s_ptr + (k_first + tile) * stride_sg + pid_n * BLOCK_N  # [32 * TILES]: its tile's scale
-    else:
-        s_ptrs = s_ptr + (k_first + tile)[:, None] * stride_sg + rn_in[None, :]
+    s_ptrs = s_ptr + (k_first + tile)[:, None] * stride_sg + rn_in[None, :]
     x_ptrs = x_ptr + (k_first + tile) * 128 + rj % 32
     acc = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
     packed = tl.load(w_ptrs, mask=(k_first + tile < k_last)[:, None], other=0)
-    if AHEAD == 2:
-        second = tl.load(w_ptrs + 32 * TILES * N, mask=(k_first + TILES + tile < k_last)[:, None], other=0)
-    if TILE_SCALE:  # loaded a chunk ahead, like the weights: the chunk's first FMA needs it
-        s_next = tl.load(s_ptrs, mask=k_first + tile < k_last, other=0.0)
     # The first chunk is in flight while the kernel before (whose output is x) finishes.
     await_inputs(PDL)
     for kt in range(k_first, k_last, TILES):
         live = kt + tile < k_last
-        following = tl.load(w_ptrs + AHEAD * 32 * TILES * N, mask=(kt + AHEAD * TILES + tile < k_last)[:, None],
-                            other=0)
-        if TILE_SCALE:
-            x_mul = s_next.to(tl.float32) * X_MUL
-            s_next = tl.load(s_ptrs + TILES * stride_sg, mask=kt + TILES + tile < k_last, other=0.0)
-            t = acc
-        else:
-            x_mul = X_MUL
-            if GROUPWISE:
-                s = tl.load(s_ptrs, mask=live[:, None], other=0.0).to(tl.float32)
-            # One FMA per weight into `t`; per-column block scales multiply the four planes' sum once.
-            t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
+        following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)
+        if GROUPWISE:
+            s = tl.load(s_ptrs, mask=live[:, None], other=0.0).to(tl.float32)
+        # One FMA per weight into `t`; the block scales multiply the four planes' sum once.
+        t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
         for p in tl.static_range(4):
             if EVEN_K:
                 x = tl.load(x_ptrs + p * 32, mask=live, other=0.0)
             else:
                 x = tl.load(x_ptrs + p * 32, mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
-            t += (x.to(tl.float32) * x_mul)[:, None] * _plane(packed, p, 0)
-        if TILE_SCALE:
-            acc = t
-        elif GROUPWISE:
+            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+        if GROUPWISE:
             acc += t * s
         else:
             acc += t
-        if AHEAD == 2:
-            packed = second
-            second = following
-        else:
-            packed = following
+        packed = following
         w_ptrs += 32 * TILES * N
         s_ptrs += TILES * stride_sg
         x_ptrs += 128 * TILES
@@ -333,7 +309,6 @@ def w8a16_gemm(
     scale: torch.Tensor,
     *,
     groupwise: bool,
-    scale_block_n: int = 1,
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     config: W8A16Config | None = None,
@@ -342,8 +317,6 @@ def w8a16_gemm(
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [ceil(K/128)*32, N] -> [M, N] in x.dtype.
 
     scale: [ceil(K/128), N] (groupwise) or [1, N], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype].
-    scale_block_n: columns in aligned runs sharing their scales (a block checkpoint's block rows);
-    the GEMV then reads one scale per K tile for a column tile that lies within one run.
     `workspace` (int32 zeros, `workspace_size(N)`) enables split-K for small M. Without `config`
     the tuner picks among `candidates_for(M)`; `config` and `split_k` pin a launch (tests, sweeps).
     """
@@ -361,10 +334,10 @@ def w8a16_gemm(
         return out
 
     def run(cfg: W8A16Config, split: int | None = None) -> None:
-        _launch(x, packed, scale, out, bias, workspace, groupwise, scale_block_n, cfg, split)
+        _launch(x, packed, scale, out, bias, workspace, groupwise, cfg, split)
 
     if config is None:
-        key = (m_bucket(m), n, k, x.dtype, groupwise, scale_block_n)
+        key = (m_bucket(m), n, k, x.dtype, groupwise)
         config = _TUNER.pick(key, candidates_for(m, tma_capable(x.device, n)), run, x.device)
     elif config.block_m == 1 and m != 1:
         raise ValueError(f"w8a16_gemm: the GEMV config {config} computes one row, got M={m}")
@@ -374,8 +347,7 @@ def w8a16_gemm(
     return out
 
 
-def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, scale_block_n: int, cfg: W8A16Config,
-            split_k: int | None) -> None:
+def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16Config, split_k: int | None) -> None:
     m, k = x.shape
     n = packed.shape[1]
     m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
@@ -394,13 +366,12 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, scale_block
     spec = (cfg, x.dtype, groupwise, bias is not None, split_k > 1, n, k, options["PDL"], *pointers)
     if cfg.block_m == 1:  # float32 weights, 2^-120
         stride_sg = scale.stride(0) if groupwise else 0
-        tile_scale = groupwise and scale_block_n % cfg.block_n == 0
         _gemv_launch(
-            (*spec, stride_sg, tile_scale), (n_tiles, split_k),
+            (*spec, stride_sg), (n_tiles, split_k),
             (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, stride_sg),
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
-            TILE_SCALE=tile_scale, HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, AHEAD=cfg.ahead, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+            HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP

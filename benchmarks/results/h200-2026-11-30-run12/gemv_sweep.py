@@ -1,9 +1,11 @@
-"""marlin's M = 1 GEMV, issue 3's marlin shapes: per-column block scales (the tree before)
-against one scale per K tile for a column tile inside one weight block (`scale_block_n=128`),
-for every GEMV candidate, each with one chunk and with two chunks in flight (`ahead`). Timing is bench_linear's: a CUDA graph over rotating weight copies (out
-of L2), no PDL; the bf16 cuBLAS peer and the copy bandwidth are measured in the same process.
+"""marlin's M = 1 GEMV on issue 3's marlin shapes, every GEMV candidate: per-column block
+scales (the tree before) against one scale per K tile for a column tile inside one weight block
+(`scale_block_n=128`), each with one chunk and with two chunks in flight (`ahead=2`). Timing is
+bench_linear's: a CUDA graph over rotating weight copies (out of L2), no PDL; the bf16 cuBLAS
+peer and the copy bandwidth are measured in the same process. Runs at commit 63b3518 (the
+options it sweeps were removed afterwards; see README.md).
 
-    python benchmarks/results/h200-2026-11-30-run12/gemv_tile_scale.py OUT_DIR
+    python benchmarks/results/h200-2026-11-30-run12/gemv_sweep.py OUT_DIR
 """
 
 from __future__ import annotations
