@@ -3,14 +3,25 @@
 Python API (DESIGN.md "Engine"): `load_model` -> `LoadedModel`, `LLMEngine` (synchronous
 steps), `AsyncEngine` (a background thread for the server), `SamplingParams`,
 `RequestOutput`. `InvalidRequestError` (a ValueError) marks requests the engine refuses.
+
+The names load on first use, so the harness can read `serve_args` (the server's flags) without
+importing torch.
 """
 
-from .async_engine import AsyncEngine, EngineDeadError
-from .llm_engine import LLMEngine
-from .loader import LoadedModel, load_model
-from .sampling_params import InvalidRequestError, RequestOutput, SamplingParams
+from __future__ import annotations
 
-__all__ = [
-    "AsyncEngine", "EngineDeadError", "LLMEngine", "LoadedModel", "load_model",
-    "InvalidRequestError", "RequestOutput", "SamplingParams",
-]
+import importlib
+from typing import Any
+
+_HOME = {
+    "AsyncEngine": "async_engine", "EngineDeadError": "async_engine", "LLMEngine": "llm_engine",
+    "LoadedModel": "loader", "load_model": "loader", "InvalidRequestError": "sampling_params",
+    "RequestOutput": "sampling_params", "SamplingParams": "sampling_params",
+}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import difflib
 import errno
 import logging
 import socket
@@ -19,106 +18,19 @@ from pathlib import Path
 
 import uvicorn
 
-from quantgate.kernels import (
-    LINEAR_BACKENDS,
-    MOE_BACKENDS,
-    KernelSelectionError,
-    Platform,
-    UnknownBackendError,
-    normalize_backend,
-)
+from quantgate.kernels import KernelSelectionError, Platform
 
 from . import AsyncEngine, LLMEngine, load_model
+from .serve_args import FOLDER_CONTENTS, register, static_problem
+from .serve_args import normalize_flags as normalize_argv  # vLLM's parser takes `--max_model_len` too
 from .server import ServerSettings, build_app
+
+__all__ = ["register", "normalize_argv", "main"]  # the `quantgate` command protocol (harness/cli.py)
 
 EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
 EXIT_USAGE = 3  # the command line or the model is wrong: never retried
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
-DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-LOG_LEVELS = ("debug", "info", "warning", "error")
-FOLDER_CONTENTS = "config.json, *.safetensors, tokenizer.json"
-
 log = logging.getLogger("quantgate.engine.serve")
-
-
-def _backend(known: tuple[str, ...], flag: str):
-    def parse(value: str) -> str:
-        try:
-            return normalize_backend(value, known, flag)
-        except UnknownBackendError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = flag  # argparse names the type in its messages
-    return parse
-
-
-def _dtype(value: str) -> str:
-    name = DTYPE_ALIASES.get(value.lower(), value.lower())
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {value!r} (known: {', '.join(DTYPES)})")
-    return name
-
-
-def _int_in(low: int, high: int, what: str):
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{number} is out of range for {what} ({low}..{high})")
-        return number
-
-    return parse
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help=f"Hugging Face model folder ({FOLDER_CONTENTS})")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_int_in(0, 65535, "--port"), default=8000,
-                        help="port to listen on (default 8000; 0 picks a free one, printed in the ready line)")
-    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                        help="name(s) clients use in 'model'; the first is reported (default: MODEL as given)")
-    parser.add_argument("--linear-backend", type=_backend(LINEAR_BACKENDS, "--linear-backend"), default="auto",
-                        help=f"linear kernel backend: {', '.join(LINEAR_BACKENDS)} (default auto)")
-    parser.add_argument("--moe-backend", type=_backend(MOE_BACKENDS, "--moe-backend"), default="auto",
-                        help=f"MoE kernel backend: {', '.join(MOE_BACKENDS)} (default auto)")
-    parser.add_argument("--dtype", type=_dtype, default="auto",
-                        help=f"activation dtype: {', '.join(DTYPES)} (default auto: the checkpoint's)")
-    parser.add_argument("--max-model-len", type=_int_in(1, 2**31 - 1, "--max-model-len"),
-                        help="longest prompt + completion in tokens (default: the model's)")
-    parser.add_argument("--max-num-seqs", type=_int_in(1, 2**16, "--max-num-seqs"),
-                        help="most requests in the running batch (default: the engine's)")
-    parser.add_argument("--seed", type=int, default=0, help="engine seed for requests without their own")
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=_int_in(1, 2**16, "--tensor-parallel-size"),
-                        default=1, help="only 1: use `engine: vllm` for tensor parallelism")
-    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
-    parser.error = _unknown_flag_error(parser)  # type: ignore[method-assign]
-
-
-def _unknown_flag_error(parser: argparse.ArgumentParser):
-    """argparse's own error, except that unknown flags are listed with a did-you-mean and the
-    known flags (eval configs often carry vLLM flags this engine does not have)."""
-    default_error = parser.error
-    known = sorted({s for action in parser._actions for s in action.option_strings if s.startswith("--")})
-
-    def error(message: str) -> None:
-        prefix = "unrecognized arguments:"
-        if message.startswith(prefix):
-            unknown = [a.split("=", 1)[0] for a in message[len(prefix):].split() if a.startswith("-")]
-            hints = []
-            for flag in unknown or message[len(prefix):].split():
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-                hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
-            message = (f"unknown flag(s): {', '.join(hints)}. Known flags: {', '.join(known)}. "
-                       "A vLLM-only flag needs `engine: vllm` in the eval config")
-        default_error(message)
-
-    return error
 
 
 def _fail(message: str, code: int) -> int:
@@ -161,10 +73,7 @@ def configure_logging(level: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.tensor_parallel_size != 1:
-        return _fail(f"--tensor-parallel-size {args.tensor_parallel_size} is not supported: quantgate serve runs "
-                     "one device; set `engine: vllm` in the eval config for tensor parallelism", EXIT_USAGE)
-    problem = _check_model_dir(args.model)
+    problem = static_problem(args) or _check_model_dir(args.model)
     if problem:
         return _fail(problem, EXIT_USAGE)
     try:

@@ -3,7 +3,8 @@
 `quantgate lint` never pays for torch or lm-eval imports.
 
 A command module provides `register(parser: argparse.ArgumentParser) -> None` and
-`main(args: argparse.Namespace) -> int`.
+`main(args: argparse.Namespace) -> int`, and may provide `normalize_argv(argv) -> argv`, applied
+before parsing.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"quantgate {name}", description=COMMANDS[name][1])
     module.register(parser)
     try:
-        args = parser.parse_args(rest)
+        args = parser.parse_args(getattr(module, "normalize_argv", list)(rest))
     except SystemExit as exc:  # argparse exits 2 on bad usage; SPEC reserves 2 for retryable errors
         return EXIT_USAGE if exc.code else 0
     return int(module.main(args) or 0)

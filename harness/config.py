@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from quantgate.engine.serve_args import usage_problem
+
 from . import backends
 from .backends import Engine, Layer
 from .legacy import LEGACY_VARS, legacy_names, translate
@@ -470,10 +472,12 @@ class _Loader:
         )
         self._check_env(partial)
         self._check_backends(partial)
+        self._check_server_flags(partial)
 
     def _check(self, config: EvalConfig) -> EvalConfig:
         self._check_env(config)
         self._check_backends(config)
+        self._check_server_flags(config)
         self._check_expect(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
@@ -510,6 +514,14 @@ class _Loader:
             if flag in seen and seen[flag] != value:
                 self.error(self._server_arg_path(arg_index), f"{flag} given twice ({seen[flag]}, {value})", value=True)
             seen[flag] = value
+
+    def _check_server_flags(self, config: EvalConfig) -> None:
+        """The built-in engine's own parser on server_args. A warning, not an error: vLLM's own
+        files name no engine and must load unchanged; `quantgate run` refuses such a config
+        before any server starts (builtin_flags_problem), with exit 3."""
+        problem = builtin_flags_problem(config)
+        if problem:
+            self.warn(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
 
     def _server_arg_path(self, arg_index: int) -> list[str | int]:
         origin = self.origin.get("server_args", ["server_args"])
@@ -618,6 +630,17 @@ def _file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def builtin_flags_problem(config: EvalConfig) -> str | None:
+    """Why `quantgate serve` would refuse the config's server_args (engine builtin), else None.
+    Backend values are left to the backend check, whose messages name the engines."""
+    if config.engine != "builtin":
+        return None
+    skip = {i for _, _, i in _backend_flags(config.server_args, strict=True)}
+    skip |= {i + 1 for i in skip if "=" not in config.server_args[i]}
+    problem = usage_problem([a for i, a in enumerate(config.server_args) if i not in skip])
+    return f"quantgate serve (engine builtin) refuses these flags: {problem}" if problem else None
 
 
 def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str, Any, int]]:

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
-from .config import ConfigError, EvalConfig, check_unique_names, expand_paths, load_config
+from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
 from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
 from .gates import Baseline, GateInputError, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord,
@@ -323,6 +323,15 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
                             "(`quantgate pipeline` routes it), or evaluate a server running there with --server-url")
             return None
     if options.server_url is None:
+        refused = builtin_flags_problem(config)
+        if refused:
+            problems.append(f"{config.source}: server_args: {refused}")
+            return None
+        if config.engine == "builtin" and not (Path(model) / "config.json").is_file():
+            problems.append(f"{config.source}: model_name: {config.model_name} is not a model folder (no config.json "
+                            "next to the config, in a folder above it, or in the current directory). The builtin "
+                            "engine serves local Hugging Face folders: fix the path, or set `engine: vllm` for a hub id")
+            return None
         try:
             command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command)
         except ServerCommandError as exc:
@@ -590,12 +599,42 @@ def exit_code(records: Sequence[RunRecord]) -> int:
     return EXIT_PASS
 
 
+def output_problems(options: RunOptions) -> list[str]:
+    """Why the artifacts could not be written where the options say, checked before anything
+    runs (a finished run must never be lost to a bad --markdown path)."""
+    problems = []
+    targets = [("--output-dir", options.output_dir, True), ("--junit", options.junit, False),
+               ("--markdown", options.markdown, False)]
+    for flag, path, is_dir in targets:
+        if path is None:
+            continue
+        if path.exists() and path.is_dir() != is_dir:
+            kind = "a file" if is_dir else "a folder"
+            problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")
+            continue
+        ancestor = path if path.exists() else path.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            problems.append(f"{flag} {path}: {ancestor} is a file, so the path cannot be created; pass another path")
+        elif not os.access(ancestor, os.W_OK | os.X_OK):
+            problems.append(f"{flag} {path}: {ancestor} is not writable; pass a path you can write to")
+    given = [(flag, path.resolve()) for flag, path, _ in targets if path is not None]
+    for i, (flag, path) in enumerate(given):
+        problems += [f"{flag} and {other} are the same path {path}; pass different paths"
+                     for other, other_path in given[i + 1:] if other_path == path]
+    return problems
+
+
 def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Display | None = None) -> int:
     display = display or Display()
     guard = InterruptGuard()
     records: list[RunRecord] = []
     with guard.installed():
         try:
+            unwritable = output_problems(options)
+            if unwritable:
+                raise PlanError(unwritable)
             items = plan(paths, options)
         except PlanError as exc:
             for message in exc.messages:

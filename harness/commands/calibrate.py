@@ -21,6 +21,7 @@ from ..gates import hypothesis, relative
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
                       run_one)
+from .arg_types import positive_int, server_url
 
 
 def _runs(value: str) -> int:
@@ -37,8 +38,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="an eval config file")
     parser.add_argument("--runs", type=_runs, required=True, metavar="K", help="how many runs (at least 2)")
     parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
-    parser.add_argument("--server-url", default=None, metavar="URL", help="measure this running server")
+    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--server-url", type=server_url, default=None, metavar="URL", help="measure this running server")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "calibrate",
                         help="runs go to OUTPUT_DIR/run-<i>/<config>/ (default results/calibrate)")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..gates import GateInputError, paired
 from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, load_result, load_samples
+from .arg_types import probability
 
 _SHOWN = 10
 
@@ -22,7 +23,7 @@ _SHOWN = 10
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", type=Path, help="the baseline's result.json or run directory")
     parser.add_argument("cand", type=Path, help="the candidate's result.json or run directory")
-    parser.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    parser.add_argument("--alpha", type=probability, default=0.05, help="significance level (default 0.05)")
 
 
 def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

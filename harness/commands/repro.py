@@ -22,6 +22,7 @@ from ..evaluate import lm_eval_command, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, SERVER_LOG
 from ..runner import DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, plan
 from ..server import LaunchedServer, ServerStartError
+from .arg_types import positive_int
 
 DEFAULT_PORT = 8000
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -31,7 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="an eval config file")
     parser.add_argument("--run", action="store_true", help="run the printed commands (server, lm_eval, teardown)")
     parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "repro",
                         help="where the task file, lm-eval's output and the server log go (default results/repro)")
 

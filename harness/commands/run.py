@@ -11,16 +11,7 @@ from pathlib import Path
 
 from ..backends import ENGINES
 from ..runner import DEFAULT_OUTPUT_DIR, RunOptions, run_configs
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
+from .arg_types import positive_int, server_url
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +20,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default=None, help="override every config's `engine:`")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR,
                         help=f"artifacts go to OUTPUT_DIR/<config name>/ (default {DEFAULT_OUTPUT_DIR})")
-    parser.add_argument("--limit", type=_positive, default=None,
+    parser.add_argument("--limit", type=positive_int, default=None,
                         help="evaluate only the first N questions (overrides num_questions)")
-    parser.add_argument("--server-url", default=None, metavar="URL",
+    parser.add_argument("--server-url", type=server_url, default=None, metavar="URL",
                         help="evaluate this already running server instead of launching one")
     parser.add_argument("--junit", type=Path, default=None, help="JUnit XML path (default OUTPUT_DIR/junit.xml)")
     parser.add_argument("--markdown", type=Path, default=None,

@@ -127,6 +127,53 @@ def test_config_problems_exit_3_before_any_server_starts(tmp_path: Path, gsm8k_d
     assert code == 3 and "exact_match,strict-match" in output
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"server_args": ["--tokenizer-mode", "auto"]}, "refuses these flags: unknown flag(s): --tokenizer-mode"),
+    ({"server_args": ["--tensor-parallel-size", "2"]}, "--tensor-parallel-size 2 is not supported"),
+    ({"model_name": "no-such-model"}, "model_name: no-such-model is not a model folder"),
+])
+def test_builtin_configs_the_engine_would_refuse_exit_3_before_any_server_starts(
+        tmp_path: Path, gsm8k_dir: Path, fields: dict, expected: str) -> None:
+    # Deterministic for every machine: exit 3 (never retried), not a server that exits at
+    # start-up (exit 2, which CI retries).
+    config = write_config(tmp_path, "builtin", gsm8k_dir, engine="builtin", vllm_command=None,
+                          **{"model_name": str(REPO / "models" / "tiny-qwen3"), "server_args": [], **fields})
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 3 and expected in output.replace("\n", " "), output
+    assert not (tmp_path / "out" / "builtin").exists()
+
+
+@pytest.mark.parametrize("paths,expected", [
+    ({"output_dir": "afile"}, "--output-dir {tmp}/afile is a file; pass a folder path"),
+    ({"markdown": "afile/summary.md"}, "--markdown {tmp}/afile/summary.md: {tmp}/afile is a file"),
+    ({"junit": "out"}, "--output-dir and --junit are the same path {tmp}/out"),
+    ({"junit": "adir"}, "--junit {tmp}/adir is a folder; pass a file path"),
+])
+def test_unwritable_artifact_paths_exit_3_before_anything_runs(tmp_path: Path, gsm8k_dir: Path, paths: dict,
+                                                               expected: str) -> None:
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    config = write_config(tmp_path, "good", gsm8k_dir)
+    options = {"output_dir": tmp_path / "out", **{k: tmp_path / v for k, v in paths.items()}}
+    code, output = run_in_process([config], options.pop("output_dir"), **options)
+    assert code == 3 and expected.format(tmp=tmp_path) in output.replace("\n", ""), output
+    assert not (tmp_path / "out" / "good").exists()
+
+
+def test_lint_warns_about_flags_the_builtin_engine_refuses(tmp_path: Path) -> None:
+    # vLLM's own files name no engine and must load unchanged: a warning with its line.
+    path = tmp_path / "vllm-file.yaml"
+    path.write_text("model_name: Qwen/Qwen3-0.6B\naccuracy_threshold: 0.4\n"
+                    "server_args: --max-model-len 4096 --gpu-memory-utilization 0.9\n")
+    report = inspect_config(path)
+    assert report.errors == []
+    [warning] = report.warnings
+    assert warning.line == 3 and "--gpu-memory-utilization" in str(warning) and "will refuse" in str(warning)
+
+
 def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path: Path,
                                                                          gsm8k_dir: Path) -> None:
     write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})

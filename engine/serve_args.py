@@ -1,0 +1,140 @@
+"""The flags of `quantgate serve` (SPEC section 6), defined once for the server and for the
+harness, which checks an eval config's `server_args` against them before anything starts
+(`usage_problem`). Light to import: the kernel registry (torch) loads only when a backend flag
+is parsed.
+
+Flag names are vLLM's, and like vLLM's parser `--max_model_len` means `--max-model-len`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Callable
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+FOLDER_CONTENTS = "config.json, *.safetensors, tokenizer.json"
+
+
+def normalize_flags(argv: list[str]) -> list[str]:
+    """`--flag_name[=value]` -> `--flag-name[=value]`; values and positionals unchanged."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--"):
+            head, eq, tail = arg.partition("=")
+            arg = head.replace("_", "-") + eq + tail
+        out.append(arg)
+    return out
+
+
+def _backend(layer: str, flag: str):
+    def parse(value: str) -> str:
+        if value.strip().lower() == "auto":  # the default, which argparse also parses: no torch import for it
+            return "auto"
+        from quantgate.kernels import LINEAR_BACKENDS, MOE_BACKENDS, UnknownBackendError, normalize_backend
+
+        try:
+            return normalize_backend(value, LINEAR_BACKENDS if layer == "linear" else MOE_BACKENDS, flag)
+        except UnknownBackendError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = flag  # argparse names the type in its messages
+    return parse
+
+
+def _dtype(value: str) -> str:
+    name = DTYPE_ALIASES.get(value.lower(), value.lower())
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {value!r} (known: {', '.join(DTYPES)})")
+    return name
+
+
+def _int_in(low: int, high: int, what: str):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{number} is out of range for {what} ({low}..{high})")
+        return number
+
+    return parse
+
+
+def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None = None) -> None:
+    """The flags, on `parser`; its errors go to `fail` (default: argparse's print and exit)."""
+    parser.add_argument("model", help=f"Hugging Face model folder ({FOLDER_CONTENTS})")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_int_in(0, 65535, "--port"), default=8000,
+                        help="port to listen on (default 8000; 0 picks a free one, printed in the ready line)")
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="name(s) clients use in 'model'; the first is reported (default: MODEL as given)")
+    parser.add_argument("--linear-backend", type=_backend("linear", "--linear-backend"), default="auto",
+                        help="linear kernel backend (`quantgate kernels` lists them; default auto)")
+    parser.add_argument("--moe-backend", type=_backend("moe", "--moe-backend"), default="auto",
+                        help="MoE kernel backend (`quantgate kernels` lists them; default auto)")
+    parser.add_argument("--dtype", type=_dtype, default="auto",
+                        help=f"activation dtype: {', '.join(DTYPES)} (default auto: the checkpoint's)")
+    parser.add_argument("--max-model-len", type=_int_in(1, 2**31 - 1, "--max-model-len"),
+                        help="longest prompt + completion in tokens (default: the model's)")
+    parser.add_argument("--max-num-seqs", type=_int_in(1, 2**16, "--max-num-seqs"),
+                        help="most requests in the running batch (default: the engine's)")
+    parser.add_argument("--seed", type=int, default=0, help="engine seed for requests without their own")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=_int_in(1, 2**16, "--tensor-parallel-size"),
+                        default=1, help="only 1: use `engine: vllm` for tensor parallelism")
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
+    parser.error = _flag_error(parser, fail or parser.error)  # type: ignore[method-assign]
+
+
+def _flag_error(parser: argparse.ArgumentParser, fail: Callable[[str], None]) -> Callable[[str], None]:
+    """argparse's message, except that unknown flags are listed with a did-you-mean and the
+    known flags (eval configs often carry vLLM flags this engine does not have)."""
+    known = sorted({s for action in parser._actions for s in action.option_strings if s.startswith("--")})
+
+    def error(message: str) -> None:
+        prefix = "unrecognized arguments:"
+        if message.startswith(prefix):
+            unknown = [a.split("=", 1)[0] for a in message[len(prefix):].split() if a.startswith("-")]
+            hints = []
+            for flag in unknown or message[len(prefix):].split():
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+            message = (f"unknown flag(s): {', '.join(hints)}. Known flags: {', '.join(known)}. "
+                       "A vLLM-only flag needs `engine: vllm` in the eval config")
+        fail(message)
+
+    return error
+
+
+def static_problem(args: argparse.Namespace) -> str | None:
+    """What parsed flags ask for that this engine never does, on any machine."""
+    if args.tensor_parallel_size != 1:
+        return (f"--tensor-parallel-size {args.tensor_parallel_size} is not supported: quantgate serve runs one "
+                "device; set `engine: vllm` in the eval config for tensor parallelism")
+    return None
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refuse(message: str) -> None:
+    raise _Refused(message)
+
+
+def usage_problem(server_args: list[str]) -> str | None:
+    """Why `quantgate serve MODEL <server_args>` would refuse its flags (its own message), or
+    None. Nothing starts and no model is read."""
+    parser = argparse.ArgumentParser(prog="quantgate serve", add_help=False)
+    register(parser, fail=_refuse)
+    try:
+        args = parser.parse_args(["MODEL", *normalize_flags(list(server_args))])
+    except _Refused as exc:
+        return str(exc)
+    return static_problem(args)
