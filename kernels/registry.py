@@ -1,8 +1,11 @@
 """Kernel selection: a pure function of (platform, layer config, requested backend).
 
-The priority lists below are data. `auto` takes the first kernel that passes
-`is_supported` and `can_implement`; an explicit backend is strict: if none of its kernels can
-serve the layer, selection raises with every candidate's reason. Never a silent fallback.
+The priority lists below are data. `auto` takes the first kernel of the platform's row that
+passes `is_supported` and `can_implement`; the candidates it reports are that row, in order,
+then every other kernel that declares the layer's scheme, each with the reason it cannot serve
+(or, when it could, that auto does not pick it on this platform). An explicit backend is
+strict: if none of its kernels can serve the layer, selection raises with every candidate's
+reason. Never a silent fallback.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ _lin_emul, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin, _lin_dense = 
 # torch stays first until a run measures otherwise. Marlin is last though fastest at M = 1: a
 # layer has one kernel for every batch size. 8.9: the same order without the Hopper-only block
 # class. Every FP8 scheme ends in emulation, which runs anywhere. On 8.0 (no FP8 tensor cores)
-# marlin serves every scheme.
+# marlin serves every scheme. A row lists only what auto may pick; the kernels it leaves out are
+# still judged and reported after it, never picked.
 LINEAR_PRIORITY: list[tuple[str, tuple[int, int], dict[Scheme, list[type[LinearKernel]]]]] = [
     ("cuda", (9, 0), {
         B: [_lin_torch_block, _lin_triton, _lin_marlin, _lin_emul],
@@ -84,9 +88,11 @@ _moe_emul, _moe_triton, _moe_triton_dense, _moe_marlin = (
     TritonUnquantizedMoEKernel,
     MarlinMoEKernel,
 )
-# Kernels that cannot run on a row's platform are still listed where an explicit backend could
-# ask for them, so `quantgate kernels` shows why they were refused. W8A8 triton needs FP8 tensor
-# cores (8.9+); marlin (W8A16) serves every FP8 scheme from 8.0, below which only emulation runs.
+# These rows also list kernels that cannot run on the row's platform (W8A8 triton needs FP8
+# tensor cores, 8.9+; marlin, W8A16, serves every FP8 scheme from 8.0, below which, and on CPU,
+# only emulation runs), so their is_supported refusal is all auto ever sees of them. `_select`
+# would report them after the row anyway; they stay so that the order in which `quantgate
+# kernels` and strict --moe-backend errors name the candidates is unchanged.
 # H200 (results/h200-2026-11-29-run1, Qwen3-30B-A3B layer, ms in CUDA graphs): marlin leads only
 # at 1 token (0.034 vs 0.037); triton from 16 tokens (0.123 vs 0.133) and by 3.5x at 2048. The
 # choice is per scheme and the two backends differ in numerics (W8A8 vs W8A16), so triton stays first.
@@ -204,19 +210,36 @@ def _judge(kernel: KernelClass, platform: Platform, config, disabled: frozenset[
     return Candidate(name, kernel.backend, True, None)
 
 
+def _judge_unlisted(kernel: KernelClass, platform: Platform, config, disabled: frozenset[str], where: str,
+                    flag: str) -> Candidate:
+    """A kernel `auto` does not consider here: its own refusal if it has one, else why auto passes it over."""
+    candidate = _judge(kernel, platform, config, disabled)
+    if not candidate.supported:
+        return candidate
+    return Candidate(candidate.kernel, candidate.backend, False,
+                     f"could run here, but auto picks only from the priority list for {where} (kernels/registry.py, "
+                     f"in benchmark order), which leaves it out as slower or unmeasured on this platform; "
+                     f"request it with {flag} {kernel.backend}")
+
+
 def _select(layer: str, table: list, every: list, platform: Platform, config, requested: str, known, flag,
             disabled: frozenset[str] | None) -> Selection:
     requested = normalize_backend(requested, known, flag)
     disabled = disabled_kernels() if disabled is None else disabled
+    where = platform.device + (f" {platform.capability_str}" if platform.capability else "")
     ordered = _priority(table, platform, config.scheme)
     if requested != "auto":
         # Strict: every kernel of the backend is a candidate, priority order first.
         ordered = [k for k in ordered + [k for k in every if k not in ordered] if k.backend == requested]
     candidates = tuple(_judge(k, platform, config, disabled) for k in ordered)
     chosen = next((k for k, c in zip(ordered, candidates) if c.supported), None)
+    if requested == "auto":
+        # Shown, never chosen: the other kernels that declare the scheme, each with the reason it
+        # cannot serve here (or, if it could, that auto only picks from the priority list).
+        unlisted = [k for k in every if k not in ordered and config.scheme in k.schemes]
+        candidates += tuple(_judge_unlisted(k, platform, config, disabled, where, flag) for k in unlisted)
     error = None
     if chosen is None:
-        where = platform.device + (f" {platform.capability_str}" if platform.capability else "")
         reasons = "; ".join(f"{c.kernel}: {c.reason}" for c in candidates) or "no kernel is registered for it"
         error = (f"no {layer} kernel for scheme {config.scheme.value} on {where} with {flag} {requested}: {reasons}")
         if requested != "auto":

@@ -19,6 +19,9 @@ import sys
 _LINEAR = {"in_features": 4096, "out_features": 4096}
 _MOE = {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768}
 _EXIT_OK, _EXIT_NO_KERNEL, _EXIT_USAGE = 0, 1, 3
+# Compute capabilities run from 1.0 (Tesla) to 12.x (Blackwell) today, minors 0-9; the major
+# bound leaves room for future GPUs while refusing values no GPU reports (0.0, -1.0, 90.0).
+_MAJOR_RANGE = (1, 20)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +42,7 @@ def _platform(args: argparse.Namespace):
     if args.capability is not None:
         if args.device not in (None, "auto") and not args.device.startswith("cuda"):
             raise ValueError(f"--capability describes a CUDA GPU; it cannot be combined with --device {args.device}")
-        return Platform.hypothetical("cuda", args.capability)
+        return _checked_capability(Platform.hypothetical("cuda", args.capability), args.capability)
     device = args.device or "auto"
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
@@ -47,6 +50,16 @@ def _platform(args: argparse.Namespace):
         return Platform.detect(device)
     except RuntimeError as exc:
         raise ValueError(f"{exc}; or describe a GPU with --capability X.Y (e.g. --capability 9.0)") from None
+
+
+def _checked_capability(platform, text: str):
+    """`platform` if its capability is one a GPU can report; Platform.hypothetical only parses X.Y."""
+    major, minor = platform.capability
+    low, high = _MAJOR_RANGE
+    if not (low <= major <= high and 0 <= minor <= 9):
+        raise ValueError(f"capability {text!r} is not a CUDA compute capability: expected X.Y with X from {low} "
+                         f"to {high} and Y from 0 to 9 (e.g. 8.0 for an A100, 9.0 for an H100 or H200)")
+    return platform
 
 
 def _selections(args: argparse.Namespace, platform) -> list:

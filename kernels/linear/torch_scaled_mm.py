@@ -103,7 +103,14 @@ class TorchBlockScaledMMLinearKernel(LinearKernel):
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
-        return cuda_verdict(platform, (9, 0), "cuBLASLt 1x128/128x128 block scaling", maximum_major=9)
+        ok, reason = cuda_verdict(platform, (9, 0), "cuBLASLt 1x128/128x128 block scaling", maximum_major=9)
+        if not ok and platform.has_capability((10, 0)):  # refused by maximum_major alone
+            # torch runs 1x128/128x128 block scaling only through cuBLASLt on sm_90 (its own tests
+            # exercise it only on major 9; newer GPUs get MXFP8 1x32 block scaling instead).
+            reason = (f"torch's block-wise _scaled_mm (cuBLASLt 1x128/128x128 block scaling) runs only on compute "
+                      f"capability 9.x (Hopper); this GPU is {platform.capability_str}: use --linear-backend triton or "
+                      "marlin (auto skips this kernel here)")
+        return ok, reason
 
     @classmethod
     def can_implement(cls, config: LinearLayerConfig) -> Verdict:

@@ -14,7 +14,8 @@ _ACT_DTYPES = (torch.bfloat16, torch.float16)
 
 def triton_gpu_verdict(platform: Platform, minimum: tuple[int, int], why: str) -> Verdict:
     if not platform.is_cuda:
-        return False, "requires CUDA (CPU runs only emulation; tests call the Triton launches under TRITON_INTERPRET=1)"
+        return False, (f"requires CUDA (compute capability >= {minimum[0]}.{minimum[1]}, {why}); this is "
+                       f"{platform.device}, where MoE layers run with --moe-backend emulation (what auto picks)")
     if "triton" not in platform.libraries:
         return False, "triton is not installed (pip install triton)"
     if not platform.has_capability(minimum):

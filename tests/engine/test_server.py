@@ -324,7 +324,11 @@ def test_tokenizer_endpoints(client: TestClient, engine) -> None:
     assert_openai_error(client.post("/tokenize", json={"prompt": "a", "model": "x"}), 404, "model")
 
 
-def test_kernels_report_shape(client: TestClient) -> None:
+def test_kernels_report_shape(client: TestClient, tiny_model: Path, tmp_path: Path) -> None:
+    from quantgate.kernels import Scheme
+
+    from .tiny_models import quantize_folder
+
     body = client.get("/v1/kernels").json()
     assert body["platform"]["device"] == "cpu"
     modules = body["modules"]
@@ -333,6 +337,22 @@ def test_kernels_report_shape(client: TestClient) -> None:
         assert entry["layer"] in ("linear", "moe")
         assert {"scheme", "kernel", "backend", "rejected"} <= set(entry)
         assert all({"kernel", "reason"} <= set(r) for r in entry["rejected"])
+    # An FP8 block checkpoint on CPU: its quantized layers name the GPU kernels they could not use.
+    fp8 = quantize_folder(tiny_model, tmp_path / "fp8-block", Scheme.FP8_BLOCK, "fp8")
+    loaded = load_model(fp8, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
+    try:
+        with make_client((loaded, async_engine)) as c:
+            modules = c.get("/v1/kernels").json()["modules"]
+    finally:
+        async_engine.shutdown()
+    down = modules["model.layers.0.mlp.down_proj"]
+    assert (down["scheme"], down["kernel"]) == ("fp8-block", "EmulationLinearKernel")
+    rejected = {r["kernel"]: r["reason"] for r in down["rejected"]}
+    assert set(rejected) == {"TorchBlockScaledMMLinearKernel", "TritonBlockFp8LinearKernel", "MarlinFp8LinearKernel"}
+    marlin = rejected["MarlinFp8LinearKernel"]
+    assert marlin.startswith("requires CUDA") and marlin.endswith("this is cpu")
+    assert modules["lm_head"]["scheme"] == "unquantized" and modules["lm_head"]["rejected"] == []
 
 
 def test_reload_weights_keeps_answers(client: TestClient) -> None:

@@ -33,6 +33,24 @@ def test_json_report_for_an_a100_block_checkpoint(capsys):
     for candidate in linear["candidates"]:
         assert set(candidate) == {"kernel", "backend", "supported", "reason"}
         assert candidate["supported"] == (candidate["reason"] is None)
+    # SPEC 4/5: every linear kernel of the scheme is shown, the ones an A100 cannot run with why.
+    by_kernel = {c["kernel"]: c for c in linear["candidates"]}
+    assert [c["kernel"] for c in linear["candidates"]][:2] == ["MarlinFp8LinearKernel", "EmulationLinearKernel"]
+    assert set(by_kernel) == {"MarlinFp8LinearKernel", "EmulationLinearKernel", "TorchBlockScaledMMLinearKernel",
+                              "TritonBlockFp8LinearKernel"}
+    torch_block, triton = by_kernel["TorchBlockScaledMMLinearKernel"], by_kernel["TritonBlockFp8LinearKernel"]
+    assert torch_block["backend"] == "torch" and torch_block["supported"] is False
+    assert "compute capability >= 9.0" in torch_block["reason"] and "this GPU is 8.0" in torch_block["reason"]
+    assert triton["supported"] is False and "compute capability >= 8.9" in triton["reason"]
+
+
+def test_cpu_report_shows_the_gpu_kernels_and_why_they_cannot_run(capsys):
+    assert main(["kernels", "--device", "cpu", "--scheme", "fp8-block"]) == 0
+    out = capsys.readouterr().out
+    assert "MarlinFp8LinearKernel           marlin     requires CUDA (compute capability >= 8.0" in out
+    assert ("MarlinMoEKernel       marlin     requires CUDA (compute capability >= 8.0, bf16 tensor cores); "
+            "this is cpu") in out
+    assert "TRITON_INTERPRET" not in out
 
 
 def test_default_covers_every_fp8_scheme_and_unquantized_layers(capsys):
@@ -89,6 +107,10 @@ def test_disabled_kernels_show_up_as_reasons(capsys, monkeypatch):
     (["--linear-backend", "marlinn"], "did you mean 'marlin'"),
     (["--moe-backend", "trition"], "did you mean 'triton'"),
     (["--capability", "nine"], "X.Y"),
+    (["--capability", "-1.0"], "'-1.0' is not a CUDA compute capability"),
+    (["--capability", "0.0"], "'0.0' is not a CUDA compute capability"),
+    (["--capability", "21.0"], "X from 1 to 20"),
+    (["--capability", "9.10"], "Y from 0 to 9"),
     (["--device", "cpu", "--capability", "9.0"], "cannot be combined"),
     (["--device", "tpu"], "auto, cpu or cuda"),
     (["--scheme", "fp4"], "known schemes"),
@@ -96,3 +118,9 @@ def test_disabled_kernels_show_up_as_reasons(capsys, monkeypatch):
 def test_usage_errors_exit_3_with_the_fix(capsys, argv, words):
     assert main(["kernels", *argv]) == 3
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("capability", ["1.0", "7.5", "8.6", "10.0", "12.1"])
+def test_real_compute_capabilities_are_accepted(capsys, capability):
+    code, report = _json(capsys, "--capability", capability, "--scheme", "fp8-channel")
+    assert code == 0 and report["platform"]["capability"] == capability

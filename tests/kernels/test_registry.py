@@ -19,6 +19,7 @@ from quantgate.kernels import (
     select_linear_kernel,
     select_moe_kernel,
 )
+from quantgate.kernels import registry
 from quantgate.kernels.registry import ALL_LINEAR_KERNELS, DISABLED_ENV, LINEAR_BACKENDS
 
 B, C, T, U = Scheme.FP8_BLOCK, Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR, Scheme.UNQUANTIZED
@@ -59,6 +60,56 @@ def test_auto_selects_first_capable_kernel(spec, scheme):
     # Every candidate before the chosen one says why it was skipped.
     chosen = [c.kernel for c in sel.candidates].index(AUTO[spec][scheme])
     assert all(not c.supported and c.reason for c in sel.candidates[:chosen])
+
+
+@pytest.mark.parametrize("spec", list(AUTO) + [B200])
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_lists_the_priority_row_then_every_other_kernel_of_the_scheme(spec, scheme):
+    platform = _platform(spec)
+    sel = select_linear_kernel(platform, _config(scheme))
+    row = registry._priority(registry.LINEAR_PRIORITY, platform, scheme)
+    names = [c.kernel for c in sel.candidates]
+    # The row first, in its order; then the scheme's other kernels, none of them supported.
+    assert names[:len(row)] == [k.kernel_name() for k in row]
+    assert set(names) == {k.kernel_name() for k in ALL_LINEAR_KERNELS if scheme in k.schemes}
+    assert len(names) == len(set(names))
+    assert all(not c.supported and c.reason for c in sel.candidates[len(row):])
+    assert sel.require().kernel_name() in names[:len(row)]
+
+
+def test_a100_block_lists_the_kernels_it_cannot_run_with_their_reasons():
+    sel = select_linear_kernel(_platform(A100), _config(B))
+    assert sel.require().kernel_name() == "MarlinFp8LinearKernel"
+    reasons = {c.kernel: c.reason for c in sel.rejected}
+    assert reasons == {
+        "TorchBlockScaledMMLinearKernel":
+            "requires CUDA compute capability >= 9.0 (cuBLASLt 1x128/128x128 block scaling); this GPU is 8.0",
+        "TritonBlockFp8LinearKernel": "requires CUDA compute capability >= 8.9 (FP8 tensor cores); this GPU is 8.0",
+    }
+
+
+def test_cpu_lists_the_gpu_kernels_with_their_cuda_reasons():
+    sel = select_linear_kernel(_platform(CPU), _config(B))
+    assert sel.require().kernel_name() == "EmulationLinearKernel"
+    assert [c.kernel for c in sel.candidates] == ["EmulationLinearKernel", "TorchBlockScaledMMLinearKernel",
+                                                  "TritonBlockFp8LinearKernel", "MarlinFp8LinearKernel"]
+    marlin = next(c for c in sel.rejected if c.kernel == "MarlinFp8LinearKernel")
+    assert marlin.reason == "requires CUDA (compute capability >= 8.0, bf16 tensor cores); this is cpu"
+
+
+def test_a_runnable_kernel_outside_the_priority_row_is_shown_but_never_picked(monkeypatch):
+    # Without marlin in the 8.0 row, auto must pick emulation, not marlin, and say why not marlin.
+    marlin_kernel = registry.MarlinFp8LinearKernel
+    rows = [(device, minimum, {s: [k for k in ks if k is not marlin_kernel] for s, ks in table.items()})
+            for device, minimum, table in registry.LINEAR_PRIORITY]
+    monkeypatch.setattr(registry, "LINEAR_PRIORITY", rows)
+    sel = select_linear_kernel(_platform(A100), _config(B))
+    assert sel.require().kernel_name() == "EmulationLinearKernel"
+    marlin = next(c for c in sel.candidates if c.kernel == "MarlinFp8LinearKernel")
+    assert not marlin.supported
+    assert "priority list for cuda 8.0" in marlin.reason and "--linear-backend marlin" in marlin.reason
+    # An explicit request still gets it.
+    assert select_linear_kernel(_platform(A100), _config(B), "marlin").require() is marlin_kernel
 
 
 def test_a100_loads_every_fp8_scheme_with_auto_through_marlin():
@@ -115,6 +166,7 @@ def test_refusals_name_what_is_missing_and_what_is_there():
     sel = select_linear_kernel(_platform(B200), _config(B), "torch")
     block = next(c for c in sel.candidates if c.kernel == "TorchBlockScaledMMLinearKernel")
     assert "9.x" in block.reason and "10.0" in block.reason
+    assert "only on compute capability 9.x (Hopper)" in block.reason and "--linear-backend triton" in block.reason
     sel = select_linear_kernel(_platform(CPU), _config(B), "marlin")
     assert sel.candidates[0].reason.startswith("requires CUDA") and sel.candidates[0].reason.endswith("this is cpu")
 
@@ -164,7 +216,23 @@ def test_selection_report_shape():
 
 def test_moe_selection_on_cpu_is_emulation():
     config = MoELayerConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128, scheme=B)
-    assert select_moe_kernel(_platform(CPU), config).require().backend == "emulation"
+    sel = select_moe_kernel(_platform(CPU), config)
+    assert sel.require().backend == "emulation"
+    # The GPU kernels are listed, each saying what it needs and what runs here instead.
+    reasons = {c.kernel: c.reason for c in sel.rejected}
+    assert reasons["MarlinMoEKernel"] == ("requires CUDA (compute capability >= 8.0, bf16 tensor cores); this is cpu, "
+                                          "where MoE layers run with --moe-backend emulation (what auto picks)")
+    assert reasons["TritonFusedMoEKernel"].startswith("requires CUDA (compute capability >= 8.9, FP8 tensor cores)")
+
+
+@pytest.mark.parametrize("spec", [CPU, A100, L40S, H200, B200])
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_moe_auto_lists_every_kernel_of_the_scheme(spec, scheme):
+    config = MoELayerConfig(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768, scheme=scheme)
+    sel = select_moe_kernel(_platform(spec), config)
+    names = [c.kernel for c in sel.candidates]
+    assert sorted(names) == sorted(k.kernel_name() for k in registry.ALL_MOE_KERNELS if scheme in k.schemes)
+    assert all(c.reason for c in sel.rejected)
 
 
 def test_kernel_modules_import_without_triton():
