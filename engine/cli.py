@@ -21,14 +21,11 @@ import uvicorn
 from quantgate.kernels import KernelSelectionError, Platform
 
 from . import AsyncEngine, LLMEngine, load_model
-from .serve_args import FOLDER_CONTENTS, register, static_problem
+from .serve_args import EXIT_ERROR, EXIT_USAGE, FOLDER_CONTENTS, register, static_problem
 from .serve_args import normalize_flags as normalize_argv  # vLLM's parser takes `--max_model_len` too
 from .server import ServerSettings, build_app
 
 __all__ = ["register", "normalize_argv", "main"]  # the `quantgate` command protocol (harness/cli.py)
-
-EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
-EXIT_USAGE = 3  # the command line or the model is wrong: never retried
 
 log = logging.getLogger("quantgate.engine.serve")
 

@@ -12,6 +12,9 @@ import argparse
 import difflib
 from collections.abc import Callable
 
+EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
+EXIT_USAGE = 3  # the command line or the model is wrong: never retried
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -5,6 +5,8 @@
 `result.json` is written for every config that was attempted, whatever happened: an ERROR
 carries its cause and the server log's tail, an interrupted run says so. Other tools parse
 these files: keys are only ever added, and `schema_version` changes when one changes meaning.
+Every result.json has the whole SPEC section 5 shape whatever the verdict (see `result_shape`):
+what was not measured is null, never a missing key or a missing object.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+# Adding keys (with nulls where nothing is known) is compatible: readers of version 1 keep
+# working, so it does not bump this. A key that disappears or changes meaning does.
 SCHEMA_VERSION = 1
 RESULT_FILE, SAMPLES_FILE, SERVER_LOG = "result.json", "samples.jsonl", "server.log"
 PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
@@ -46,17 +50,73 @@ class RunRecord:
     timings: dict[str, float | None] = field(default_factory=dict)
     interrupted: str | None = None  # the signal that stopped the run, if one did
     log_tail: str | None = None  # the server log's tail, for errors
+    usage_error: bool = False  # an ERROR the config itself causes (the server refused it): exit 3, never retried
     started_at: str = ""
     finished_at: str = ""
     schema_version: int = SCHEMA_VERSION
 
     @property
     def exit_code(self) -> int:
+        if self.verdict == ERROR and self.usage_error:
+            return EXIT_USAGE
         return {PASS: EXIT_PASS, FAIL: EXIT_FAIL}.get(self.verdict, EXIT_ERROR)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """What result.json holds: the fields in SPEC section 5's full shape (`result_shape`).
+        The record itself keeps None for what was never measured."""
+        data = result_shape(asdict(self))
         return {"schema_version": data.pop("schema_version"), **data}
+
+
+# SPEC section 5, "result.json at least": the keys other tools rely on, present in every
+# result.json (null when a run never got that far), besides whatever the run adds.
+METRIC_KEYS = ("value", "metric", "strict_match", "flexible_extract", "stderr", "n", "invalid_rate")
+GATE_KEYS = ("mode", "passed", "explanation")
+TIMING_KEYS = ("server_start_s", "eval_s", "total_s")
+VERSION_KEYS = ("quantgate", "lm_eval", "torch", "engine")
+SERVER_KEYS = ("command", "startup_s", "exit_status", "log")
+TASK_KEYS = ("file", "sha256")
+DATASET_KEYS = ("sha256",)
+
+
+def _configured(config: dict[str, Any], key: str) -> Any:
+    """A setting of the record's config summary (`metric`, `gate`): the runner writes it at the
+    top and in `data` (the whole validated config); hand-made records may have neither."""
+    if config.get(key) is not None:
+        return config[key]
+    data = config.get("data")
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _with_keys(value: Any, keys: Sequence[str], **known: Any) -> dict[str, Any]:
+    """`value` (a dict, or None for nothing) with every one of `keys`: missing or null ones
+    become `known`'s value for them, else null. Content already there is kept as it is."""
+    out = dict(value) if isinstance(value, dict) else {}
+    for key in keys:
+        if out.get(key) is None:
+            out[key] = known.get(key)
+    return out
+
+
+def result_shape(data: dict[str, Any]) -> dict[str, Any]:
+    """A record's fields (`asdict`) in SPEC section 5's full shape: metrics, gate, kernels,
+    server, versions, dataset, task and timings are objects with their keys, whether or not the
+    run got far enough to fill them. The metric name and gate mode come from the config when
+    nothing was measured."""
+    config = data.get("config") or {}
+    gate_spec = _configured(config, "gate")
+    mode = gate_spec.get("mode") if isinstance(gate_spec, dict) else gate_spec if isinstance(gate_spec, str) else None
+    return {
+        **data,
+        "metrics": _with_keys(data.get("metrics"), METRIC_KEYS, metric=_configured(config, "metric")),
+        "gate": _with_keys(data.get("gate"), GATE_KEYS, mode=mode),
+        "kernels": data.get("kernels") if isinstance(data.get("kernels"), dict) else {},
+        "server": _with_keys(data.get("server"), SERVER_KEYS) if data.get("server") is None else data["server"],
+        "versions": _with_keys(data.get("versions"), VERSION_KEYS),
+        "dataset": _with_keys(data.get("dataset"), DATASET_KEYS),
+        "task": _with_keys(data.get("task"), TASK_KEYS),
+        "timings": _with_keys(data.get("timings"), TIMING_KEYS),
+    }
 
 
 def now_iso() -> str:
@@ -119,6 +179,11 @@ def write_samples(run_dir: Path, samples: Sequence[dict[str, Any]]) -> Path:
 
 def load_result(path: Path) -> dict[str, Any]:
     """A result.json (or the run directory holding one)."""
+    if path.is_dir() and not (path / RESULT_FILE).is_file():
+        runs = sorted(p.parent.name for p in path.glob(f"*/{RESULT_FILE}"))
+        if runs:  # a whole run's --output-dir: one folder per config
+            raise ValueError(f"{path} holds one run directory per config; pass one of them: "
+                             + ", ".join(str(path / name) for name in runs[:5]) + (", ..." if len(runs) > 5 else ""))
     path = path / RESULT_FILE if path.is_dir() else path
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "schema_version" not in data:
@@ -163,8 +228,20 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
             "total_s": (data.get("timings") or {}).get("total_s"),
             "reason": data.get("reason", ""),
         })
-    return pd.DataFrame(rows, columns=["config", "verdict", "metric", "measured", "threshold", "gate", "n",
-                                       "invalid_rate", "kernels", "total_s", "reason"])
+    frame = pd.DataFrame(rows, columns=["config", "verdict", "metric", "measured", "threshold", "gate", "n",
+                                        "invalid_rate", "kernels", "total_s", "reason"])
+    # A count stays an integer when a row has none (an ERROR): pandas would make the column float.
+    frame["n"] = pd.array([_count(v) for v in frame["n"]], dtype="Int64")
+    return frame
+
+
+def _count(value: Any) -> int | None:
+    """A question count as an int; None for a missing (or non-integral, non-finite) one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value)
 
 
 def markdown_table(frame) -> str:

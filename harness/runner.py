@@ -27,6 +27,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn)
 from rich.table import Table
 
+from quantgate.engine.serve_args import EXIT_USAGE as SERVE_EXIT_USAGE
+
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
@@ -499,6 +501,11 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     except ServerStartError as exc:
         record.reason = f"server did not start: {exc}"
         record.log_tail = exc.log_tail
+        # quantgate serve exits 3 for what the config asks that cannot work here (the model
+        # folder's contents, a backend that cannot serve a layer): fixing the config, not a retry.
+        record.usage_error = config.engine == "builtin" and exc.exit_status == SERVE_EXIT_USAGE
+        if record.usage_error:
+            record.reason += " (the server refused the config: fix it; exit 3, not retried)"
         record.timings["server_start_s"] = round(exc.startup_s, 3)
     except (EvalSetupError, GateInputError) as exc:
         record.reason = str(exc)
@@ -591,12 +598,10 @@ def _gate_line(gate: GateOutcome) -> str:
 
 
 def exit_code(records: Sequence[RunRecord]) -> int:
-    """SPEC section 4: any error wins (retryable), then any failed gate, else 0."""
-    if any(r.verdict == ERROR for r in records):
-        return EXIT_ERROR
-    if any(r.verdict == FAIL for r in records):
-        return EXIT_FAIL
-    return EXIT_PASS
+    """SPEC section 4: an error the config causes (3: a retry cannot help) wins, then any other
+    error (2, retryable), then any failed gate (1), else 0."""
+    codes = {r.exit_code for r in records}
+    return next((code for code in (EXIT_USAGE, EXIT_ERROR, EXIT_FAIL) if code in codes), EXIT_PASS)
 
 
 def output_problems(options: RunOptions) -> list[str]:

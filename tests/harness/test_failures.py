@@ -69,7 +69,7 @@ def test_request_errors_are_an_error_never_wrong_answers(tmp_path: Path, gsm8k_d
     run_dir = tmp_path / "out" / "errs"
     result = load_json(run_dir / "result.json")
     assert code == 2, output
-    assert result["verdict"] == "ERROR" and result["gate"] is None
+    assert result["verdict"] == "ERROR" and result["gate"]["passed"] is None
     assert "never scored as a wrong answer" in result["reason"] and "500" in result["reason"]
     assert len(_samples(run_dir)) == 5
 

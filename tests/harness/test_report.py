@@ -3,6 +3,7 @@ per-question flips."""
 
 from __future__ import annotations
 
+import csv as csv_module
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +46,23 @@ def test_report_tables_csv_and_trend_chart(tmp_path: Path, capsys: pytest.Captur
     assert len(frame) == 6 and set(frame["config"]) == {"tiny-bf16", "tiny-fp8"}
     assert frame.loc[frame["config"] == "tiny-fp8", "measured"].tolist()[:2] == [0.78, 0.74]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_prints_n_as_an_integer_and_empty_for_an_error(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """pandas makes an int column float as soon as one row has none (an ERROR): not printed so."""
+    _result(tmp_path, "ok", 1, 0.8)
+    _result(tmp_path, "broke", 2, None, verdict="ERROR")
+    csv, md = tmp_path / "r.csv", tmp_path / "r.md"
+    assert cli(["report", str(tmp_path), "--csv", str(csv)]) == 0
+    assert cli(["report", str(tmp_path), "--markdown", str(md)]) == 0
+    for text in (capsys.readouterr().out, md.read_text()):
+        lines = [line for line in text.splitlines() if line.startswith("|")]
+        n = [c.strip() for c in lines[0].split("|")].index("n")
+        cells = {row.split("|")[2].strip(): row.split("|")[n].strip() for row in lines[2:]}
+        assert cells == {"ok": "20", "broke": "-"}, text
+    cells = {row["config"]: row["n"] for row in csv_module.DictReader(csv.read_text().splitlines())}
+    assert cells == {"ok": "20", "broke": ""}, csv.read_text()
 
 
 def test_report_markdown_file_and_missing_inputs(tmp_path: Path) -> None:

@@ -11,21 +11,37 @@ import pytest
 
 from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, load_result, load_samples, summary_markdown,
                                        write_junit, write_result, write_samples)
+from tests.harness import runner_fixtures
 
-# SPEC section 5, "result.json at least": what other tools may rely on.
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+# SPEC section 5, "result.json at least": what other tools may rely on, in every result.json
+# whatever its verdict (null values where nothing was measured, never a missing key or object).
+_NULLABLE_NUMBER = {"type": ["number", "null"]}
 RESULT_SCHEMA = {
     "type": "object",
-    "required": ["schema_version", "name", "verdict", "reason", "metrics", "gate", "kernels", "server", "timings"],
+    "required": ["schema_version", "name", "verdict", "reason", "metrics", "gate", "kernels", "server", "timings",
+                 "versions", "dataset", "task"],
     "properties": {
         "schema_version": {"type": "integer"},
         "name": {"type": "string"},
         "verdict": {"enum": ["PASS", "FAIL", "ERROR"]},
         "reason": {"type": "string"},
-        "metrics": {"anyOf": [{"type": "null"}, {
+        "metrics": {
             "type": "object",
-            "required": ["value", "metric", "strict_match", "flexible_extract", "n", "invalid_rate"]}]},
-        "gate": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["mode"]}]},
-        "timings": {"type": "object", "required": ["total_s"]},
+            "required": ["value", "metric", "strict_match", "flexible_extract", "stderr", "n", "invalid_rate"],
+            "properties": {"value": _NULLABLE_NUMBER, "metric": {"type": ["string", "null"]},
+                           "strict_match": _NULLABLE_NUMBER, "flexible_extract": _NULLABLE_NUMBER,
+                           "stderr": _NULLABLE_NUMBER, "n": {"type": ["integer", "null"]},
+                           "invalid_rate": _NULLABLE_NUMBER}},
+        "gate": {"type": "object", "required": ["mode"], "properties": {"mode": {"type": ["string", "null"]}}},
+        "kernels": {"type": "object"},
+        "server": {"type": "object"},
+        "versions": {"type": "object", "required": ["quantgate", "lm_eval", "torch", "engine"]},
+        "dataset": {"type": "object", "required": ["sha256"]},
+        "task": {"type": "object", "required": ["file", "sha256"]},
+        "timings": {"type": "object", "required": ["server_start_s", "eval_s", "total_s"],
+                    "properties": {k: _NULLABLE_NUMBER for k in ("server_start_s", "eval_s", "total_s")}},
     },
 }
 
@@ -54,7 +70,73 @@ def test_an_error_record_is_valid_too(tmp_path: Path) -> None:
     path = write_result(tmp_path / "e", _record("e", "ERROR", log_tail="Traceback...\nboom"))
     data = load_result(path)
     jsonschema.validate(data, RESULT_SCHEMA)
-    assert data["log_tail"].endswith("boom") and data["metrics"] is None
+    assert data["log_tail"].endswith("boom")
+    assert set(data["metrics"].values()) == {None} and data["gate"]["mode"] is None and data["kernels"] == {}
+    assert data["timings"] == {"total_s": 1.5, "server_start_s": None, "eval_s": None}
+
+
+def test_filling_the_shape_keeps_what_was_measured(tmp_path: Path) -> None:
+    """Partial objects get the missing keys; nothing already there changes, the record neither."""
+    record = _record("p", "FAIL", metrics={"value": 0.5, "n": 40, "complete": True},
+                     gate={"mode": "wilson", "passed": False, "lower": 0.4}, kernels={"modules": {}},
+                     versions={"quantgate": "1.2", "engine": "0.9"}, timings={"total_s": 3.0, "server_busy_s": 1.0},
+                     config={"metric": "exact_match,flexible-extract", "data": {"gate": {"mode": "absolute"}}})
+    data = load_result(write_result(tmp_path / "p", record))
+    jsonschema.validate(data, RESULT_SCHEMA)
+    assert data["metrics"] == {"value": 0.5, "n": 40, "complete": True, "metric": "exact_match,flexible-extract",
+                               "strict_match": None, "flexible_extract": None, "stderr": None, "invalid_rate": None}
+    assert data["gate"] == {"mode": "wilson", "passed": False, "lower": 0.4, "explanation": None}  # measured wins
+    assert data["kernels"] == {"modules": {}}
+    assert data["versions"] == {"quantgate": "1.2", "engine": "0.9", "lm_eval": None, "torch": None}
+    assert data["timings"] == {"total_s": 3.0, "server_busy_s": 1.0, "server_start_s": None, "eval_s": None}
+    assert record.metrics == {"value": 0.5, "n": 40, "complete": True} and record.dataset is None
+
+
+def _planned(tmp_path: Path, gsm8k_dir: Path, name: str, **server_flags):
+    from quantgate.harness.runner import RunOptions, plan
+    from tests.harness.runner_fixtures import write_config
+
+    config = write_config(tmp_path, name, gsm8k_dir, server_flags, metric="exact_match,flexible-extract",
+                          gate="wilson", reference={"value": 0.8})
+    options = RunOptions(output_dir=tmp_path / "out")
+    return plan([config], options), options
+
+
+def _assert_full_error_shape(data: dict, server_started: bool) -> None:
+    jsonschema.validate(data, RESULT_SCHEMA)
+    assert data["verdict"] == "ERROR"
+    assert data["metrics"] == {"value": None, "metric": "exact_match,flexible-extract", "strict_match": None,
+                               "flexible_extract": None, "stderr": None, "n": None, "invalid_rate": None}
+    assert data["gate"]["mode"] == "wilson" and data["kernels"] == {}
+    assert data["versions"]["engine"] is None and data["versions"]["quantgate"] is not None
+    assert data["dataset"] == {"sha256": None} and data["task"] == {"file": None, "sha256": None}
+    assert data["timings"]["eval_s"] is None and data["timings"]["total_s"] is not None
+    assert (data["timings"]["server_start_s"] is not None) == server_started
+
+
+def test_a_server_that_did_not_start_writes_the_full_shape(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """The runner's own ERROR record (server exits during start-up), not a hand-made one."""
+    from tests.harness.runner_fixtures import load_json, run_in_process
+
+    _planned(tmp_path, gsm8k_dir, "crash", exit_during_startup=0.2)  # plans: the ERROR is the server's
+    code, output = run_in_process([tmp_path / "crash.yaml"], tmp_path / "out")
+    data = load_json(tmp_path / "out" / "crash" / "result.json")
+    assert code == 2 and "server did not start" in data["reason"], output
+    _assert_full_error_shape(data, server_started=True)
+    assert data["server"]["exit_status"] == 1 and data["log_tail"]
+
+
+def test_a_config_never_started_writes_the_full_shape(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """The runner's record for a config an interrupt kept from starting: no server object at all."""
+    from quantgate.harness.runner import _not_started
+
+    items, options = _planned(tmp_path, gsm8k_dir, "later")
+    record = _not_started(items[0], options, "SIGTERM")
+    data = load_result(tmp_path / "out" / "later")
+    assert data == json.loads(json.dumps(record.to_dict()))
+    _assert_full_error_shape(data, server_started=False)
+    assert set(data["server"]) >= {"command", "startup_s", "exit_status", "log"}
+    assert set(data["server"].values()) == {None}
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -216,6 +216,21 @@ def test_exit_code_priority() -> None:
     assert exit_code([rec("PASS"), rec("PASS")]) == 0
     assert exit_code([rec("PASS"), rec("FAIL")]) == 1
     assert exit_code([rec("FAIL"), rec("ERROR"), rec("PASS")]) == 2
+    refused = rec("ERROR")
+    refused.usage_error = True
+    assert exit_code([rec("ERROR"), refused, rec("FAIL")]) == 3  # a retry cannot fix it
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="marlin serves on a GPU: needs a machine without one")
+def test_a_config_the_builtin_server_refuses_at_start_up_exits_3(tmp_path: Path, gsm8k_dir: Path) -> None:
+    # The plan cannot know that no marlin kernel runs on this machine; the server's exit 3 says so.
+    config = write_config(tmp_path, "marlin-here", gsm8k_dir, engine="builtin", vllm_command=None,
+                          model_name=str(REPO / "models" / "tiny-qwen3-fp8-block-native"),
+                          server_args=["--linear-backend", "marlin", "--device", "cpu"])
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "marlin-here" / "result.json")
+    assert code == 3 and result["verdict"] == "ERROR" and result["usage_error"] is True, output
+    assert "the server refused the config" in result["reason"] and "MarlinFp8LinearKernel" in result["log_tail"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
