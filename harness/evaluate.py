@@ -112,7 +112,8 @@ def installed_task_yaml(task: str) -> Path:
 
 
 def write_task_yaml(settings: EvalSettings) -> Path:
-    """Write the installed task YAML into the run directory with the dataset replaced."""
+    """Write the installed task YAML into the run directory with the dataset (and the config's
+    gen_prefix) replaced."""
     source = installed_task_yaml(settings.task)
     try:
         task_cfg = yaml.safe_load(source.read_text())
@@ -132,6 +133,8 @@ def write_task_yaml(settings: EvalSettings) -> Path:
         task_cfg["dataset_path"] = "json"
         task_cfg.pop("dataset_name", None)  # a hub config name ("main") means nothing to the json loader
         task_cfg["dataset_kwargs"] = {"data_files": data_files}
+    if settings.gen_prefix is not None:  # in the file, so `quantgate repro`'s lm_eval command has it too
+        task_cfg["gen_prefix"] = settings.gen_prefix
     task_dir = settings.work_dir / "task"
     task_dir.mkdir(parents=True, exist_ok=True)
     path = task_dir / f"{settings.task}.yaml"
@@ -366,8 +369,6 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
         task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
         if settings.temperature is not None:
             task.set_config(key="generation_kwargs", value={"temperature": settings.temperature}, update=True)
-        if settings.gen_prefix is not None:
-            task.set_config(key="gen_prefix", value=settings.gen_prefix)
         error: str | None = None
         results: dict | None = None
         server_said = _LastRefusal()

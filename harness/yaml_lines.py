@@ -88,6 +88,11 @@ def parse_yaml(text: str) -> YamlDocument:
         raise YamlSyntaxError(line, f"invalid YAML: {problem}") from None
     except YAMLError as exc:  # duplicate keys and other errors without a mark
         raise YamlSyntaxError(0, f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except (ValueError, IndexError) as exc:
+        # ruamel.yaml 0.19 resolves plain scalars such as `-_` or `._` as numbers, then fails to
+        # convert them: valid YAML that it cannot read.
+        raise YamlSyntaxError(0, f"the YAML reader failed on a plain scalar ({type(exc).__name__}: {exc}); quote "
+                                 "any unquoted key or value made only of signs, dots and underscores") from None
     return YamlDocument(root=root, data=to_plain(root))
 
 

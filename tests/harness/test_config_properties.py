@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +41,11 @@ def check(text: str) -> None:
 @given(CONFIGS)
 def test_random_structures_are_errors_or_configs(data: dict) -> None:
     check(yaml.safe_dump(data, allow_unicode=True))
+
+
+@pytest.mark.parametrize("text", ["-_: null\n", "a: ._\n"])
+def test_scalars_the_yaml_reader_cannot_convert_are_located_errors(text: str) -> None:
+    check(text)  # hypothesis found these: ruamel.yaml 0.19 raised IndexError / ValueError
 
 
 @SETTINGS

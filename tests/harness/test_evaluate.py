@@ -81,6 +81,16 @@ def test_prompt_templates_compile_once_and_render_as_before() -> None:
         assert utils.apply_template(source, doc) == uncached
 
 
+def test_gen_prefix_is_in_the_task_file_that_run_and_repro_both_load(tmp_path: Path, gsm8k_dir: Path) -> None:
+    from lm_eval.tasks import TaskManager
+
+    written = write_task_yaml(_settings(gsm8k_dir, tmp_path, gen_prefix="The answer is"))
+    assert yaml.safe_load(written.read_text())["gen_prefix"] == "The answer is"
+    task = TaskManager(include_path=str(written.parent), include_defaults=False).load(["gsm8k"])["tasks"]["gsm8k"]
+    assert task.config.gen_prefix == "The answer is"
+    assert "gen_prefix" not in yaml.safe_load(write_task_yaml(_settings(gsm8k_dir, tmp_path / "b")).read_text())
+
+
 def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
     server = serve(accuracy=0.6, invalid=0.5)
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=16))
