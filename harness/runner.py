@@ -105,6 +105,9 @@ class RunOptions:
     server_url: str | None = None
     junit: Path | None = None
     markdown: Path | None = None
+    # False: plan commands for another machine (`quantgate repro` prints them), so this one's
+    # GPUs and executables are not checked.
+    check_machine: bool = True
 
 
 @dataclass
@@ -318,7 +321,7 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
     model = resolve_model(config)
     command = None
     req = config.requires
-    if options.server_url is None and (req.gpus or req.device or req.min_compute_capability):
+    if options.check_machine and options.server_url is None and (req.gpus or req.device or req.min_compute_capability):
         unmet = unmet_requirements(config, local_gpus())
         if unmet:
             problems.append(f"{config.source}: requires: {unmet}. Run it on a machine that has them "
@@ -329,13 +332,14 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
         if refused:
             problems.append(f"{config.source}: server_args: {refused}")
             return None
-        if config.engine == "builtin" and not (Path(model) / "config.json").is_file():
+        if options.check_machine and config.engine == "builtin" and not (Path(model) / "config.json").is_file():
             problems.append(f"{config.source}: model_name: {config.model_name} is not a model folder (no config.json "
                             "next to the config, in a folder above it, or in the current directory). The builtin "
                             "engine serves local Hugging Face folders: fix the path, or set `engine: vllm` for a hub id")
             return None
         try:
-            command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command)
+            command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command,
+                                    require_executable=options.check_machine)
         except ServerCommandError as exc:
             problems.append(f"{config.source}: {exc}")
             return None

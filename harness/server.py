@@ -87,8 +87,9 @@ def quantgate_executable() -> list[str]:
 
 
 def build_command(engine: str, model: str, server_args: list[str], env: dict[str, str],
-                  vllm_command: str | list[str] | None = None) -> ServerCommand:
-    """`quantgate serve MODEL ARGS` or `vllm serve MODEL ARGS` (or `vllm_command` in its place)."""
+                  vllm_command: str | list[str] | None = None, require_executable: bool = True) -> ServerCommand:
+    """`quantgate serve MODEL ARGS` or `vllm serve MODEL ARGS` (or `vllm_command` in its place);
+    `require_executable`: vLLM's must be on this machine's PATH (not for commands printed for another)."""
     port, args = _option(list(server_args), "--port")
     host, _ = _option(args, "--host")
     served, _ = _option(args, "--served-model-name")
@@ -98,7 +99,7 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
         program = [*quantgate_executable(), "serve"]
     elif engine == "vllm":
         program = shlex.split(vllm_command) if isinstance(vllm_command, str) else list(vllm_command or ["vllm", "serve"])
-        if not program or shutil.which(program[0]) is None:
+        if not program or (require_executable and shutil.which(program[0]) is None):
             raise ServerCommandError(
                 f"engine vllm: {program[0] if program else '(empty vllm_command)'!r} is not an executable on PATH. "
                 "vLLM is never installed in quantgate's environment: install it in its own venv and put its "

@@ -20,7 +20,8 @@ from ..backends import ENGINES
 from ..config import EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, SERVER_LOG
-from ..runner import DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, plan
+from ..runner import (DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, local_gpus, plan,
+                      unmet_requirements)
 from ..server import LaunchedServer, ServerStartError
 from .arg_types import positive_int
 
@@ -38,7 +39,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit)
+    # Printed commands are often for another machine (the GPU box of a failing nightly config):
+    # only --run needs this one to have the config's GPUs and executables.
+    options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit, check_machine=args.run)
     try:
         item = plan([args.config], options)[-1]  # a baseline, if any, comes first; repro is about CONFIG
     except PlanError as exc:
@@ -53,6 +56,9 @@ def main(args: argparse.Namespace) -> int:
                              run_dir, args.limit)
     task_file = write_task_yaml(settings)
     eval_cmd = lm_eval_command(settings, task_file, run_dir / "lm_eval")
+    unmet = None if args.run else unmet_requirements(item.config, local_gpus())
+    if unmet:
+        print(f"# note: this machine does not meet the config's requires: ({unmet}); run these where it does")
     print(_script(item, port, eval_cmd, task_file))
     if not args.run:
         return EXIT_PASS

@@ -149,6 +149,15 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         load_result(path)
 
 
+def test_a_whole_runs_output_dir_names_its_per_config_folders(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema_version": 1, "name": name}))
+    with pytest.raises(ValueError, match=f"holds one run directory per config; pass one of them: {tmp_path / 'a'}, "):
+        load_result(tmp_path)
+    assert load_result(tmp_path / "b")["name"] == "b"
+
+
 def test_samples_jsonl_round_trips(tmp_path: Path) -> None:
     rows = [{"id": i, "correct": i % 2 == 0, "response": f"#### {i}"} for i in range(5)]
     write_samples(tmp_path, rows)

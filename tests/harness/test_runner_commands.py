@@ -50,6 +50,18 @@ def test_repro_prints_the_exact_server_and_lm_eval_commands(tmp_path: Path, gsm8
     assert "--server-url http://127.0.0.1:8123" in output
 
 
+def test_repro_prints_commands_for_a_machine_this_one_is_not(tmp_path: Path, gsm8k_dir: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # The developer reproducing a nightly GPU config wants the commands to paste on the GPU box.
+    config = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64}, vllm_command="not-on-this-path serve")
+    assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "# note: this machine does not meet the config's requires: (requires 64 GPU(s)" in output
+    assert _lines_after(output, "# 1. start the server").startswith("not-on-this-path serve fake-model")
+    assert cli(["repro", str(config), "--run", "--output-dir", str(tmp_path / "r")]) == 3
+    assert "requires 64 GPU(s)" in capsys.readouterr().err
+
+
 def test_repro_of_an_invalid_config_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_name: m\naccuracy_threshold: 2.5\n")
