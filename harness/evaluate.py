@@ -66,6 +66,7 @@ class EvalSettings:
     work_dir: Path
     use_chat_completions: bool = False
     gen_prefix: str | None = None
+    api_key: str | None = None  # sent as a bearer token; never in model_args (repro prints those)
 
 
 @dataclass
@@ -358,7 +359,8 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     compile_templates_once()
 
     started = time.perf_counter()
-    lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings))
+    auth = {"header": {"Authorization": f"Bearer {settings.api_key}"}} if settings.api_key else {}
+    lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings), **auth)
     with _lm_eval_output_to(settings.work_dir / "lm_eval.log"):
         manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
         loaded = manager.load([settings.task])

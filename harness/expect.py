@@ -21,6 +21,7 @@ import httpx
 
 from .backends import VLLM_LINEAR_BACKENDS, canonical, log_name_to_backend
 from .config import Expect
+from .server import auth_headers
 
 _SELECTED = re.compile(r"Selected (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for (?P<module>\S+)")
 _MOE = re.compile(r"Using (?P<name>[A-Za-z0-9_]+) Fp8 MoE backend")
@@ -28,10 +29,10 @@ MOE_LOG_MODULE = "fused_moe"  # vLLM logs one MoE choice for the model, not one 
 _SHOWN_MODULES = 6
 
 
-def report_from_server(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+def report_from_server(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict[str, Any] | None:
     """The `/v1/kernels` body, or None when the server has no such endpoint (e.g. vLLM)."""
     try:
-        response = httpx.get(base_url.rstrip("/") + "/v1/kernels", timeout=timeout_s)
+        response = httpx.get(base_url.rstrip("/") + "/v1/kernels", timeout=timeout_s, headers=auth_headers(api_key))
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

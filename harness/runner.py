@@ -38,7 +38,7 @@ from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
 from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
-                     attach, build_command)
+                     api_key_of, attach, auth_headers, build_command, redact_api_key, redact_env)
 
 DEFAULT_OUTPUT_DIR = Path("results")
 DEFAULT_MAX_CONCURRENCY = 8
@@ -417,14 +417,19 @@ def _baseline_for(item: PlannedConfig) -> Baseline | None:
 
 
 def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, Any]:
+    """The config as result.json records it: secrets (--api-key, secret-looking env) redacted,
+    since results are shared; the config's sha256 still identifies the file."""
+    server_args = redact_api_key(config.server_args)
+    data = config.model_dump(mode="json", exclude={"source", "sha256"})
+    data["server_args"] = server_args
+    data["env"] = redact_env(config.env)
     return {"path": str(config.source), "sha256": config.sha256, "engine": config.engine,
-            "model_name": config.model_name, "model": model, "server_args": config.server_args,
-            "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir),
-            "data": config.model_dump(mode="json", exclude={"source", "sha256"})}
+            "model_name": config.model_name, "model": model, "server_args": server_args,
+            "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir), "data": data}
 
 
 def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir: Path,
-                  limit: int | None) -> EvalSettings:
+                  limit: int | None, api_key: str | None = None) -> EvalSettings:
     """How `config` is evaluated against the server at `base_url`. Without `dataset:` the task
     loads its own (from the Hugging Face hub: that needs network)."""
     return EvalSettings(
@@ -444,6 +449,7 @@ def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir:
         work_dir=run_dir,
         use_chat_completions=config.use_chat_completions,
         gen_prefix=config.gen_prefix,
+        api_key=api_key,
     )
 
 
@@ -452,7 +458,7 @@ def _engine_version(server: Server, config: EvalConfig) -> str | None:
     import httpx
 
     try:
-        response = httpx.get(server.base_url + "/version", timeout=5.0)
+        response = httpx.get(server.base_url + "/version", timeout=5.0, headers=auth_headers(server.api_key))
         if response.status_code == 200:
             return str(response.json().get("version"))
     except (httpx.HTTPError, ValueError, AttributeError):
@@ -463,7 +469,8 @@ def _engine_version(server: Server, config: EvalConfig) -> str | None:
 def _kernel_report(config: EvalConfig, server: Server) -> tuple[dict | None, str]:
     """The kernel report and where it was looked for (for messages when there is none)."""
     if isinstance(server, AttachedServer) or config.engine == "builtin":
-        return expect_mod.report_from_server(server.base_url), f"GET {server.base_url}/v1/kernels"
+        return (expect_mod.report_from_server(server.base_url, api_key=server.api_key),
+                f"GET {server.base_url}/v1/kernels")
     return expect_mod.report_from_vllm_log(server.log_text()), "`Selected <Kernel> for <module>` / " \
         "`Using <X> Fp8 MoE backend` lines in server.log"
 
@@ -485,7 +492,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         evaluate_mod.preload()  # overlaps lm-eval's import with the server's start-up
         if item.command is None:
             assert options.server_url is not None
-            server = attach(options.server_url, config.model_name)
+            # The config's own key if it sets one, else lm-eval's convention for OpenAI-style servers.
+            server = attach(options.server_url, config.model_name,
+                            api_key=api_key_of(config.server_args, config.env) or os.environ.get("OPENAI_API_KEY"))
             display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
         else:
             display.note(f"  server: {item.command.shell()}")
@@ -496,7 +505,8 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.versions["engine"] = _engine_version(server, config)
         report, where = _kernel_report(config, server)
         display.eval_start()
-        settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit)
+        settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit,
+                                 api_key=server.api_key)
         record.evaluation = {"limit": settings.limit}
         outcome = run_eval(settings, on_progress=display.progress)
         if report is None and config.engine == "vllm" and isinstance(server, LaunchedServer):

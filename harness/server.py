@@ -30,6 +30,7 @@ TEARDOWN_GRACE_S = 10.0
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+API_KEY_FLAG = "--api-key"
 
 
 class ServerStartError(RuntimeError):
@@ -53,14 +54,48 @@ class ServerCommand:
     served_model: str  # the name requests must carry
     preferred_port: int | None = None
     host: str = "127.0.0.1"
+    api_key: str | None = None  # what the server requires on /v1/* (its --api-key or VLLM_API_KEY)
 
     def with_port(self, port: int) -> list[str]:
         return [*self.argv, "--port", str(port)]
 
-    def shell(self, port: int | str = "PORT") -> str:
-        """The exact command line, environment first, for a human to paste."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join([*self.argv, "--port", str(port)])
+    def shell(self, port: int | str = "PORT", redact: bool = False) -> str:
+        """The exact command line, environment first, for a human to paste; `redact` hides
+        secrets (for logs and result.json)."""
+        env = " ".join(f"{k}={shlex.quote('<redacted>' if redact and _secret(k) else v)}" for k, v in self.env.items())
+        argv = [*self.argv, "--port", str(port)]
+        return (env + " " if env else "") + shlex.join(redact_api_key(argv) if redact else argv)
+
+
+def _secret(name: str) -> bool:
+    return any(word in name.upper() for word in _SECRET_WORDS)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the values of secret-looking names (TOKEN, KEY, ...) replaced."""
+    return {k: "<redacted>" if _secret(k) else v for k, v in env.items()}
+
+
+def redact_api_key(argv: list[str]) -> list[str]:
+    """`argv` with the value of `--api-key` replaced (result.json and logs are shared)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == API_KEY_FLAG and i + 1 < len(out):
+            out[i + 1] = "<redacted>"
+        elif arg.startswith(API_KEY_FLAG + "="):
+            out[i] = API_KEY_FLAG + "=<redacted>"
+    return out
+
+
+def api_key_of(server_args: list[str], env: dict[str, str]) -> str | None:
+    """The key a server started with these args and env requires: `--api-key`, else vLLM's
+    VLLM_API_KEY."""
+    key, _ = _option(list(server_args), API_KEY_FLAG)
+    return key or env.get("VLLM_API_KEY") or None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _option(args: list[str], name: str) -> tuple[str | None, list[str]]:
@@ -112,7 +147,7 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
         raise ServerCommandError(f"server_args: --port {port!r} is not a number") from None
     connect_host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else host
     return ServerCommand(argv=[*program, model, *args], env=dict(env), served_model=served or model,
-                         preferred_port=preferred, host=connect_host)
+                         preferred_port=preferred, host=connect_host, api_key=api_key_of(args, env))
 
 
 def env_diff(overrides: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -121,7 +156,7 @@ def env_diff(overrides: dict[str, str], base: dict[str, str] | None = None) -> d
     diff: dict[str, str | None] = {}
     for key, value in overrides.items():
         if base.get(key) != value:
-            diff[key] = "<redacted>" if any(w in key.upper() for w in _SECRET_WORDS) else value
+            diff[key] = "<redacted>" if _secret(key) else value
     return diff
 
 
@@ -188,6 +223,7 @@ class Server(Protocol):
     base_url: str
     served_model: str
     startup_s: float
+    api_key: str | None
 
     def poll(self) -> int | None: ...
     def log_tail(self, lines: int = 40) -> str: ...
@@ -219,6 +255,10 @@ class LaunchedServer:
     @property
     def served_model(self) -> str:
         return self.command.served_model
+
+    @property
+    def api_key(self) -> str | None:
+        return self.command.api_key
 
     @property
     def pgid(self) -> int | None:
@@ -257,7 +297,7 @@ class LaunchedServer:
                         log.write(f"# quantgate: port {preferred} is in use; using {port}\n".encode())
                 self.port = port
                 self.ports_tried.append(port)
-                log.write(f"# quantgate: launch attempt {attempt}: {self.command.shell(port)}\n".encode())
+                log.write(f"# quantgate: launch attempt {attempt}: {self.command.shell(port, redact=True)}\n".encode())
                 log.flush()
                 offset = log.tell()
                 self.process = subprocess.Popen(
@@ -325,8 +365,8 @@ class LaunchedServer:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "command": self.command.with_port(self.port) if self.port is not None else self.command.argv,
-            "command_line": self.command.shell(self.port if self.port is not None else "PORT"),
+            "command": redact_api_key(self.command.with_port(self.port) if self.port is not None else self.command.argv),
+            "command_line": self.command.shell(self.port if self.port is not None else "PORT", redact=True),
             "env_diff": env_diff(self.command.env),
             "url": self.base_url if self.port is not None else None,
             "port": self.port,
@@ -345,6 +385,7 @@ class AttachedServer:
     base_url: str
     served_model: str
     startup_s: float = 0.0
+    api_key: str | None = None
 
     def poll(self) -> int | None:
         return None
@@ -378,23 +419,23 @@ def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float,
     return server
 
 
-def attach(url: str, served_model: str | None, timeout_s: float = 10.0) -> AttachedServer:
+def attach(url: str, served_model: str | None, timeout_s: float = 10.0, api_key: str | None = None) -> AttachedServer:
     """An already running server; its served model is asked from /v1/models when not given."""
     url = url.rstrip("/")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     try:
         with httpx.Client(timeout=timeout_s) as client:
-            response = client.get(url + "/v1/models")
+            response = client.get(url + "/v1/models", headers=auth_headers(api_key))
             response.raise_for_status()
             models = [m["id"] for m in response.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise ServerStartError(f"--server-url {url}: /v1/models did not answer ({exc})", exit_status=None,
                                log_tail="", startup_s=0.0) from None
     if served_model in models or not models:
-        return AttachedServer(url, served_model or "")
+        return AttachedServer(url, served_model or "", api_key=api_key)
     if len(models) == 1:
-        return AttachedServer(url, models[0])
+        return AttachedServer(url, models[0], api_key=api_key)
     raise ServerStartError(f"--server-url {url} serves {', '.join(models)}, none of them {served_model!r}; "
                            "set --served-model-name in server_args to the one to evaluate",
                            exit_status=None, log_tail="", startup_s=0.0)

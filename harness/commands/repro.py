@@ -65,16 +65,17 @@ def main(args: argparse.Namespace) -> int:
     return _run(item, run_dir, eval_cmd)
 
 
-def _eval_env(config: EvalConfig) -> dict[str, str]:
-    """With local data nothing may reach for the hub; without, the task downloads its dataset."""
-    return OFFLINE_ENV if config.dataset is not None else {}
+def _eval_env(config: EvalConfig, api_key: str | None) -> dict[str, str]:
+    """With local data nothing may reach for the hub; without, the task downloads its dataset.
+    lm-eval's local-completions send OPENAI_API_KEY as the bearer token."""
+    return {**(OFFLINE_ENV if config.dataset is not None else {}), **({"OPENAI_API_KEY": api_key} if api_key else {})}
 
 
 def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path) -> str:
     config, command = item.config, item.command
     assert command is not None
     url = f"http://{command.host}:{port}"
-    env = " ".join(f"{k}={v}" for k, v in _eval_env(config).items())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in _eval_env(config, command.api_key).items())
     return "\n".join([
         f"# quantgate repro: {config.name} ({config.source}), engine {config.engine}",
         "# 1. start the server:",
@@ -97,7 +98,7 @@ def _run(item: PlannedConfig, run_dir: Path, eval_cmd: list[str]) -> int:
         # The port the server got: the printed one, unless it was in use.
         eval_cmd = [a.replace(f":{item.command.preferred_port}/", f":{server.port}/") for a in eval_cmd]
         print(f"# server ready on port {server.port}; log: {server.log_path}", flush=True)
-        status = subprocess.run(eval_cmd, env={**os.environ, **_eval_env(item.config)}).returncode
+        status = subprocess.run(eval_cmd, env={**os.environ, **_eval_env(item.config, item.command.api_key)}).returncode
     except ServerStartError as exc:
         print(f"error: server did not start: {exc}\n{exc.log_tail}", file=sys.stderr)
         return EXIT_ERROR

@@ -53,6 +53,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
     p.add_argument("--error-status", type=int, default=500)
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
+    p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
     args, _unknown = p.parse_known_args(argv)
@@ -126,7 +127,17 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            """vLLM's and quantgate serve's --api-key: /v1/* needs the bearer token."""
+            key = engine.args.api_key
+            if key is None or not self.path.startswith("/v1/") or self.headers.get("Authorization") == f"Bearer {key}":
+                return False
+            self._send(401, {"error": {"message": "Unauthorized", "type": "authentication_error"}})
+            return True
+
         def do_GET(self) -> None:
+            if self._refused():
+                return
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
@@ -138,6 +149,8 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self._refused():
+                return
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return

@@ -95,6 +95,32 @@ def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: 
     assert code == 1
 
 
+def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the_artifacts(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "keyed", gsm8k_dir, {"api_key": "s3cret-key", "linear_backend": "marlin"},
+                          expect={"linear_kernel": "marlin"})
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "keyed" / "result.json")
+    assert code == 0 and result["verdict"] == "PASS", output
+    for artifact in ("result.json", "server.log"):
+        assert "s3cret-key" not in (tmp_path / "out" / "keyed" / artifact).read_text()
+    assert "--api-key '<redacted>'" in result["server"]["command_line"]
+    # --server-url: the config's key goes to /v1/models, /v1/kernels and the completions.
+    for key, expected_code in (("s3cret-key", 0), ("another-key", 2)):
+        running = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, api_key=key, linear_backend="marlin"),
+                                       {}, [sys.executable, str(FAKE_SERVER)]), tmp_path / f"{key}.log", 30)
+        try:
+            code, output = run_in_process([config], tmp_path / key, server_url=running.base_url)
+        finally:
+            running.stop()
+        result = load_json(tmp_path / key / "keyed" / "result.json")
+        assert code == expected_code, output
+        if expected_code == 0:
+            assert result["kernels"]["source"] == "GET /v1/kernels"
+        else:
+            assert "401" in result["reason"]
+
+
 def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "lim", gsm8k_dir, num_questions=30)
     code, output = run_in_process([config], tmp_path / "out", terminal=True, limit=5)
