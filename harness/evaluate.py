@@ -363,7 +363,16 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings), **auth)
     with _lm_eval_output_to(settings.work_dir / "lm_eval.log"):
         manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
-        loaded = manager.load([settings.task])
+        try:
+            loaded = manager.load([settings.task])
+        except (OSError, ConnectionError) as exc:  # datasets' ConnectionError is an OSError too
+            if settings.test_file is not None:
+                raise
+            raise EvalSetupError(
+                f"task {settings.task}: its dataset could not be loaded from the Hugging Face hub "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). Offline, or with "
+                "the hub unreachable, set `dataset: {train: ..., test: ...}` to local GSM8K-format files "
+                "(models/data/ ships some)") from None
         task = loaded["tasks"][settings.task]
         # What `simple_evaluate` would set on the task. It is not called because it also collects
         # environment info (importing torch and running pip: ~5 s per config on a CI core).

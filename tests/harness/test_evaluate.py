@@ -3,6 +3,8 @@ the scores, per-question records, and failed requests that are never scored."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +91,20 @@ def test_gen_prefix_is_in_the_task_file_that_run_and_repro_both_load(tmp_path: P
     task = TaskManager(include_path=str(written.parent), include_defaults=False).load(["gsm8k"])["tasks"]["gsm8k"]
     assert task.config.gen_prefix == "The answer is"
     assert "gen_prefix" not in yaml.safe_load(write_task_yaml(_settings(gsm8k_dir, tmp_path / "b")).read_text())
+
+
+def test_a_task_dataset_the_hub_cannot_give_is_a_setup_error_that_says_what_to_do(tmp_path: Path) -> None:
+    # A config without `dataset:` makes lm-eval download the task's; offline that must say so,
+    # not end as an internal error. A fresh process, so `datasets` reads the offline switches.
+    code = ("import sys; from pathlib import Path; from tests.harness.test_evaluate import _settings; "
+            "from quantgate.harness.evaluate import run_eval, EvalSetupError\n"
+            "try:\n    run_eval(_settings(Path('.'), Path(sys.argv[1]), test_file=None, train_file=None))\n"
+            "except EvalSetupError as exc:\n    print(exc)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2]).stdout
+    assert "task gsm8k: its dataset could not be loaded from the Hugging Face hub" in out
+    assert "set `dataset: {train: ..., test: ...}`" in out
 
 
 def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
