@@ -68,6 +68,17 @@ class RunRecord:
         return {"schema_version": data.pop("schema_version"), **data}
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A config not run because this machine does not meet its `requires:` (run
+    --skip-unmet-requires): no result.json, a skipped junit testcase and a summary line."""
+
+    name: str
+    path: str
+    engine: str
+    reason: str
+
+
 # SPEC section 5, "result.json at least": the keys other tools rely on, present in every
 # result.json (null when a run never got that far), besides whatever the run adds.
 METRIC_KEYS = ("value", "metric", "strict_match", "flexible_extract", "stderr", "n", "invalid_rate")
@@ -252,10 +263,11 @@ def markdown_table(frame) -> str:
     return cleaned.to_markdown(index=False, floatfmt=".4f", missingval="-")
 
 
-def summary_markdown(records: Sequence[RunRecord]) -> str:
+def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = ()) -> str:
     frame = summary_frame(records)
     counts = frame["verdict"].value_counts()
-    head = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, FAIL, ERROR))
+    head = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, FAIL, ERROR)) + (
+        f", {len(skipped)} skipped" if skipped else "")
     table = markdown_table(frame)
     details = []
     for rec in records:
@@ -266,24 +278,33 @@ def summary_markdown(records: Sequence[RunRecord]) -> str:
             if rec.log_tail:
                 details.append(f"<details><summary>server log tail</summary>\n\n```\n{rec.log_tail}\n```\n"
                                "</details>\n")
+    if skipped:
+        details.append("### Skipped: this machine does not meet their `requires:`\n\n"
+                       + "\n".join(f"- {s.name} ({s.path}): {s.reason}" for s in skipped) + "\n")
     return f"# quantgate run: {head}\n\n{table}\n\n" + "\n".join(details)
 
 
-def write_summary(records: Sequence[RunRecord], path: Path) -> Path:
+def write_summary(records: Sequence[RunRecord], path: Path, skipped: Sequence[Skipped] = ()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, summary_markdown(records))
+    _write_atomic(path, summary_markdown(records, skipped))
     return path
 
 
-def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgate") -> Path:
-    """One testcase per config: FAIL is a <failure>, ERROR an <error> (the retryable class)."""
+def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgate",
+                skipped: Sequence[Skipped] = ()) -> Path:
+    """One testcase per config: FAIL is a <failure>, ERROR an <error> (the retryable class), a
+    config skipped for its `requires:` a <skipped>."""
     failures = sum(r.verdict == FAIL for r in records)
     errors = sum(r.verdict == ERROR for r in records)
     total = sum((r.timings.get("total_s") or 0.0) for r in records)
-    root = ET.Element("testsuites", name=suite, tests=str(len(records)), failures=str(failures),
-                      errors=str(errors), time=f"{total:.3f}")
-    tsuite = ET.SubElement(root, "testsuite", name=suite, tests=str(len(records)), failures=str(failures),
-                           errors=str(errors), time=f"{total:.3f}", timestamp=now_iso())
+    counts = {"tests": str(len(records) + len(skipped)), "failures": str(failures), "errors": str(errors),
+              "skipped": str(len(skipped)), "time": f"{total:.3f}"}
+    root = ET.Element("testsuites", name=suite, **counts)
+    tsuite = ET.SubElement(root, "testsuite", name=suite, **counts, timestamp=now_iso())
+    for skip in skipped:
+        case = ET.SubElement(tsuite, "testcase", classname=f"{suite}.{skip.engine}", name=skip.name, time="0.000",
+                             file=skip.path)
+        ET.SubElement(case, "skipped", message=skip.reason)
     for rec in records:
         case = ET.SubElement(tsuite, "testcase", classname=f"{suite}.{rec.config.get('engine', 'builtin')}",
                              name=rec.name, time=f"{rec.timings.get('total_s') or 0.0:.3f}",

@@ -34,7 +34,7 @@ from . import expect as expect_mod
 from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
 from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
 from .gates import Baseline, GateInputError, GateOutcome, evaluate_gate
-from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord,
+from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
 from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
@@ -108,6 +108,9 @@ class RunOptions:
     # False: plan commands for another machine (`quantgate repro` prints them), so this one's
     # GPUs and executables are not checked.
     check_machine: bool = True
+    # A config whose `requires:` this machine does not meet is skipped (and reported so) instead
+    # of failing the plan. Opt-in: on CI a misrouted GPU config must fail, never pass by skipping.
+    skip_unmet: bool = False
 
 
 @dataclass
@@ -241,9 +244,11 @@ class PlanError(Exception):
         self.messages = messages
 
 
-def plan(paths: Sequence[str | Path], options: RunOptions) -> list[PlannedConfig]:
-    """Load and check every config; add or reuse baselines; order baselines first."""
+def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped] | None = None) -> list[PlannedConfig]:
+    """Load and check every config; add or reuse baselines; order baselines first. With
+    `options.skip_unmet`, configs this machine cannot run go to `skipped` instead."""
     problems: list[str] = []
+    skipped = [] if skipped is None else skipped
     try:
         files = expand_paths(paths)
     except ConfigError as exc:
@@ -270,7 +275,7 @@ def plan(paths: Sequence[str | Path], options: RunOptions) -> list[PlannedConfig
         if config.name in chain:
             problems.append(f"{config.source}: baseline: cycle {' -> '.join((*chain, config.name))}")
             return
-        item = _plan_one(config, options, problems, shared)
+        item = _plan_one(config, options, problems, shared, skipped)
         if item is None:
             return
         if config.baseline_path is not None and config.gate.mode in ("paired", "recovery"):
@@ -317,15 +322,19 @@ def unmet_requirements(config: EvalConfig, gpus: list[tuple[str, str]]) -> str |
 
 
 def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
-              shared: dict[str, RunRecord]) -> PlannedConfig | None:
+              shared: dict[str, RunRecord], skipped: list[Skipped]) -> PlannedConfig | None:
     model = resolve_model(config)
     command = None
     req = config.requires
     if options.check_machine and options.server_url is None and (req.gpus or req.device or req.min_compute_capability):
         unmet = unmet_requirements(config, local_gpus())
+        if unmet and options.skip_unmet:
+            skipped.append(Skipped(config.name, str(config.source), config.engine, f"requires: {unmet}"))
+            return None
         if unmet:
             problems.append(f"{config.source}: requires: {unmet}. Run it on a machine that has them "
-                            "(`quantgate pipeline` routes it), or evaluate a server running there with --server-url")
+                            "(`quantgate pipeline` routes it), evaluate a server running there with --server-url, "
+                            "or pass --skip-unmet-requires to run only the configs this machine can")
             return None
     if options.server_url is None:
         refused = builtin_flags_problem(config)
@@ -649,12 +658,16 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     display = display or Display()
     guard = InterruptGuard()
     records: list[RunRecord] = []
+    skipped: list[Skipped] = []
     with guard.installed():
         try:
             unwritable = output_problems(options)
             if unwritable:
                 raise PlanError(unwritable)
-            items = plan(paths, options)
+            items = plan(paths, options, skipped)
+            if skipped and not items:
+                raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
+                                 for s in skipped])
         except PlanError as exc:
             for message in exc.messages:
                 display.note(f"error: {message}")
@@ -663,6 +676,8 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             display.note(f"interrupted by {exc.signal_name} before any server started")
             return EXIT_ERROR
         options.output_dir.mkdir(parents=True, exist_ok=True)
+        for skip in skipped:
+            display.note(f"  SKIPPED {skip.name}: {skip.reason} (--skip-unmet-requires)")
         try:
             for index, item in enumerate(items, start=1):
                 display.config_start(index, len(items), item.config)
@@ -676,8 +691,8 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             with guard.shield():
                 records += [_not_started(item, options, exc.signal_name) for item in items[len(records):]]
         with guard.shield():
-            junit = write_junit(records, options.junit or options.output_dir / "junit.xml")
-            summary = write_summary(records, options.markdown or options.output_dir / "summary.md")
+            junit = write_junit(records, options.junit or options.output_dir / "junit.xml", skipped=skipped)
+            summary = write_summary(records, options.markdown or options.output_dir / "summary.md", skipped=skipped)
     display.summary(records)
     display.note(f"artifacts: {options.output_dir}/<config>/, {junit}, {summary}")
     if guard.signal_name is not None:

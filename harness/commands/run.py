@@ -27,9 +27,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, default=None, help="JUnit XML path (default OUTPUT_DIR/junit.xml)")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="markdown summary path (default OUTPUT_DIR/summary.md)")
+    parser.add_argument("--skip-unmet-requires", action="store_true",
+                        help="skip (and report) configs whose `requires:` this machine does not meet, instead "
+                             "of exiting 3; for local runs of mixed lists, not for CI")
 
 
 def main(args: argparse.Namespace) -> int:
     options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit,
-                         server_url=args.server_url, junit=args.junit, markdown=args.markdown)
+                         server_url=args.server_url, junit=args.junit, markdown=args.markdown,
+                         skip_unmet=args.skip_unmet_requires)
     return run_configs(args.paths, options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -231,6 +232,25 @@ def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir
     assert gate["mode"] == "paired" and gate["n_common"] == 12
     assert gate["flips_right_to_wrong"] == flips and gate["flips_wrong_to_right"] == 0
     assert code == (1 if not gate["passed"] else 0)
+
+
+def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp_path: Path,
+                                                                            gsm8k_dir: Path) -> None:
+    big = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64})
+    fine = write_config(tmp_path, "fine", gsm8k_dir)
+    code, output = run_in_process([big, fine], tmp_path / "strict")
+    assert code == 3 and "requires 64 GPU(s)" in output and "--skip-unmet-requires" in output
+    code, output = run_in_process([big, fine], tmp_path / "out", skip_unmet=True)
+    assert code == 0 and "SKIPPED big: requires: requires 64 GPU(s)" in output, output
+    assert not (tmp_path / "out" / "big").exists() and load_json(tmp_path / "out" / "fine" / "result.json")
+    suite = ET.parse(tmp_path / "out" / "junit.xml").getroot()
+    assert suite.get("tests") == "2" and suite.get("skipped") == "1"
+    [skipped] = suite.iter("skipped")
+    assert "requires 64 GPU(s)" in skipped.get("message")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "1 PASS, 0 FAIL, 0 ERROR, 1 skipped" in summary and "- big (" in summary
+    code, output = run_in_process([big], tmp_path / "none", skip_unmet=True)
+    assert code == 3 and "every config was skipped, so nothing was evaluated" in output
 
 
 def test_exit_code_priority() -> None:
