@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). `serve` parses its own vLLM-style flags.
@@ -29,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 EXIT_USAGE = 3
+EXIT_BROKEN_PIPE = 128 + 13  # killed by SIGPIPE, as the shell reports it for `cat` or `grep`
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(getattr(module, "normalize_argv", list)(rest))
     except SystemExit as exc:  # argparse exits 2 on bad usage; SPEC reserves 2 for retryable errors
         return EXIT_USAGE if exc.code else 0
-    return int(module.main(args) or 0)
+    try:
+        return int(module.main(args) or 0)
+    except BrokenPipeError:  # `quantgate kernels --json | head`: the reader left; end as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

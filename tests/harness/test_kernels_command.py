@@ -124,3 +124,15 @@ def test_usage_errors_exit_3_with_the_fix(capsys, argv, words):
 def test_real_compute_capabilities_are_accepted(capsys, capability):
     code, report = _json(capsys, "--capability", capability, "--scheme", "fp8-channel")
     assert code == 0 and report["platform"]["capability"] == capability
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    # `quantgate kernels --json | head -1`: no traceback, the shell's SIGPIPE status.
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "quantgate.harness.cli", "kernels", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command has imported anything, so its first write fails
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
