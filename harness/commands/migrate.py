@@ -20,6 +20,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from .. import backends
 from ..config import ConfigError, expand_paths
 from ..legacy import legacy_names, translate
 from ..yaml_lines import YamlSyntaxError, dump_like, parse_yaml
@@ -41,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_INVALID
     status = EXIT_OK
+    changed = 0
     for path in paths:
         text = path.read_text(encoding="utf-8")
         try:
@@ -52,8 +54,11 @@ def main(args: argparse.Namespace) -> int:
         for problem in result.unresolved:
             print(problem, file=sys.stderr)
             status = EXIT_INVALID
+        for note in result.notes:
+            print(note, file=sys.stderr)
         if result.text == text:
             continue
+        changed += 1
         if args.write:
             path.write_text(result.text, encoding="utf-8")
             print(f"migrated {path}", file=sys.stderr)
@@ -61,7 +66,22 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.writelines(difflib.unified_diff(
                 text.splitlines(keepends=True), result.text.splitlines(keepends=True),
                 fromfile=_diff_name("a", path), tofile=_diff_name("b", path)))
+    verb = "migrated" if args.write else "would change"
+    print(f"{len(paths)} config(s): {verb} {changed}" if changed else
+          f"{len(paths)} config(s): nothing to migrate (no legacy kernel switches in env)", file=sys.stderr)
     return status
+
+
+def _engine_notes(path: Path, engine: str, flags: list[str]) -> list[str]:
+    """The backends the migration names that the config's engine does not have (legacy switches
+    are vLLM's: a builtin config may need `engine: vllm`)."""
+    notes = []
+    for flag, value in zip(flags[::2], flags[1::2]):
+        layer = "linear" if flag == "--linear-backend" else "moe"
+        problem = backends.check_backend(engine if engine in backends.ENGINES else "builtin", layer, value)
+        if problem:
+            notes.append(f"{path}: note: the migrated {flag} {value}: {problem.message}")
+    return notes
 
 
 def _diff_name(side: str, path: Path) -> str:
@@ -72,6 +92,7 @@ def _diff_name(side: str, path: Path) -> str:
 class Migration:
     text: str
     unresolved: list[ConfigError] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the migrated file still needs
 
 
 def migrate_text(text: str, path: Path) -> Migration:
@@ -102,6 +123,7 @@ def migrate_text(text: str, path: Path) -> Migration:
             del root[env_key]
         if translation.flags:
             _append_server_args(root, translation.flags, position)
+            out.notes += _engine_notes(path, str(root.get("engine") or "builtin"), translation.flags)
         changed = True
     if changed:
         out.text = dump_like(root, text)

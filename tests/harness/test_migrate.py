@@ -94,3 +94,17 @@ def test_indentation_style_is_kept(tmp_path: Path) -> None:
 
 def test_missing_path_exit_3(tmp_path: Path) -> None:
     assert main(["migrate", str(tmp_path / "absent.yaml")]) == 3
+
+
+def test_it_says_when_there_is_nothing_to_migrate_and_what_a_migrated_file_still_needs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clean = tmp_path / "clean.yaml"
+    clean.write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    assert main(["migrate", str(clean)]) == 0
+    assert "1 config(s): nothing to migrate" in capsys.readouterr().err
+    deep = tmp_path / "deep.yaml"
+    deep.write_text('model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_USE_DEEP_GEMM: "1"\n')
+    assert main(["migrate", str(deep), str(clean), "--write"]) == 0
+    err = capsys.readouterr().err
+    assert "note: the migrated --linear-backend deep_gemm" in err and "set `engine: vllm`" in err
+    assert "2 config(s): migrated 1" in err
