@@ -33,12 +33,22 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     errors, warnings, count = lint(args.paths, args.engine)
-    for problem in errors:
+    if count == 0 and not errors:  # as `quantgate run` says of the same paths
+        print(f"no config files in {', '.join(args.paths)} (*{', *'.join(CONFIG_SUFFIXES)} or *{LIST_SUFFIX})",
+              file=sys.stderr)
+        return EXIT_INVALID
+    for problem in _in_file_order(errors):
         print(problem)
-    for problem in warnings:
+    for problem in _in_file_order(warnings):
         print(_as_warning(problem))
     print(f"{count} config(s): {len(errors)} error(s), {len(warnings)} warning(s)", file=sys.stderr)
     return EXIT_INVALID if errors else EXIT_OK
+
+
+def _in_file_order(problems: list[ConfigError]) -> list[ConfigError]:
+    """Each file's problems by line (the checks find them in their own order); files as listed."""
+    first = {p.path: i for i, p in reversed(list(enumerate(problems)))}
+    return sorted(problems, key=lambda p: (first[p.path], p.line))
 
 
 def lint(paths: list[str], engine: str | None = None) -> tuple[list[ConfigError], list[ConfigError], int]:

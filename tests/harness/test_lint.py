@@ -60,3 +60,15 @@ def test_installed_command(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert f"{tmp_path / 'c.yaml'}:3: gate.mode: mode paired needs baseline" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_problems_print_in_line_order_and_an_empty_folder_is_an_error(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "types.yaml"
+    config.write_text("model_name: m\naccuracy_threshold: 2\ntolerance: -1\nnum_fewshot: x\nmax_tokens: -3\n")
+    assert main(["lint", str(config)]) == 3
+    lines = [int(line.split(":")[1]) for line in capsys.readouterr().out.splitlines()]
+    assert lines == [2, 3, 4, 5]
+    (tmp_path / "empty").mkdir()
+    assert main(["lint", str(tmp_path / "empty")]) == 3
+    assert "no config files in" in capsys.readouterr().err
