@@ -169,7 +169,9 @@ class EvalConfig(BaseModel):
                 raise ValueError(f"cannot split into arguments: {exc}") from None
         if isinstance(value, list):
             return [_scalar_text(v) for v in value]
-        return value
+        if value is None:
+            return value
+        raise ValueError(f"expected a string of arguments (split like a shell) or a list, got {type(value).__name__}")
 
     @field_validator("env", mode="before")
     @classmethod
@@ -453,6 +455,10 @@ class _Loader:
             message = "required"
             if top == "model_name":
                 message = "required: the model to serve (a Hugging Face id or a local folder)"
+        elif err["type"] == "value_error":  # the validators' own messages say what they got
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if "got" not in message:
+                message += f" (got {_short(err.get('input'))})"
         else:
             message = f"{err['msg']} (got {_short(err.get('input'))})"
         self.error(key_path, message, value=err["type"] != "missing")

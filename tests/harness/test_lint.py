@@ -72,3 +72,12 @@ def test_problems_print_in_line_order_and_an_empty_folder_is_an_error(tmp_path: 
     (tmp_path / "empty").mkdir()
     assert main(["lint", str(tmp_path / "empty")]) == 3
     assert "no config files in" in capsys.readouterr().err
+
+
+def test_validator_messages_say_what_they_got_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "m.yaml"
+    config.write_text("model_name: m\naccuracy_threshold: 0.5\nrequires: {min_compute_capability: x}\nserver_args: 42\n")
+    assert main(["lint", str(config)]) == 3
+    out = capsys.readouterr().out
+    assert "requires.min_compute_capability: expected a compute capability like 8.0 or 9.0, got 'x'\n" in out
+    assert "server_args: expected a string of arguments (split like a shell) or a list, got int" in out
