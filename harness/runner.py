@@ -144,7 +144,9 @@ class Display:
         self._last_share = -1.0
 
     def note(self, text: str) -> None:
-        self.console.print(text, markup=False)
+        # One line per message, however long: a CI log or the terminal wraps it, so a path or a
+        # flag is never cut in two.
+        self.console.print(text, markup=False, soft_wrap=True)
 
     def config_start(self, index: int, total: int, config: EvalConfig) -> None:
         self.console.rule(f"[{index}/{total}] {config.name} ({config.engine})", style="dim")
@@ -191,7 +193,7 @@ class Display:
         style = {PASS: "green", FAIL: "red", ERROR: "yellow"}.get(record.verdict, "")
         total = record.timings.get("total_s") or 0.0
         self.console.print(f"  [bold {style}]{record.verdict}[/] {record.name} ({total:.1f} s): ", end="")
-        self.console.print(record.reason, markup=False)
+        self.console.print(record.reason, markup=False, soft_wrap=True)
         if record.gate and record.gate.get("explanation"):
             self.console.print("  " + record.gate["explanation"].replace("\n", "\n  "), markup=False, style="dim")
         if record.verdict == ERROR and record.log_tail:
@@ -509,7 +511,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             display.note(f"  server: {item.command.shell()}")
             server = LaunchedServer(item.command, run_dir / SERVER_LOG)
             server.start(config.startup_max_wait_seconds, on_wait=display.waiting)
-            display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s")
+            wanted = item.command.preferred_port
+            moved = f" (server_args' --port {wanted} was in use)" if wanted is not None and server.port != wanted else ""
+            display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s{moved}")
         record.timings["server_start_s"] = round(server.startup_s, 3)
         record.versions["engine"] = _engine_version(server, config)
         report, where = _kernel_report(config, server)
