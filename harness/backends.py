@@ -138,6 +138,6 @@ def _unknown_message(engine: Engine, layer: Layer, name: str, known: tuple[str, 
     hint = f"; did you mean {by_canon[close[0]]!r}?" if close else ""
     message = f"unknown {what} {name!r} for engine {engine}{hint} (known: {', '.join(known)})"
     other: Engine = "vllm" if engine == "builtin" else "builtin"
-    if canonical(name) in {canonical(k) for k in known_backends(other, layer)}:
+    if canonical(name) != "auto" and canonical(name) in {canonical(k) for k in known_backends(other, layer)}:
         message += f". {name!r} is a backend of engine {other}: set `engine: {other}` or pass --engine {other}"
     return message

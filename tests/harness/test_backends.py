@@ -33,6 +33,7 @@ def test_expected_kernel_accepts_classes_and_rejects_auto() -> None:
     assert backends.check_expected_kernel("vllm", "linear", "MarlinFP8ScaledMMLinearKernel") is None
     problem = backends.check_expected_kernel("builtin", "linear", "auto")
     assert problem is not None and "not a kernel" in problem.message
+    assert "engine vllm" not in problem.message  # vLLM would refuse it as well
 
 
 def test_vllm_moe_log_names_map_to_flag_values() -> None:
