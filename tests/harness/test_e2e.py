@@ -73,4 +73,7 @@ def test_demo_config_reaches_a_verdict(tmp_path: Path) -> None:
     result = load_json(next((tmp_path / "out").glob("*/result.json")))
     assert run.returncode in (0, 1), run.output
     assert result["verdict"] in ("PASS", "FAIL") and result["metrics"]["n"] == 20
-    assert result["kernels"]["source"] == "GET /v1/kernels"
+    assert result["kernels"]["source"] == "GET /v1/kernels" and result["expect"]["passed"]
+    # 20 questions are too few for the gate (its margin is set for 500), not for a floor: the
+    # model scores 0.842 on all 500, and a broken kernel or prompt path scores near 0.
+    assert result["metrics"]["value"] >= 0.5, result["metrics"]
