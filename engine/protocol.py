@@ -4,8 +4,9 @@ Requests are validated strictly (no "16" for 16, no NaN, no 1e400, no int64 over
 every bad input becomes a 400 naming the field before anything reaches the engine. Unknown
 fields are ignored, as OpenAI clients send fields this server has no use for (`user`, ...);
 fields that would change the result and that the engine cannot honour (`n` > 1, penalties,
-`logit_bias`, `suffix`, tools) are declared so that a request using them is refused, never
-silently served differently.
+`logit_bias`, `suffix`, tools, guided decoding, beam search: REFUSED_UNLESS_NEUTRAL) are
+declared so that a request using them is refused, never silently served differently. Fields
+OpenAI marks nullable take `null` as unset.
 """
 
 from __future__ import annotations
@@ -48,12 +49,37 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+def _null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """OpenAI marks these fields nullable and clients send `null` for unset ones."""
+    return cls.model_fields[info.field_name].default if value is None else value
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+    _nullable = field_validator("include_usage", mode="before")(classmethod(_null_is_default))
 
 
 def _unsupported(message: str) -> PydanticCustomError:
     return PydanticCustomError("unsupported", message)
+
+
+_NO = (False, [], {})
+# Request fields (vLLM's and OpenAI's) that change the answer and that the engine does not
+# implement: field -> (values that change nothing, why). Any other value is a 400.
+REFUSED_UNLESS_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "include_stop_str_in_output": (_NO, "the text ends before the stop string, as OpenAI returns it"),
+    "use_beam_search": (_NO, "decoding is greedy or sampled, never beam search"),
+    "guided_json": (_NO, "guided decoding is not implemented"),
+    "guided_regex": (_NO, "guided decoding is not implemented"),
+    "guided_choice": (_NO, "guided decoding is not implemented"),
+    "guided_grammar": (_NO, "guided decoding is not implemented"),
+    "structured_outputs": (_NO, "structured outputs are not implemented"),
+    "prompt_logprobs": (_NO, "for the prompt's logprobs send echo: true with logprobs"),  # /v1/completions
+    "continue_final_message": (_NO, "the reply always starts a new assistant turn"),  # chat
+    "functions": (_NO, "function calling is not implemented"),  # chat, OpenAI's older form of tools
+    "tool_choice": (("none", "auto"), "function calling is not implemented"),  # chat
+}
 
 
 class _SamplingRequest(_Strict):
@@ -77,6 +103,41 @@ class _SamplingRequest(_Strict):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=INT64_MAX)
     min_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    stop_token_ids: list[int] | None = None  # vLLM's extension: stop on any of these token ids
+    response_format: dict[str, Any] | None = None
+    # Fields of vLLM's and OpenAI's APIs that change the answer and that this engine does not
+    # implement: refused unless at their neutral value (REFUSED_UNLESS_NEUTRAL).
+    include_stop_str_in_output: Any = None
+    use_beam_search: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    _nullable = field_validator("n", "stream", "ignore_eos", mode="before")(classmethod(_null_is_default))
+
+    @field_validator(*REFUSED_UNLESS_NEUTRAL, check_fields=False)
+    @classmethod
+    def _refused_unless_neutral(cls, value: Any, info: ValidationInfo) -> Any:
+        neutral, why = REFUSED_UNLESS_NEUTRAL[info.field_name]
+        if value is None or any(value == n and type(value) is type(n) for n in neutral):
+            return value
+        raise _unsupported(f"{info.field_name} is not supported: {why}; leave it unset")
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and value.get("type", "text") != "text":
+            raise _unsupported("only response_format {'type': 'text'} is supported")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise _unsupported("stream_options is only allowed with stream: true")
+        return value
 
     @field_validator("n")
     @classmethod
@@ -129,6 +190,9 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     best_of: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     suffix: str | None = None
+    prompt_logprobs: Any = None
+
+    _nullable_echo = field_validator("echo", mode="before")(classmethod(_null_is_default))
 
     @field_validator("prompt")
     @classmethod
@@ -186,7 +250,19 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    continue_final_message: Any = None
+    functions: Any = None
+    tool_choice: Any = None
+    echo: Any = None  # vLLM's chat extension (the last message echoed first)
+
+    _nullable_chat = field_validator("logprobs", mode="before")(classmethod(_null_is_default))
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: Any) -> Any:
+        if value not in (None, False):
+            raise _unsupported("echo is not supported on /v1/chat/completions; leave it unset")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod
@@ -200,13 +276,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
         if value:
             raise _unsupported("tools (function calling) are not supported; leave tools unset")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value and value.get("type", "text") != "text":
-            raise _unsupported("only response_format {'type': 'text'} is supported")
         return value
 
     @property

@@ -1,8 +1,10 @@
 """Next-token choice and logprobs, batched over the rows of one step.
 
 Greedy rows take the argmax. Sampled rows apply temperature and top-p, then draw with the
-request's own generator, so a seeded request gives the same tokens whatever else is in the
-batch. Logprobs are of the model's distribution (before temperature and top-p), as OpenAI
+request's own generator, so a seeded request's draws never depend on other requests. Its
+logits can: a batch of other sizes rounds differently in the last bits (vLLM is not
+batch-invariant either), so a long generation may diverge from the same request run alone
+where two tokens nearly tie. Logprobs are of the model's distribution (before temperature and top-p), as OpenAI
 and vLLM report them.
 """
 

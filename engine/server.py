@@ -26,7 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from quantgate.kernels import IncompatibleBufferError
@@ -194,6 +195,12 @@ class OpenAIServer:
         if not ids:
             raise APIError(400, "the prompt is empty (0 tokens); send at least one token", param=param)
         limit = self.settings.max_model_len
+        if max_tokens is None and len(ids) >= limit:  # no room left for even one generated token
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt has {len(ids)} tokens, "
+                "which leaves none for the completion. Shorten the prompt (or restart the server with a larger "
+                "--max-model-len).", param=param, code="context_length_exceeded")
         if max_tokens is None:
             max_tokens = limit - len(ids)
         if len(ids) + max(max_tokens, 1) > limit:
@@ -264,6 +271,12 @@ class OpenAIServer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def stop_token_ids(self, req: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        """vLLM's `stop_token_ids`, checked against the vocabulary."""
+        ids = list(req.stop_token_ids or [])
+        self.check_token_ids(ids, "stop_token_ids")
+        return ids
+
     def top_dict(self, top: dict[int, float] | None) -> dict[str, float] | None:
         return None if top is None else {self.token_text(t): _finite(lp) for t, lp in top.items()}
 
@@ -273,10 +286,12 @@ class OpenAIServer:
         base = f"cmpl-{uuid.uuid4().hex}"
         prompts = req.prompts()
 
+        stop_ids = self.stop_token_ids(req)
+
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
-                seed=req.seed, stop=list(req.stop or []), logprobs=req.logprobs,
+                seed=req.seed, stop=list(req.stop or []), stop_token_ids=stop_ids, logprobs=req.logprobs,
                 prompt_logprobs=req.echo and req.logprobs is not None, ignore_eos=req.ignore_eos)
 
         max_tokens = _or(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
@@ -296,10 +311,10 @@ class OpenAIServer:
             for i, entry in enumerate(_pad(prompt_logprobs, len(echoed.prompt_ids))):
                 lp, top = _prompt_entry(entry) if i else (None, None)
                 lps.append(lp)
-                tops.append(self.top_dict(top))
+                tops.append(self.top_dict(_with_chosen(top, echoed.prompt_ids[i], lp)))
         tokens += [self.token_text(t) for t in token_ids]
         lps += [_finite(lp) for lp in token_logprobs]
-        tops += [self.top_dict(top) for top in top_logprobs]
+        tops += [self.top_dict(_with_chosen(top, t, lp)) for t, lp, top in zip(token_ids, token_logprobs, top_logprobs)]
         offsets = []
         for token in tokens:
             offsets.append(text_offset)
@@ -358,9 +373,13 @@ class OpenAIServer:
     def render_chat(self, req: ChatCompletionRequest) -> str:
         messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
                     for m in req.messages]
+        extra = req.chat_template_kwargs or {}
+        taken = sorted(set(extra) & {"messages", "add_generation_prompt"})
+        if taken:
+            raise APIError(400, f"chat_template_kwargs may not set {', '.join(taken)}: send them as the request's own "
+                           "fields", param="chat_template_kwargs")
         try:
-            return self.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt,
-                                             **(req.chat_template_kwargs or {}))
+            return self.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt, **extra)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
 
@@ -368,10 +387,12 @@ class OpenAIServer:
         # The template wrote the special tokens itself.
         ids = await self.encode(self.render_chat(req), add_special_tokens=False, param="messages")
 
+        stop_ids = self.stop_token_ids(req)
+
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
-                seed=req.seed, stop=list(req.stop or []),
+                seed=req.seed, stop=list(req.stop or []), stop_token_ids=stop_ids,
                 logprobs=_or(req.top_logprobs, 0) if req.logprobs else None, ignore_eos=req.ignore_eos)
 
         return await self._job(f"chatcmpl-{uuid.uuid4().hex}", 0, ids, req.requested_max_tokens, params, "messages")
@@ -465,6 +486,14 @@ def _finite(value: float) -> float:
 
 def _pad(entries: Sequence[Any], n: int) -> list[Any]:
     return list(entries) + [None] * (n - len(entries))
+
+
+def _with_chosen(top: dict[int, float] | None, token: int, logprob: float | None) -> dict[int, float] | None:
+    """A legacy completions top_logprobs entry: the top alternatives plus the token itself, as
+    OpenAI and vLLM report it (so up to logprobs + 1 entries)."""
+    if top is None or logprob is None or token in top:
+        return top
+    return {**top, token: logprob}
 
 
 def _prompt_entry(entry: Any) -> tuple[float | None, dict[int, float] | None]:
@@ -591,8 +620,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(engine_stats=engine.stats)
     server = OpenAIServer(engine, loaded, settings, metrics)
-    app = FastAPI(title="quantgate serve", description="OpenAI-compatible server of quantgate's engine",
-                  max_body_size=MAX_BODY_BYTES)
+    app = FastAPI(title="quantgate serve", description="OpenAI-compatible server of quantgate's engine")
     app.state.server = server
     routes: list[str] = []  # "GET /health", ... for 404/405 messages; filled once the routes exist
 
@@ -661,7 +689,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         start = time.perf_counter()
         try:
             await engine.reload_weights()
-        except (ValueError, IncompatibleBufferError) as exc:  # the files on disk no longer fit the loaded model
+        except (ValueError, IncompatibleBufferError, SafetensorError) as exc:  # the files no longer fit the model
             raise APIError(409, f"reload from {loaded.path} failed: {exc}. Weights read before the failure are "
                            "already in place: restore the checkpoint and reload again, or restart the server for "
                            "a different model", type="conflict", code="reload_failed") from None
@@ -685,11 +713,60 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     endpoints = [route for route in app.routes if route.path.startswith((*PROTECTED_PATHS, "/health", "/metrics"))]
     routes.extend(f"{sorted(route.methods)[0]} {route.path}" for route in endpoints)
+    app.add_middleware(BodyLimitMiddleware)
     if settings.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
     # Added last, so it is outermost: it also counts the 401s.
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
     return app
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """Bodies over MAX_BODY_BYTES get the OpenAI-style 413: at once when Content-Length says so,
+    else as soon as the streamed body passes the limit (the app is still reading it then, so no
+    response has started)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            await self._refuse(scope, receive, send)
+            return
+        received, refused = 0, False
+
+        async def counted() -> Message:
+            nonlocal received, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY_BYTES and not refused:
+                refused = True
+                await self._refuse(scope, receive, send)
+                raise _BodyTooLarge  # the app stops reading; FastAPI may turn it into a 400, never sent
+            return message
+
+        async def unless_refused(message: Message) -> None:
+            if not refused:
+                await send(message)
+
+        try:
+            await self.app(scope, counted, unless_refused)
+        except _BodyTooLarge:
+            pass
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = APIError(413, f"the request body is larger than this server takes ({MAX_BODY_BYTES} bytes); send "
+                           "a shorter prompt", code="request_too_large")
+        await refusal.response()(scope, receive, send)
 
 
 class BearerAuthMiddleware:
@@ -698,12 +775,13 @@ class BearerAuthMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PATHS):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.expected):
                 refusal = APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
                                    "with the key given to --api-key", code="invalid_api_key")
                 await refusal.response()(scope, receive, send)

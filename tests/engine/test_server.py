@@ -379,6 +379,9 @@ def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
             response = c.post("/v1/reload_weights")
             assert response.status_code == 409, response.text
             assert "does not match" in response.json()["error"]["message"]
+            (model / "model.safetensors").write_bytes(original[: len(original) // 2])  # a torn copy
+            response = c.post("/v1/reload_weights")
+            assert response.status_code == 409 and response.json()["error"]["code"] == "reload_failed", response.text
             (model / "model.safetensors").write_bytes(original)
             assert c.post("/v1/reload_weights").status_code == 200
             assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
@@ -418,6 +421,54 @@ def test_metrics_move(client: TestClient) -> None:
     assert metric(a, "quantgate_kv_cache_slots") >= 1 and metric(a, "quantgate_kv_cache_slots_used") == 0
 
 
+def test_null_is_unset_where_openai_allows_it(client: TestClient) -> None:
+    plain = complete(client, prompt="Rosa", max_tokens=4, temperature=0)["choices"][0]["text"]
+    nulls = complete(client, prompt="Rosa", max_tokens=4, temperature=0, stream=None, n=None, echo=None,
+                     ignore_eos=None)
+    assert nulls["choices"][0]["text"] == plain
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                     "logprobs": None, "stream": None})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["logprobs"] is None
+    streamed = client.post("/v1/completions", json={"prompt": "Rosa", "max_tokens": 2, "stream": True,
+                                                    "stream_options": {"include_usage": None}})
+    assert streamed.status_code == 200 and sse_events(streamed)[-1] == "[DONE]"
+
+
+def test_stop_token_ids_are_honoured(client: TestClient) -> None:
+    free = complete(client, prompt="Rosa", max_tokens=6, temperature=0, ignore_eos=True)["choices"][0]
+    assert free["finish_reason"] == "length"
+    stopped = complete(client, prompt="Rosa", max_tokens=6, temperature=0, ignore_eos=True,
+                       stop_token_ids=list(range(VOCAB_SIZE)))  # whatever comes first stops it
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] == 1
+
+
+def test_completion_top_logprobs_hold_the_chosen_token(client: TestClient) -> None:
+    # As OpenAI and vLLM: the sampled token is in its own entry, so up to logprobs + 1 entries.
+    for k in (0, 2):
+        lp = complete(client, prompt="Ava has 3 apples.", max_tokens=5, temperature=1.0, seed=3, logprobs=k,
+                      echo=True)["choices"][0]["logprobs"]
+        for token, logprob, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+            assert top[token] == pytest.approx(logprob) and len(top) <= k + 1
+
+
+def test_a_body_over_the_limit_gets_a_json_413(client: TestClient) -> None:
+    from quantgate.engine.server import MAX_BODY_BYTES
+
+    def chunks():  # no Content-Length: the limit is found while the body streams in
+        for _ in range(MAX_BODY_BYTES // 2**20 + 1):
+            yield b"x" * 2**20
+
+    for body in (b"x" * (MAX_BODY_BYTES + 1), chunks()):
+        response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    assert client.get("/health").status_code == 200
+
+
+def test_a_prompt_that_fills_the_context_says_so(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": LONG}]})
+    assert response.status_code == 400 and "leaves none for the completion" in response.json()["error"]["message"]
+
+
 def test_api_key(engine) -> None:
     with make_client(engine, api_key="sesame") as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
@@ -427,6 +478,7 @@ def test_api_key(engine) -> None:
             assert response.json()["error"]["code"] == "invalid_api_key"
             assert c.post("/v1/completions", json={"prompt": "a"}, headers=headers).status_code == 401
         assert c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
+        assert c.get("/v1/models", headers={"Authorization": "bearer sesame"}).status_code == 200  # RFC 9110
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
         assert metric(c.get("/metrics").text, "quantgate_requests_total", 'endpoint="/v1/models",status="401"') == 3
 
@@ -515,6 +567,14 @@ BAD_COMPLETIONS = [
     ({"prompt": ["ok", "\udfff"]}, 400, "prompt.1"),
     ({"prompt": "x", "model": "\ud800"}, 400, "model"),
     ({"max_tokens": 3}, 400, "prompt"),
+    # What would change the answer and is not implemented: refused, never ignored.
+    ({"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ({"prompt": "x", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ({"prompt": "x", "stop_token_ids": [VOCAB_SIZE]}, 400, "stop_token_ids"),
+    ({"prompt": "x", "stream": False, "stream_options": {"include_usage": True}}, 400, "stream_options"),
 ]
 BAD_CHATS = [
     ({"messages": []}, 400, "messages"),
@@ -531,6 +591,15 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, 400, "functions"),
+    ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, 400, "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo"),
+    ({"messages": [{"role": "user", "content": "hi"}], "guided_regex": "a+"}, 400, "guided_regex"),
+    ({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": 5}}, 400,
+     "chat_template_kwargs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": 5}}, 400,
+     "chat_template_kwargs"),
 ]
 
 
