@@ -180,6 +180,21 @@ def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, state
 
 
+def _check_replaceable(src: Path, dst: Path) -> None:
+    """--force deletes DST: only ever a model folder (or an empty one) that neither is SRC nor
+    holds it nor lies inside it, so a mistyped DST can never take anything else with it."""
+    source, target = src.resolve(), dst.resolve()
+    if target == source or target in source.parents or source in target.parents:
+        raise QuantizeError(f"DST {dst} is SRC {src}, holds it or lies inside it; choose a folder outside SRC")
+    if not dst.exists():
+        return
+    if not dst.is_dir():
+        raise QuantizeError(f"DST {dst} is a file; --force replaces only a model folder. Choose a folder path")
+    if any(dst.iterdir()) and not (dst / "config.json").is_file():
+        raise QuantizeError(f"DST {dst} is a folder but not a model folder (no config.json); --force will not delete "
+                            "it. Choose a new or empty folder")
+
+
 def quantize_checkpoint(src: Path, dst: Path, scheme: str, fmt: str, force: bool = False) -> dict:
     """Write the FP8 checkpoint of `src` to `dst`; returns a summary for the command's output."""
     from safetensors.torch import save_file
@@ -188,8 +203,7 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: str, fmt: str, force: bool
     src, dst = Path(src), Path(dst)
     if dst.exists() and not force:
         raise QuantizeError(f"DST {dst} already exists; choose another path or pass --force to replace it")
-    if dst.resolve() == src.resolve():
-        raise QuantizeError("DST must differ from SRC")
+    _check_replaceable(src, dst)
     config, state = _read_checkpoint(src)
     tensors, ignored = quantize_state_dict(state, target)
     config["quantization_config"] = quantization_config(target, ignored)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,23 @@ def test_user_errors_exit_3_with_the_cause_and_the_fix(dense_src, tmp_path, caps
 def test_force_replaces_an_existing_destination(dense_src, tmp_path) -> None:
     dst = tmp_path / "dst"
     dst.mkdir()
+    (dst / "config.json").write_text("{}")  # an earlier output
     (dst / "stale.txt").write_text("old")
     assert cli_main(["quantize", str(dense_src), str(dst), "--scheme", "fp8-tensor", "--format", "native", "--force"]) == 0
     assert not (dst / "stale.txt").exists() and (dst / "model.safetensors").is_file()
+
+
+def test_force_never_deletes_the_source_or_what_is_not_a_model_folder(dense_src, tmp_path, capsys) -> None:
+    work = tmp_path / "work"
+    src = work / "child"
+    shutil.copytree(dense_src, src)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    (tmp_path / "afile").write_text("mine")
+    for dst, message in ((work, "holds it"), (src, "is SRC"), (src / "inner", "lies inside it"),
+                         (tmp_path / "notes", "not a model folder"), (tmp_path / "afile", "is a file")):
+        argv = ["quantize", str(src), str(dst), "--scheme", "fp8-block", "--format", "native", "--force"]
+        assert cli_main(argv) == 3
+        assert message in capsys.readouterr().err
+    assert (src / "model.safetensors").is_file() and (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+    assert (tmp_path / "afile").read_text() == "mine"
