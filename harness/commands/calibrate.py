@@ -18,7 +18,8 @@ from typing import Any
 
 from ..backends import ENGINES
 from ..gates import hypothesis, relative
-from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RunRecord
+from ..config import LIST_SUFFIX
+from ..results import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
                       run_one)
 from .arg_types import positive_int, server_url
@@ -46,6 +47,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     display = Display()
+    given = Path(args.config)
+    if given.is_dir() or given.suffix == LIST_SUFFIX:
+        display.note(f"error: calibrate takes one config file; {given} is a {'folder' if given.is_dir() else 'list file'}"
+                     ": calibrate its configs one at a time (a reference belongs to one config)")
+        return EXIT_USAGE
     try:
         item = plan([args.config], RunOptions(engine=args.engine, server_url=args.server_url))[-1]
     except PlanError as exc:
@@ -70,7 +76,13 @@ def main(args: argparse.Namespace) -> int:
         display.note(f"error: {len(errors)} of {len(records)} runs measured nothing ({errors[0].reason}); "
                      "a reference needs every run: fix the cause and calibrate again")
         return EXIT_ERROR
-    proposal = propose(item.config.source, records)
+    unproven = [r for r in records if r.expect is not None and not r.expect.get("passed")]
+    if unproven:
+        display.note(f"error: {len(unproven)} of {len(records)} runs did not run the kernels `expect:` names "
+                     f"({unproven[0].expect.get('message')}); a reference must be measured on the kernels under "
+                     "test: fix the backend or the config, then calibrate again")
+        return EXIT_FAIL
+    proposal = propose(item.config.source, records, item.config.num_questions)
     path = args.output_dir / "calibration.json"
     path.write_text(json.dumps(proposal, indent=2) + "\n")
     print(format_proposal(proposal))
@@ -79,12 +91,15 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _commit(where: Path) -> str | None:
+    """HEAD of the config's checkout, `-dirty` when tracked files differ from it."""
     try:
-        out = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    return (head + "-dirty" if changed else head) or None
 
 
 def _measured_on(record: RunRecord) -> str:
@@ -95,8 +110,9 @@ def _measured_on(record: RunRecord) -> str:
     return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])
 
 
-def propose(config_path: Path, records: list[RunRecord]) -> dict[str, Any]:
-    """Statistics over the runs and the `reference:` block they support."""
+def propose(config_path: Path, records: list[RunRecord], num_questions: int | None = None) -> dict[str, Any]:
+    """Statistics over the runs and the `reference:` block they support; `num_questions`: what
+    the config's gate evaluates (a proposal measured on fewer says so)."""
     values = [float(r.metrics["value"]) for r in records if r.metrics]
     ns = sorted({int(r.metrics["n"]) for r in records if r.metrics})
     mean, stdev = statistics.fmean(values), statistics.stdev(values)
@@ -110,7 +126,8 @@ def propose(config_path: Path, records: list[RunRecord]) -> dict[str, Any]:
         "hypothesis": hypothesis(mean, mean, n)[1],
     }
     return {"config": str(config_path), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
-            "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "thresholds": thresholds}
+            "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "thresholds": thresholds,
+            "config_num_questions": num_questions}
 
 
 def format_proposal(p: dict[str, Any]) -> str:
@@ -134,5 +151,11 @@ def format_proposal(p: dict[str, Any]) -> str:
         lines.append(f"# WARNING: the lowest run ({p['min']:.4f}) is below the relative threshold: too noisy to gate")
     if len(p["n_per_run"]) > 1:
         lines.append("# WARNING: runs evaluated different numbers of questions")
+    full = p.get("config_num_questions")
+    if full is not None and ref["n"] < full:
+        lines.append(f"# WARNING: measured on {ref['n']} of the {full} questions the config's gate evaluates (--limit); "
+                     "calibrate without --limit before pasting this reference")
+    if str(ref.get("commit") or "").endswith("-dirty"):
+        lines.append("# WARNING: measured on a checkout with uncommitted changes")
     return "\n".join(lines)
 

@@ -85,6 +85,21 @@ def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_di
     assert saved["values"] == [pytest.approx(expected)] * 2
     assert (out_dir / "run-1" / "cal" / "result.json").is_file() and (out_dir / "run-2" / "cal").is_dir()
     assert cli(["calibrate", str(config), "--runs", "1"]) == 3  # one run has no spread
+    # 8 of the config's 12 questions: a reference not to paste as it is.
+    assert "# WARNING: measured on 8 of the 12 questions the config's gate evaluates (--limit)" in output
+
+
+def test_calibrate_takes_one_config_and_only_runs_that_ran_the_kernels_under_test(
+        tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "cal", gsm8k_dir)
+    listing = tmp_path / "list.txt"
+    listing.write_text("cal.yaml\n")
+    assert cli(["calibrate", str(listing), "--runs", "2"]) == 3
+    assert "calibrate takes one config file" in capsys.readouterr().err
+    wrong = write_config(tmp_path, "wrong", gsm8k_dir, {"linear_backend": "emulation"}, expect={"linear_kernel": "marlin"})
+    assert cli(["calibrate", str(wrong), "--runs", "2", "--limit", "4", "--output-dir", str(tmp_path / "o")]) == 1
+    assert "did not run the kernels `expect:` names" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "calibration.json").exists()
 
 
 def test_calibrate_errors_when_a_run_measures_nothing(tmp_path: Path, gsm8k_dir: Path) -> None:
