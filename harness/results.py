@@ -130,6 +130,31 @@ def result_shape(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def artifact_path_problems(targets: Sequence[tuple[str, Path | None, bool]]) -> list[str]:
+    """Why each (flag, path, is a folder) could not be written, checked before anything runs;
+    two flags naming one path clash too. None paths are not given."""
+    problems = []
+    for flag, path, is_dir in targets:
+        if path is None:
+            continue
+        if path.exists() and path.is_dir() != is_dir:
+            kind = "a file" if is_dir else "a folder"
+            problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")
+            continue
+        ancestor = path if path.exists() else path.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            problems.append(f"{flag} {path}: {ancestor} is a file, so the path cannot be created; pass another path")
+        elif not os.access(ancestor, os.W_OK | os.X_OK):
+            problems.append(f"{flag} {path}: {ancestor} is not writable; pass a path you can write to")
+    given = [(flag, path.resolve()) for flag, path, _ in targets if path is not None]
+    for i, (flag, path) in enumerate(given):
+        problems += [f"{flag} and {other} are the same path {path}; pass different paths"
+                     for other, other_path in given[i + 1:] if other_path == path]
+    return problems
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

@@ -35,6 +35,7 @@ from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique
 from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
 from .gates import Baseline, GateInputError, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
+                      artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
 from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
@@ -634,28 +635,8 @@ def exit_code(records: Sequence[RunRecord]) -> int:
 def output_problems(options: RunOptions) -> list[str]:
     """Why the artifacts could not be written where the options say, checked before anything
     runs (a finished run must never be lost to a bad --markdown path)."""
-    problems = []
-    targets = [("--output-dir", options.output_dir, True), ("--junit", options.junit, False),
-               ("--markdown", options.markdown, False)]
-    for flag, path, is_dir in targets:
-        if path is None:
-            continue
-        if path.exists() and path.is_dir() != is_dir:
-            kind = "a file" if is_dir else "a folder"
-            problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")
-            continue
-        ancestor = path if path.exists() else path.parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            problems.append(f"{flag} {path}: {ancestor} is a file, so the path cannot be created; pass another path")
-        elif not os.access(ancestor, os.W_OK | os.X_OK):
-            problems.append(f"{flag} {path}: {ancestor} is not writable; pass a path you can write to")
-    given = [(flag, path.resolve()) for flag, path, _ in targets if path is not None]
-    for i, (flag, path) in enumerate(given):
-        problems += [f"{flag} and {other} are the same path {path}; pass different paths"
-                     for other, other_path in given[i + 1:] if other_path == path]
-    return problems
+    return artifact_path_problems([("--output-dir", options.output_dir, True), ("--junit", options.junit, False),
+                                   ("--markdown", options.markdown, False)])
 
 
 def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Display | None = None) -> int:

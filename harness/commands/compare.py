@@ -31,6 +31,9 @@ def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         result = load_result(path)
     except (OSError, ValueError) as exc:
         raise GateInputError(f"{role} {path}: {exc}") from None
+    if result.get("verdict") == "ERROR":
+        raise GateInputError(f"{role} {path}: that run ended in ERROR ({result.get('reason')}), so it has no answers "
+                             "to compare; compare runs that reached a verdict")
     samples = load_samples(path)
     if not samples:
         raise GateInputError(f"{role} {path}: no samples.jsonl beside the result; per-question results are "

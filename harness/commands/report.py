@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..results import EXIT_PASS, EXIT_USAGE, RESULT_FILE, load_result, markdown_table, summary_frame
+from ..results import EXIT_PASS, EXIT_USAGE, RESULT_FILE, artifact_path_problems, load_result, markdown_table, summary_frame
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def find_results(paths: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Loaded results (with their path) and one message per path that is not one."""
+    """Loaded results (with their path) and one message per path that is not one (a truncated
+    result.json of a killed job does not hide the others)."""
     found: list[Path] = []
     problems: list[str] = []
     for path in paths:
@@ -86,10 +87,18 @@ def trend_chart(frame, path: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    unwritable = artifact_path_problems([("--markdown", args.markdown, False), ("--csv", args.csv, False),
+                                         ("--png", args.png, False)])
+    if args.png is not None and args.png.suffix.lower() != ".png":
+        unwritable.append(f"--png {args.png}: the chart is a PNG image; give a path ending in .png")
+    if unwritable:
+        for problem in unwritable:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     results, problems = find_results(args.results)
-    for problem in problems:
+    for problem in problems:  # reported, and the report is still made of the results that load
         print(f"error: {problem}", file=sys.stderr)
-    if problems or not results:
+    if not results:
         return EXIT_USAGE
     frame = report_frame(results)
     table = markdown_table(frame)
@@ -103,4 +112,4 @@ def main(args: argparse.Namespace) -> int:
         frame.to_csv(args.csv, index=False)
     if args.png:
         trend_chart(frame, args.png)
-    return EXIT_PASS
+    return EXIT_USAGE if problems else EXIT_PASS

@@ -75,6 +75,30 @@ def test_report_markdown_file_and_missing_inputs(tmp_path: Path) -> None:
     assert cli(["report", str(tmp_path / "empty")]) == 3
 
 
+def test_report_output_paths_are_checked_first_and_a_broken_result_does_not_hide_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _result(tmp_path / "runs", "good", 1, 0.7)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    for flag, path, message in (("--markdown", "afile/x.md", "afile is a file"), ("--csv", "adir", "is a folder"),
+                                ("--png", "chart.txt", "give a path ending in .png")):
+        assert cli(["report", str(tmp_path / "runs"), flag, str(tmp_path / path)]) == 3
+        assert message in capsys.readouterr().err
+    torn = tmp_path / "runs" / "2026-11-02" / "killed"
+    torn.mkdir(parents=True)
+    (torn / "result.json").write_text('{"schema_version": 1, "name": "kil')
+    md = tmp_path / "r.md"
+    assert cli(["report", str(tmp_path / "runs"), "--markdown", str(md)]) == 3  # said, and not hidden
+    assert "killed/result.json" in capsys.readouterr().err and "| good " in md.read_text()
+
+
+def test_compare_with_a_run_that_errored_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
+    broke = _result(tmp_path, "broke", 2, None, verdict="ERROR", correct=[])
+    assert cli(["compare", str(base), str(broke)]) == 3
+    assert "that run ended in ERROR (broke ERROR)" in capsys.readouterr().err
+
+
 def test_compare_lists_flips_and_fails_when_significantly_worse(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
