@@ -25,6 +25,7 @@ import importlib.util
 import math
 import os
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -50,11 +51,13 @@ RETRYABLE_EXIT = 2  # SPEC: an error without a verdict (server died, eval incomp
 RETRY_LIMIT = 2
 EVAL_ALLOWANCE_S = 3600  # on top of the config's start-up wait, for the evaluation itself
 
+# What every step runs through: the CI scripts and the install (pins included).
+CI_GLOBS = (".buildkite/**", "Makefile", "constraints.txt", "pyproject.toml")
 # Every builtin config runs through these (engine, harness, and the kernel layer's selection,
 # contract and quantization reference); a change here re-runs them all.
-BUILTIN_SHARED_GLOBS = ("engine/**", "harness/**", "kernels/*.py", "pyproject.toml")
+BUILTIN_SHARED_GLOBS = ("engine/**", "harness/**", "kernels/*.py", *CI_GLOBS)
 # A vLLM config runs vLLM's kernels, not ours: only the harness that drives it matters.
-VLLM_SHARED_GLOBS = ("harness/**",)
+VLLM_SHARED_GLOBS = ("harness/**", *CI_GLOBS)
 
 
 @dataclass
@@ -232,16 +235,19 @@ def _model_globs(model_name: str) -> list[str]:
     return globs
 
 
-def step_for(config: EvalConfig, tier: Tier) -> dict[str, Any]:
+def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[str, Any]:
+    """`engine`: the `--engine` override the configs were loaded with; the step passes it on."""
     path = _relative(config.source)
+    options = (["--expect-fail"] if NEGATIVE_TAG in config.tags else []) + (["--engine", engine] if engine else [])
     step: dict[str, Any] = {
         "label": config.name,
         "key": _key(config.name),
-        "command": f"{RUN_EVAL} --expect-fail {path}" if NEGATIVE_TAG in config.tags else f"{RUN_EVAL} {path}",
+        "command": shlex.join([RUN_EVAL, *options, path]),
         "agents": agents_for(config),
         "timeout_in_minutes": timeout_minutes(config),
         "retry": {"automatic": [{"exit_status": RETRYABLE_EXIT, "limit": RETRY_LIMIT}]},
-        "artifact_paths": [f"{RESULTS_DIR}/{config.name}/**/*"],
+        "artifact_paths": [f"{RESULTS_DIR}/{config.name}/**/*", f"{RESULTS_DIR}/junit.xml",
+                           f"{RESULTS_DIR}/summary.md"],
         "env": {"QUANTGATE_TIER": tier},
     }
     if tier == "pr" and "pr" not in config.tags:
@@ -250,15 +256,18 @@ def step_for(config: EvalConfig, tier: Tier) -> dict[str, Any]:
 
 
 def agents_for(config: EvalConfig) -> dict[str, str]:
-    """Agent tags from `requires:` (Buildkite tag values are strings)."""
+    """Agent tags from `requires:` (Buildkite tag values are strings). Tags match by value, not
+    by order, so a minimum compute capability X.Y is the tag `smXY: "true"`, which a GPU agent
+    sets for every capability it reaches (an H100 agent: sm80, sm89 and sm90). Without it a
+    triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried."""
     requires = config.requires
     if requires.gpus == 0:
         return {"queue": "cpu"}
     agents = {"queue": "gpu", "gpus": str(requires.gpus)}
     if requires.device:
         agents["device"] = requires.device
-    # min_compute_capability is not a tag: agent tags match by glob, not by order. The device
-    # implies it; the runner checks it on the agent.
+    if requires.min_compute_capability:
+        agents["sm" + requires.min_compute_capability.replace(".", "")] = "true"
     return agents
 
 
@@ -266,15 +275,39 @@ def timeout_minutes(config: EvalConfig) -> int:
     return math.ceil((config.startup_max_wait_seconds + EVAL_ALLOWANCE_S) / 60)
 
 
-def build_pipeline(groups: Sequence[Group], loose: Sequence[EvalConfig], tier: Tier) -> dict[str, Any]:
-    """The pipeline document for `tier` (a dict ready for YAML)."""
+def build_pipeline(groups: Sequence[Group], loose: Sequence[EvalConfig], tier: Tier,
+                   engine: str | None = None) -> dict[str, Any]:
+    """The pipeline document for `tier` (a dict ready for YAML); `engine` as in `step_for`."""
+    if not any(g.configs for g in groups) and not loose:
+        raise ConfigError(Path("."), 0, "", "no configs in the given paths: a pipeline with no steps would pass "
+                          "without running anything")
     steps: list[dict[str, Any]] = []
     for group in groups:
-        members = [step_for(c, tier) for c in group.configs if in_tier(c, tier)]
+        members = [step_for(c, tier, engine) for c in group.configs if in_tier(c, tier)]
         if members:
             steps.append({"group": group.label, "key": _key(f"group-{group.label}"), "steps": members})
-    steps += [step_for(c, tier) for c in loose if in_tier(c, tier)]
+    steps += [step_for(c, tier, engine) for c in loose if in_tier(c, tier)]
+    _check_unique_keys(steps)
     return {"env": {"QUANTGATE_TIER": tier}, "steps": steps}
+
+
+def outside_root(pipeline: dict[str, Any]) -> list[str]:
+    """Labels of steps whose config lies outside the current directory: Buildkite runs each step
+    from the repository root, where such a path does not exist."""
+    return [step["label"] for step in _command_steps(pipeline["steps"])
+            if any(part.startswith("../") for part in shlex.split(step["command"]))]
+
+
+def _check_unique_keys(steps: Sequence[dict[str, Any]]) -> None:
+    """Buildkite refuses a pipeline whose steps share a key; names that differ only in characters
+    a key cannot hold (`qwen3-0.6b` and `qwen3-0-6b`) would."""
+    seen: dict[str, str] = {}
+    for step in (*steps, *_command_steps(steps)):
+        other = seen.setdefault(step["key"], step.get("label") or step.get("group"))
+        if other != (step.get("label") or step.get("group")):
+            raise ConfigError(Path("."), 0, "", f"{other!r} and {step.get('label') or step.get('group')!r} both "
+                              f"become the Buildkite key {step['key']!r}: rename one (keys keep only letters, "
+                              "digits, '-', '_' and ':')")
 
 
 def select_for_changes(pipeline: dict[str, Any], changed: Iterable[str]) -> list[str]:

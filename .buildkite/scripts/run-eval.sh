@@ -3,24 +3,29 @@
 # (0 pass, 1 gate failed, 2 error without a verdict: retried by the pipeline, 3 invalid config).
 # --expect-fail: a negative check (tag `negative-check`), built to FAIL: a FAIL verdict exits 0,
 # a PASS exits 1 (the check it exercises has stopped catching what it must); 2 and 3 stay.
+# --engine E: `quantgate pipeline --engine E` overrides every config's engine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 expect_fail=false
-if [[ "${1:-}" == "--expect-fail" ]]; then
-  expect_fail=true
-  shift
-fi
-config="${1:?usage: run-eval.sh [--expect-fail] CONFIG}"
+engine=()
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --expect-fail) expect_fail=true; shift ;;
+    --engine) engine=(--engine "${2:?--engine needs a value}"); shift 2 ;;
+    *) echo "run-eval.sh: unknown option $1" >&2; exit 3 ;;
+  esac
+done
+config="${1:?usage: run-eval.sh [--expect-fail] [--engine E] CONFIG}"
 
 source .buildkite/scripts/env.sh
 ensure_quantgate || exit 2
-if ! grep -Eq '^engine:[[:space:]]*"?vllm' "$config"; then
+if [[ "${engine[1]:-}" != vllm ]] && { [[ "${engine[1]:-}" == builtin ]] || ! grep -Eq '^engine:[[:space:]]*"?vllm' "$config"; }; then
   make models >&2 || exit 2  # builtin configs: FP8 variants of the shipped checkpoints are built, not tracked
 fi
 
 out="$QUANTGATE_RESULTS"
 echo "--- :test_tube: quantgate run $config"
-quantgate run "$config" --output-dir "$out" --junit "$out/junit.xml" --markdown "$out/summary.md"
+quantgate run "$config" "${engine[@]}" --output-dir "$out" --junit "$out/junit.xml" --markdown "$out/summary.md"
 status=$?
 if $expect_fail; then
   case "$status" in

@@ -16,7 +16,7 @@ import yaml
 
 from ..backends import ENGINES
 from ..config import ConfigError
-from ..pipeline import TIERS, build_pipeline, collect, select_for_changes
+from ..pipeline import TIERS, build_pipeline, collect, outside_root, select_for_changes
 
 EXIT_OK, EXIT_INVALID = 0, 3
 DEFAULT_PATHS = ["eval_configs"]
@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         groups, loose = collect(args.paths or DEFAULT_PATHS, args.engine)
-        pipeline = build_pipeline(groups, loose, args.tier)
+        pipeline = build_pipeline(groups, loose, args.tier, args.engine)
         if args.changed_files is not None:
             changed = [line.strip() for line in args.changed_files.read_text(encoding="utf-8").splitlines()
                        if line.strip()]
@@ -48,6 +48,11 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_INVALID
+    outside = outside_root(pipeline)
+    if outside:
+        print(f"warning: {len(outside)} step(s) name configs outside the current directory ({', '.join(outside[:3])}"
+              f"{', ...' if len(outside) > 3 else ''}); Buildkite runs steps from the repository root: run "
+              "`quantgate pipeline` there", file=sys.stderr)
     sys.stdout.write(yaml.safe_dump(pipeline, sort_keys=False, width=4096))
     return EXIT_OK
 

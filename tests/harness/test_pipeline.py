@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -40,6 +41,10 @@ def validate(pipeline: dict) -> None:
 def emitted(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     assert main(["pipeline", *args]) == 0
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def _steps(pipeline: dict) -> list[dict]:
+    return [s for step in pipeline["steps"] for s in (step["steps"] if "group" in step else [step])]
 
 
 def labels(pipeline: dict) -> set[str]:
@@ -99,11 +104,47 @@ def test_step_shape(capsys: pytest.CaptureFixture[str]) -> None:
     step = group["steps"][0]
     assert step["label"] == "vllm-Qwen3-30B-A3B-Fp8-AutoFp8-marlin"
     assert step["command"] == ".buildkite/scripts/run-eval.sh eval_configs/vllm/Qwen3-30B-A3B-Fp8-AutoFp8-marlin.yaml"
-    assert step["agents"] == {"queue": "gpu", "gpus": "2", "device": "h100"}
+    # requires: {gpus: 2, device: h100, min_compute_capability: "8.0"}: the capability as the tag an
+    # agent sets for each capability it reaches.
+    assert step["agents"] == {"queue": "gpu", "gpus": "2", "device": "h100", "sm80": "true"}
     assert step["retry"] == {"automatic": [{"exit_status": 2, "limit": 2}]}  # never 1 or 3
     assert step["timeout_in_minutes"] == 80  # 1200 s start-up + 3600 s evaluation
-    assert step["artifact_paths"] == ["results/vllm-Qwen3-30B-A3B-Fp8-AutoFp8-marlin/**/*"]
+    assert step["artifact_paths"] == ["results/vllm-Qwen3-30B-A3B-Fp8-AutoFp8-marlin/**/*", "results/junit.xml",
+                                      "results/summary.md"]
     assert "if_changed" not in step  # nightly runs everything
+
+
+def test_triton_configs_ask_for_agents_that_reach_8_9(capsys: pytest.CaptureFixture[str]) -> None:
+    pipeline = emitted(capsys, "--tier", "nightly", "eval_configs/tiny/tiny-qwen3-fp8-block-native-triton.yaml")
+    assert pipeline["steps"][0]["agents"] == {"queue": "gpu", "gpus": "1", "sm89": "true"}
+
+
+def test_engine_override_reaches_the_step_and_names_are_quoted(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    step = emitted(capsys, "--tier", "nightly", "--engine", "vllm",
+                   "eval_configs/tiny/tiny-qwen3-fp8-block-ct-marlin.yaml")["steps"][0]
+    assert step["command"] == (".buildkite/scripts/run-eval.sh --engine vllm "
+                               "eval_configs/tiny/tiny-qwen3-fp8-block-ct-marlin.yaml")
+    odd = tmp_path / "my cfg;x.yaml"
+    odd.write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    step = emitted(capsys, "--tier", "nightly", str(odd))["steps"][0]
+    assert shlex.split(step["command"])[-1].endswith("/my cfg;x.yaml")  # one argument, not two commands
+
+
+def test_clashing_keys_and_empty_inputs_are_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for name in ("qwen3-0.6b", "qwen3-0-6b"):
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nmodel_name: m\naccuracy_threshold: 0.5\n")
+    assert main(["pipeline", str(tmp_path)]) == 3
+    assert "both become the Buildkite key 'qwen3-0-6b'" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["pipeline", str(tmp_path / "empty")]) == 3
+    assert "no configs in the given paths" in capsys.readouterr().err
+
+
+def test_ci_files_rerun_every_pr_config(capsys: pytest.CaptureFixture[str]) -> None:
+    pipeline = emitted(capsys, "--tier", "pr", "eval_configs")
+    for changed in ("constraints.txt", ".buildkite/scripts/run-eval.sh", "Makefile"):
+        assert select_for_changes(pipeline, [changed]) == [s["label"] for s in _steps(pipeline)], changed
 
 
 def test_cpu_configs_go_to_the_cpu_queue(capsys: pytest.CaptureFixture[str], tiny_matrix: Path) -> None:
