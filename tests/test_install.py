@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_a_regular_install_gives_a_working_command(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                     "--target", str(site), str(REPO)], check=True, capture_output=True, timeout=600)
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = subprocess.run([sys.executable, "-c", "import quantgate.harness.cli, quantgate.engine.serve_args, "
