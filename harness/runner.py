@@ -509,7 +509,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
                             api_key=api_key_of(config.server_args, config.env) or os.environ.get("OPENAI_API_KEY"))
             display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
         else:
-            display.note(f"  server: {item.command.shell()}")
+            display.note(f"  server: {item.command.shell(redact=True)}")  # CI logs are shared
             server = LaunchedServer(item.command, run_dir / SERVER_LOG)
             server.start(config.startup_max_wait_seconds, on_wait=display.waiting)
             wanted = item.command.preferred_port

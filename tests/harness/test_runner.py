@@ -105,6 +105,7 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
     assert code == 0 and result["verdict"] == "PASS", output
     for artifact in ("result.json", "server.log"):
         assert "s3cret-key" not in (tmp_path / "out" / "keyed" / artifact).read_text()
+    assert "s3cret-key" not in output  # the console, which CI logs keep
     assert "--api-key '<redacted>'" in result["server"]["command_line"]
     # --server-url: the config's key goes to /v1/models, /v1/kernels and the completions.
     for key, expected_code in (("s3cret-key", 0), ("another-key", 2)):
