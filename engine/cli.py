@@ -21,6 +21,7 @@ import uvicorn
 from quantgate.kernels import KernelSelectionError, Platform
 
 from . import AsyncEngine, LLMEngine, load_model
+from .kv_cache import KVCacheBudgetError
 from .serve_args import EXIT_ERROR, EXIT_USAGE, FOLDER_CONTENTS, register, static_problem
 from .serve_args import normalize_flags as normalize_argv  # vLLM's parser takes `--max_model_len` too
 from .server import ServerSettings, build_app
@@ -110,7 +111,9 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     try:
         engine = LLMEngine(loaded, enforce_eager=args.enforce_eager, seed=args.seed,
                            **{k: v for k, v in engine_args.items() if v is not None})
-    except ValueError as exc:  # e.g. --max-model-len above what the model or the KV budget allows
+    except KVCacheBudgetError as exc:  # the budget is a share of the device memory free now: may differ next time
+        return _fail(f"{exc} (other processes on this device may hold its memory)", EXIT_ERROR)
+    except ValueError as exc:  # e.g. --max-model-len above what the model allows
         return _fail(str(exc), EXIT_USAGE)
     async_engine = AsyncEngine(engine)
     names = tuple(args.served_model_name or [args.model])

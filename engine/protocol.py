@@ -75,7 +75,7 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_choice": (_NO, "guided decoding is not implemented"),
     "guided_grammar": (_NO, "guided decoding is not implemented"),
     "structured_outputs": (_NO, "structured outputs are not implemented"),
-    "prompt_logprobs": (_NO, "for the prompt's logprobs send echo: true with logprobs"),  # /v1/completions
+    "prompt_logprobs": (_NO, "for the prompt's logprobs send echo: true with logprobs to /v1/completions"),
     "continue_final_message": (_NO, "the reply always starts a new assistant turn"),  # chat
     "functions": (_NO, "function calling is not implemented"),  # chat, OpenAI's older form of tools
     "tool_choice": (("none", "auto"), "function calling is not implemented"),  # chat
@@ -253,6 +253,7 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: Any = None
     functions: Any = None
     tool_choice: Any = None
+    prompt_logprobs: Any = None  # vLLM's chat extension
     echo: Any = None  # vLLM's chat extension (the last message echoed first)
 
     _nullable_chat = field_validator("logprobs", mode="before")(classmethod(_null_is_default))
@@ -260,7 +261,8 @@ class ChatCompletionRequest(_SamplingRequest):
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: Any) -> Any:
-        if value not in (None, False):
+        # Not in REFUSED_UNLESS_NEUTRAL: its validator would also refuse /v1/completions' echo.
+        if value is not None and value is not False:
             raise _unsupported("echo is not supported on /v1/chat/completions; leave it unset")
         return value
 

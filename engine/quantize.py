@@ -186,6 +186,8 @@ def _check_replaceable(src: Path, dst: Path) -> None:
     source, target = src.resolve(), dst.resolve()
     if target == source or target in source.parents or source in target.parents:
         raise QuantizeError(f"DST {dst} is SRC {src}, holds it or lies inside it; choose a folder outside SRC")
+    if dst.is_symlink():
+        raise QuantizeError(f"DST {dst} is a symbolic link; --force replaces only a real folder. Choose another path")
     if not dst.exists():
         return
     if not dst.is_dir():

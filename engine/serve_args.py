@@ -69,6 +69,8 @@ def _int_in(low: int, high: int, what: str):
 
 def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None = None) -> None:
     """The flags, on `parser`; its errors go to `fail` (default: argparse's print and exit)."""
+    # No abbreviations (`--api-k`): the harness reads --api-key, --port... from server_args by name.
+    parser.allow_abbrev = False
     parser.add_argument("model", help=f"Hugging Face model folder ({FOLDER_CONTENTS})")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_int_in(0, 65535, "--port"), default=8000,

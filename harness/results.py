@@ -122,7 +122,7 @@ def result_shape(data: dict[str, Any]) -> dict[str, Any]:
         "metrics": _with_keys(data.get("metrics"), METRIC_KEYS, metric=_configured(config, "metric")),
         "gate": _with_keys(data.get("gate"), GATE_KEYS, mode=mode),
         "kernels": data.get("kernels") if isinstance(data.get("kernels"), dict) else {},
-        "server": _with_keys(data.get("server"), SERVER_KEYS) if data.get("server") is None else data["server"],
+        "server": _with_keys(data.get("server"), SERVER_KEYS),
         "versions": _with_keys(data.get("versions"), VERSION_KEYS),
         "dataset": _with_keys(data.get("dataset"), DATASET_KEYS),
         "task": _with_keys(data.get("task"), TASK_KEYS),
@@ -317,8 +317,8 @@ def write_summary(records: Sequence[RunRecord], path: Path, skipped: Sequence[Sk
 
 def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgate",
                 skipped: Sequence[Skipped] = ()) -> Path:
-    """One testcase per config: FAIL is a <failure>, ERROR an <error> (the retryable class), a
-    config skipped for its `requires:` a <skipped>."""
+    """One testcase per config: FAIL is a <failure>, ERROR an <error>, a config skipped for its
+    `requires:` a <skipped>."""
     failures = sum(r.verdict == FAIL for r in records)
     errors = sum(r.verdict == ERROR for r in records)
     total = sum((r.timings.get("total_s") or 0.0) for r in records)

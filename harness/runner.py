@@ -283,6 +283,11 @@ def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped
             return
         if config.baseline_path is not None and config.gate.mode in ("paired", "recovery"):
             _plan_baseline(item, config, options, by_source, problems, lambda c: add(c, (*chain, config.name)))
+            base_skip = next((s for s in skipped if s.name == item.baseline_name), None)
+            if base_skip is not None and item.baseline_result is None:  # its baseline cannot run here
+                skipped.append(Skipped(config.name, str(config.source), config.engine,
+                                       f"its baseline {base_skip.name} is skipped ({base_skip.reason})"))
+                return
         planned[config.name] = item
         order.append(config.name)
 
@@ -332,7 +337,7 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
     if options.check_machine and options.server_url is None and (req.gpus or req.device or req.min_compute_capability):
         unmet = unmet_requirements(config, local_gpus())
         if unmet and options.skip_unmet:
-            skipped.append(Skipped(config.name, str(config.source), config.engine, f"requires: {unmet}"))
+            skipped.append(Skipped(config.name, str(config.source), config.engine, unmet))
             return None
         if unmet:
             problems.append(f"{config.source}: requires: {unmet}. Run it on a machine that has them "
@@ -531,7 +536,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.log_tail = exc.log_tail
         # quantgate serve exits 3 for what the config asks that cannot work here (the model
         # folder's contents, a backend that cannot serve a layer): fixing the config, not a retry.
-        record.usage_error = config.engine == "builtin" and exc.exit_status == SERVE_EXIT_USAGE
+        record.usage_error = exc.refused_config or (config.engine == "builtin" and exc.exit_status == SERVE_EXIT_USAGE)
         if record.usage_error:
             record.reason += " (the server refused the config: fix it; exit 3, not retried)"
         record.timings["server_start_s"] = round(exc.startup_s, 3)

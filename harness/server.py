@@ -36,11 +36,13 @@ API_KEY_FLAG = "--api-key"
 class ServerStartError(RuntimeError):
     """The server did not become healthy: it exited, or start-up outlasted its bound."""
 
-    def __init__(self, message: str, *, exit_status: int | None, log_tail: str, startup_s: float) -> None:
+    def __init__(self, message: str, *, exit_status: int | None, log_tail: str, startup_s: float,
+                 refused_config: bool = False) -> None:
         super().__init__(message)
         self.exit_status = exit_status
         self.log_tail = log_tail
         self.startup_s = startup_s
+        self.refused_config = refused_config  # the config is wrong for this server: a retry cannot help
 
 
 class ServerCommandError(ValueError):
@@ -76,14 +78,22 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: "<redacted>" if _secret(k) else v for k, v in env.items()}
 
 
+def _flag(arg: str) -> str:
+    """The flag `arg` names, in its dashed spelling (`--api_key=V` -> `--api-key`): both engines'
+    parsers take `_` for `-`."""
+    return arg.partition("=")[0].replace("_", "-") if arg.startswith("--") else arg
+
+
 def redact_api_key(argv: list[str]) -> list[str]:
     """`argv` with the value of `--api-key` replaced (result.json and logs are shared)."""
     out = list(argv)
     for i, arg in enumerate(out):
-        if arg == API_KEY_FLAG and i + 1 < len(out):
+        if _flag(arg) != API_KEY_FLAG:
+            continue
+        if "=" in arg:
+            out[i] = arg.partition("=")[0] + "=<redacted>"
+        elif i + 1 < len(out):
             out[i + 1] = "<redacted>"
-        elif arg.startswith(API_KEY_FLAG + "="):
-            out[i] = API_KEY_FLAG + "=<redacted>"
     return out
 
 
@@ -99,15 +109,16 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 def _option(args: list[str], name: str) -> tuple[str | None, list[str]]:
-    """The value of `--name V` / `--name=V` in `args` (last wins, as argparse), and `args` without it."""
+    """The value of `--name V` / `--name=V` (either spelling, `_` or `-`) in `args` (last wins,
+    as argparse), and `args` without it."""
     value, rest, skip = None, [], False
     for i, arg in enumerate(args):
         if skip:
             skip = False
-        elif arg == name and i + 1 < len(args):
-            value, skip = args[i + 1], True
-        elif arg.startswith(name + "="):
+        elif _flag(arg) == name and "=" in arg:
             value = arg.split("=", 1)[1]
+        elif _flag(arg) == name and i + 1 < len(args):
+            value, skip = args[i + 1], True
         else:
             rest.append(arg)
     return value, rest
@@ -260,6 +271,10 @@ class LaunchedServer:
     def api_key(self) -> str | None:
         return self.command.api_key
 
+    def _redacted(self, text: str) -> str:
+        """vLLM logs its non-default args, the key among them, at start-up."""
+        return text.replace(self.api_key, "<redacted>") if self.api_key else text
+
     @property
     def pgid(self) -> int | None:
         return None if self.process is None else self.process.pid  # the leader of its own session
@@ -269,10 +284,10 @@ class LaunchedServer:
         return None if self.process is None else self.process.poll()
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return self._redacted(_tail(self.log_path, lines))
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self._redacted(self.log_path.read_text(errors="replace") if self.log_path.exists() else "")
 
     def start(self, startup_timeout_s: float, on_wait: Callable[[float], None] | None = None) -> None:
         """Launch and return once `/health` answers 200; ServerStartError otherwise, with the
@@ -361,6 +376,8 @@ class LaunchedServer:
                     break
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
+        if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
+            self.log_path.write_text(self.log_text())
         return self.exit_status
 
     def to_dict(self) -> dict[str, Any]:
@@ -427,6 +444,12 @@ def attach(url: str, served_model: str | None, timeout_s: float = 10.0, api_key:
     try:
         with httpx.Client(timeout=timeout_s) as client:
             response = client.get(url + "/v1/models", headers=auth_headers(api_key))
+            if response.status_code in (401, 403):
+                raise ServerStartError(
+                    f"--server-url {url} refused the request ({response.status_code}): "
+                    + ("the API key is wrong" if api_key else "it needs an API key")
+                    + "; set --api-key in the config's server_args to the server's key (or OPENAI_API_KEY)",
+                    exit_status=None, log_tail="", startup_s=0.0, refused_config=True)
             response.raise_for_status()
             models = [m["id"] for m in response.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:

@@ -75,11 +75,17 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
     config, command = item.config, item.command
     assert command is not None
     url = f"http://{command.host}:{port}"
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in _eval_env(config, command.api_key).items())
+    # Printed commands get pasted into issues and chats: secrets stay in the config file.
+    env = " ".join(f"{k}={shlex.quote('<redacted>' if k == 'OPENAI_API_KEY' else v)}"
+                   for k, v in _eval_env(config, command.api_key).items())
+    server = command.shell(port, redact=True)
+    secrets = [] if server == command.shell(port) and not command.api_key else [
+        "# secrets are shown as <redacted>: put the config's values there (or run this with --run)"]
     return "\n".join([
         f"# quantgate repro: {config.name} ({config.source}), engine {config.engine}",
+        *secrets,
         "# 1. start the server:",
-        command.shell(port),
+        server,
         "# 2. wait until it is healthy:",
         f"curl -sf --retry 600 --retry-connrefused --retry-delay 1 {url}/health",
         f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",

@@ -221,7 +221,10 @@ def test_force_never_deletes_the_source_or_what_is_not_a_model_folder(dense_src,
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     (tmp_path / "afile").write_text("mine")
-    for dst, message in ((work, "holds it"), (src, "is SRC"), (src / "inner", "lies inside it"),
+    earlier = tmp_path / "earlier"
+    quantize.quantize_checkpoint(dense_src, earlier, "fp8-tensor", "native")
+    (tmp_path / "link").symlink_to(earlier, target_is_directory=True)
+    for dst, message in ((tmp_path / "link", "is a symbolic link"), (work, "holds it"), (src, "is SRC"), (src / "inner", "lies inside it"),
                          (tmp_path / "notes", "not a model folder"), (tmp_path / "afile", "is a file")):
         argv = ["quantize", str(src), str(dst), "--scheme", "fp8-block", "--format", "native", "--force"]
         assert cli_main(argv) == 3

@@ -595,6 +595,8 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, 400, "functions"),
     ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, 400, "continue_final_message"),
     ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo"),
+    ({"messages": [{"role": "user", "content": "hi"}], "echo": 0}, 400, "echo"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 2}, 400, "prompt_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "guided_regex": "a+"}, 400, "guided_regex"),
     ({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": 5}}, 400,
      "chat_template_kwargs"),

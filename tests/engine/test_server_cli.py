@@ -115,6 +115,20 @@ def test_load_failures(load_failures, case: str, code: int, pattern: str) -> Non
     assert "ready at" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_kv_budget_the_device_cannot_give_now_is_retryable(model_dir: Path, capsys: pytest.CaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The budget is a share of the memory free after loading: another process may hold it now.
+    from quantgate.engine import cli
+    from quantgate.engine.kv_cache import KVCacheBudgetError
+
+    def no_room(*args, **kwargs):
+        raise KVCacheBudgetError("the KV cache budget of 10 MiB cannot hold one sequence")
+
+    monkeypatch.setattr(cli, "LLMEngine", no_room)
+    assert cli_main(["serve", str(model_dir), "--device", "cpu", "--port", "0"]) == 2
+    assert "other processes on this device may hold its memory" in error_line(capsys.readouterr().err)
+
+
 # ---- a live server ---------------------------------------------------------------------------------
 
 

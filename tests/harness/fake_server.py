@@ -194,6 +194,8 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
 def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     print(f"fake server: starting for {args.model} on {args.host}:{args.port}", flush=True)
+    if args.api_key:  # vLLM logs its non-default args at start-up, the key among them
+        print(f"INFO [fake] non-default args: {{'api_key': {args.api_key!r}}}", flush=True)
     if args.ignore_sigterm:
         import signal
 

@@ -108,7 +108,7 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
     assert "s3cret-key" not in output  # the console, which CI logs keep
     assert "--api-key '<redacted>'" in result["server"]["command_line"]
     # --server-url: the config's key goes to /v1/models, /v1/kernels and the completions.
-    for key, expected_code in (("s3cret-key", 0), ("another-key", 2)):
+    for key, expected_code in (("s3cret-key", 0), ("another-key", 3)):  # a wrong key: fix the config
         running = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, api_key=key, linear_backend="marlin"),
                                        {}, [sys.executable, str(FAKE_SERVER)]), tmp_path / f"{key}.log", 30)
         try:
@@ -120,7 +120,7 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
         if expected_code == 0:
             assert result["kernels"]["source"] == "GET /v1/kernels"
         else:
-            assert "401" in result["reason"]
+            assert "refused the request (401): the API key is wrong" in result["reason"]
 
 
 def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path, gsm8k_dir: Path) -> None:
@@ -235,6 +235,14 @@ def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir
     assert code == (1 if not gate["passed"] else 0)
 
 
+def test_a_config_whose_baseline_is_skipped_is_skipped_too(tmp_path: Path, gsm8k_dir: Path) -> None:
+    base = write_config(tmp_path, "base", gsm8k_dir, requires={"gpus": 64})
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base.yaml", gate={"mode": "recovery"})
+    code, output = run_in_process([base, cand], tmp_path / "out", skip_unmet=True)
+    assert code == 3 and "cand: its baseline base is skipped (requires 64 GPU(s)" in output, output
+    assert "internal error" not in output
+
+
 def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp_path: Path,
                                                                             gsm8k_dir: Path) -> None:
     big = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64})
@@ -242,7 +250,7 @@ def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp
     code, output = run_in_process([big, fine], tmp_path / "strict")
     assert code == 3 and "requires 64 GPU(s)" in output and "--skip-unmet-requires" in output
     code, output = run_in_process([big, fine], tmp_path / "out", skip_unmet=True)
-    assert code == 0 and "SKIPPED big: requires: requires 64 GPU(s)" in output, output
+    assert code == 0 and "SKIPPED big: requires 64 GPU(s)" in output, output
     assert not (tmp_path / "out" / "big").exists() and load_json(tmp_path / "out" / "fine" / "result.json")
     suite = ET.parse(tmp_path / "out" / "junit.xml").getroot()
     assert suite.get("tests") == "2" and suite.get("skipped") == "1"

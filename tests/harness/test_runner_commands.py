@@ -62,6 +62,15 @@ def test_repro_prints_commands_for_a_machine_this_one_is_not(tmp_path: Path, gsm
     assert "requires 64 GPU(s)" in capsys.readouterr().err
 
 
+def test_repro_never_prints_the_configs_secrets(tmp_path: Path, gsm8k_dir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "sec", gsm8k_dir, {"api_key": "s3cret-key"}, env={"HF_TOKEN": "hf-s3cret"})
+    assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "s3cret" not in output and "OPENAI_API_KEY='<redacted>'" in output
+    assert "# secrets are shown as <redacted>" in output
+
+
 def test_repro_of_an_invalid_config_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_name: m\naccuracy_threshold: 2.5\n")

@@ -139,3 +139,16 @@ def test_attach_finds_the_served_model(tmp_path: Path, gsm8k_dir: Path) -> None:
         server.stop()
     with pytest.raises(ServerStartError, match="did not answer"):
         attach(server.base_url, None, timeout_s=1)
+
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--api-key", "k1"], {}), (["--api-key=k1"], {}), (["--api_key", "k1"], {}), (["--api_key=k1"], {}),
+    ([], {"VLLM_API_KEY": "k1"}),
+])
+def test_the_api_key_is_found_in_every_spelling_and_never_printed(args: list[str], env: dict) -> None:
+    from quantgate.harness.server import redact_api_key
+
+    command = build_command("builtin", "m", ["--served_model_name", "served", *args], env)
+    assert command.api_key == "k1" and command.served_model == "served"
+    assert "k1" not in command.shell(8000, redact=True) and "k1" not in " ".join(redact_api_key(command.argv))
