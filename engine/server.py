@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from safetensors import SafetensorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from quantgate.kernels import IncompatibleBufferError
