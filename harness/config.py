@@ -466,19 +466,22 @@ class _Loader:
     # -- checks across fields ------------------------------------------------------------------
 
     def _check_switches_despite(self, exc: ValidationError, fields: dict[str, Any]) -> None:
-        """Report legacy env and backend names even when other fields failed validation, so
-        one lint pass shows every problem."""
+        """Report legacy env, backend names, server flags and `expect:` names even when other
+        fields failed validation, so one lint pass shows every problem."""
         broken = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
         if broken & {"engine", "server_args", "env"}:
             return
+        expect = Expect() if "expect" in broken else Expect.model_validate(fields.get("expect") or {})
         partial = EvalConfig.model_construct(
             engine=fields.get("engine", "builtin"),
             server_args=EvalConfig._split(fields.get("server_args", [])),
             env=EvalConfig._env_text(fields.get("env") or {}),
+            expect=expect,
         )
         self._check_env(partial)
         self._check_backends(partial)
         self._check_server_flags(partial)
+        self._check_expect(partial)
 
     def _check(self, config: EvalConfig) -> EvalConfig:
         self._check_env(config)

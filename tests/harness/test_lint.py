@@ -81,3 +81,12 @@ def test_validator_messages_say_what_they_got_once(tmp_path: Path, capsys: pytes
     out = capsys.readouterr().out
     assert "requires.min_compute_capability: expected a compute capability like 8.0 or 9.0, got 'x'\n" in out
     assert "server_args: expected a string of arguments (split like a shell) or a list, got int" in out
+
+
+def test_expect_names_are_checked_in_the_same_pass_as_schema_errors(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "e.yaml"
+    config.write_text("model_name: m\naccuracy_threshold: 5\nexpect: {linear_kernel: marlinn}\n")
+    assert main(["lint", str(config)]) == 3
+    out = capsys.readouterr().out
+    assert f"{config}:2: accuracy_threshold" in out and "did you mean 'marlin'?" in out
