@@ -48,7 +48,8 @@ def find_results(paths: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def report_frame(results: list[dict[str, Any]]):
-    frame = summary_frame(results).drop(columns=["reason"])
+    """One row per run, oldest first; `reason` is long, so only the CSV keeps it."""
+    frame = summary_frame(results)
     frame.insert(0, "started_at", [r.get("started_at") or "" for r in results])
     frame["engine"] = [(r.get("config") or {}).get("engine") for r in results]
     frame["path"] = [r["path"] for r in results]
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if not results:
         return EXIT_USAGE
     frame = report_frame(results)
-    table = markdown_table(frame)
+    table = markdown_table(frame.drop(columns=["reason"]))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(f"# quantgate report: {len(frame)} runs\n\n{table}\n")

@@ -45,6 +45,7 @@ def test_report_tables_csv_and_trend_chart(tmp_path: Path, capsys: pytest.Captur
     frame = pd.read_csv(csv)
     assert len(frame) == 6 and set(frame["config"]) == {"tiny-bf16", "tiny-fp8"}
     assert frame.loc[frame["config"] == "tiny-fp8", "measured"].tolist()[:2] == [0.78, 0.74]
+    assert frame.loc[frame["verdict"] == "ERROR", "reason"].tolist() == ["tiny-fp8 ERROR"]  # CSV keeps why
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
