@@ -1,16 +1,28 @@
 """Safetensors checkpoint access: every tensor of a model folder by its HF name.
 
 Reads single-file and sharded (`model.safetensors.index.json`) checkpoints lazily, one tensor
-at a time, so a reload re-reads from disk without holding a second copy of the model.
+at a time, so a reload re-reads from disk without holding a second copy of the model. With an
+index, only the files it names are read, each tensor from the file it names; without one, a
+tensor in two files is an error (a stale shard must never win silently). Scales are checked
+as they are read: a NaN, infinite, zero or negative scale would serve wrong numbers.
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
+
+INDEX = "model.safetensors.index.json"
+SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale")
+# The two names FP8 formats give a weight's scale (the historical crash: a format wrote one,
+# a kernel read the other), and what decides which one a checkpoint must use.
+_OTHER_SCALE_NAME = {"weight_scale": "weight_scale_inv", "weight_scale_inv": "weight_scale"}
+_SCALE_NAME_RULE = ("native FP8 names block scales `weight_scale_inv` (quant_method fp8 with weight_block_size) "
+                    "and per-tensor scales `weight_scale`; compressed-tensors always `weight_scale`")
 
 
 class CheckpointError(ValueError):
@@ -22,19 +34,44 @@ class Checkpoint:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        files = sorted(self.path.glob("*.safetensors"))
+        self._map: dict[str, str] | None = None  # tensor -> file, from the index
+        index = self.path / INDEX
+        if index.is_file():
+            try:
+                self._map = dict(json.loads(index.read_text())["weight_map"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{index}: not a safetensors index ({exc}); fix or remove it") from None
+            files = sorted({self.path / name for name in self._map.values()})
+            missing = [f.name for f in files if not f.is_file()]
+            if missing:
+                raise CheckpointError(f"{index} names files that are not there: {', '.join(missing)}")
+        else:
+            files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{self.path} has no *.safetensors files (only safetensors checkpoints load)")
         self._files = files
         self._stack: ExitStack | None = None
-        self._where: dict[str, object] = {}
+        self._where: dict[str, tuple[object, Path]] = {}
 
     def __enter__(self) -> Checkpoint:
         self._stack = ExitStack()
         for file in self._files:
-            handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            try:
+                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            except (SafetensorError, OSError) as exc:
+                self._stack.close()
+                raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); it may be truncated: copy "
+                                      "or download it again") from None
             for name in handle.keys():
-                self._where[name] = handle
+                if self._map is not None:
+                    if self._map.get(name) == file.name:
+                        self._where[name] = (handle, file)
+                elif name in self._where:
+                    self._stack.close()
+                    raise CheckpointError(f"{self.path}: tensor {name!r} is in both {self._where[name][1].name} and "
+                                          f"{file.name}; remove the stale file (or add {INDEX})")
+                else:
+                    self._where[name] = (handle, file)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -50,7 +87,29 @@ class Checkpoint:
         return list(self._where)
 
     def get(self, name: str) -> torch.Tensor:
-        handle = self._where.get(name)
-        if handle is None:
-            raise CheckpointError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
-        return handle.get_tensor(name)
+        entry = self._where.get(name)
+        if entry is None:
+            raise CheckpointError(self._missing(name))
+        handle, file = entry
+        tensor = handle.get_tensor(name)
+        if name.endswith(SCALE_SUFFIXES):
+            _check_scale(tensor, f"{file}: {name}")
+        return tensor
+
+    def _missing(self, name: str) -> str:
+        message = f"{self.path}: tensor {name!r} is missing from the checkpoint"
+        stem, _, attr = name.rpartition(".")
+        other = _OTHER_SCALE_NAME.get(attr)
+        if other and f"{stem}.{other}" in self._where:
+            message += (f"; it has {stem}.{other} instead. {_SCALE_NAME_RULE}: the checkpoint's scale names do "
+                        "not match its config.json (re-export it, or fix quantization_config)")
+        return message
+
+
+def _check_scale(tensor: torch.Tensor, where: str) -> None:
+    values = tensor.float()
+    bad = ~torch.isfinite(values) | (values <= 0)
+    if bool(bad.any()):
+        first = values.reshape(-1)[bad.reshape(-1)][0].item()
+        raise CheckpointError(f"{where}: {int(bad.sum())} of {values.numel()} scales are not finite and positive "
+                              f"(e.g. {first}); a scale must be > 0: re-quantize the checkpoint")

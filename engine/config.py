@@ -103,7 +103,15 @@ class ModelConfig:
             raw = json.loads(config_file.read_text())
         except json.JSONDecodeError as exc:
             raise ModelConfigError(f"{config_file} is not valid JSON: {exc}") from None
-        return cls.from_dict(raw, source=str(config_file), eos_token_ids=_generation_eos(path))
+        if not isinstance(raw, dict):
+            raise ModelConfigError(f"{config_file} holds a JSON {type(raw).__name__}, not an object of fields")
+        try:
+            return cls.from_dict(raw, source=str(config_file), eos_token_ids=_generation_eos(path))
+        except ModelConfigError:
+            raise
+        except (TypeError, ValueError, AttributeError, IndexError) as exc:  # a field of the wrong type
+            raise ModelConfigError(f"{config_file}: a field has the wrong type or shape ({type(exc).__name__}: {exc}); "
+                                   "compare it with the model's original config.json") from None
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json", eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
@@ -190,6 +198,8 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
 def parse_quant_config(qc: dict | None, source: str = "config.json") -> QuantConfig | None:
     if not qc:
         return None
+    if not isinstance(qc, dict):
+        raise ModelConfigError(f"{source}: quantization_config must be an object, got {qc!r}")
     method = qc.get("quant_method")
     if method == "fp8":
         return _parse_native_fp8(qc, source)
@@ -212,7 +222,10 @@ def _parse_native_fp8(qc: dict, source: str) -> QuantConfig:
     if block is not None:
         if activation != "dynamic":
             raise ModelConfigError(f"{source}: block FP8 needs activation_scheme 'dynamic', got {activation!r}")
-        return QuantConfig(Scheme.FP8_BLOCK, "fp8", "weight_scale_inv", (int(block[0]), int(block[1])), False, ignore)
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            raise ModelConfigError(f"{source}: quantization_config.weight_block_size must be two positive integers "
+                                   f"[rows, cols], e.g. [128, 128]; got {block!r}")
+        return QuantConfig(Scheme.FP8_BLOCK, "fp8", "weight_scale_inv", (block[0], block[1]), False, ignore)
     return QuantConfig(Scheme.FP8_TENSOR, "fp8", "weight_scale", None, activation == "static", ignore)
 
 
@@ -237,6 +250,9 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     w = group.weights
     if w is None or w.type != QuantizationType.FLOAT or w.num_bits != 8:
         raise ModelConfigError(f"{source}: only 8-bit float weights are supported by the built-in engine")
+    if not w.symmetric:  # a zero point would be ignored: wrong numbers, so refused
+        raise ModelConfigError(f"{source}: asymmetric weights (symmetric: false, with zero points) are not supported; "
+                               "FP8 checkpoints are symmetric: re-export with symmetric: true")
     strategies = {
         QuantizationStrategy.BLOCK: Scheme.FP8_BLOCK,
         QuantizationStrategy.CHANNEL: Scheme.FP8_CHANNEL,

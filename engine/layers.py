@@ -60,9 +60,11 @@ class KernelLayer(nn.Module):
         self.kernel = kernel_class(self.layer_config)
         logger.info("Selected %s for %s", kernel_class.kernel_name(), self.module_name)
 
-    def set_raw(self, name: str, tensor: torch.Tensor, source: str) -> None:
+    def check_raw(self, name: str, tensor: torch.Tensor, source: str) -> torch.Tensor:
+        """`tensor` as `set_raw` would store it, or CheckpointError naming `source`; stores nothing
+        (a reload checks every tensor before it overwrites any)."""
         shape, dtype = self.raw_specs()[name]
-        if tensor.numel() == math.prod(shape) and tuple(tensor.shape) != shape:
+        if tuple(tensor.shape) != shape and _same_but_singletons(tuple(tensor.shape), shape):
             tensor = tensor.reshape(shape)  # e.g. per-tensor scales saved as [1], channel scales as [N]
         if tuple(tensor.shape) != shape:
             raise CheckpointError(
@@ -74,13 +76,20 @@ class KernelLayer(nn.Module):
                 f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
                 f"it is quantized), found {tensor.dtype}; add it to the ignore list or re-quantize the checkpoint"
             )
+        if dtype != FP8 and tensor.dtype == FP8 and name != "weight":
+            raise CheckpointError(f"{source}: {self.module_name}.{name} is stored as FP8; scales must be stored in "
+                                  "float32, bf16 or fp16: re-export the checkpoint")
         if dtype != FP8 and tensor.dtype == FP8:
             raise CheckpointError(
                 f"{source}: {self.module_name} is stored in FP8 but runs unquantized (lm_head and the MoE router "
                 "always do; other modules when quantization_config ignores them); re-quantize the checkpoint "
                 "leaving it in the model dtype, or fix the config's ignore list"
             )
-        tensor = tensor.to(device=self.device, dtype=dtype)
+        return tensor
+
+    def set_raw(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        dtype = self.raw_specs()[name][1]
+        tensor = self.check_raw(name, tensor, source).to(device=self.device, dtype=dtype)
         current = getattr(self, name, None)
         if self._processed_once and name not in processed_names(self):
             current.copy_(tensor)
@@ -227,3 +236,9 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
         return triton_ops.silu_and_mul(gate, up)
     return F.silu(gate, inplace=True).mul_(up)
+
+
+def _same_but_singletons(found: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """A lossless reshape: the same sizes once dimensions of 1 are dropped ([N] and [N, 1], [] and
+    [1]); never a transpose such as [2, 6] for [6, 2]."""
+    return [d for d in found if d != 1] == [d for d in expected if d != 1]

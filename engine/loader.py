@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,8 +84,11 @@ class LoadedModel:
 
     @torch.inference_mode()
     def reload_weights(self) -> None:
-        """Re-read the weights from disk into the storage every buffer already has."""
+        """Re-read the weights from disk into the storage every buffer already has. Every tensor
+        is checked before any is overwritten (the files are read twice): a bad file leaves the
+        served weights as they were, not half replaced."""
         with Checkpoint(self.path) as ckpt:
+            _load_weights(self.model, ckpt, self.model_config, check_only=True)
             _load_weights(self.model, ckpt, self.model_config)
         for layer in self.kernel_layers().values():
             layer.process_weights()
@@ -183,12 +187,17 @@ class _LayerFactory:
         return layer
 
 
-def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig) -> None:
+def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, check_only: bool = False) -> None:
+    """Every tensor the model needs from `ckpt` into its module; `check_only`: check them all and
+    store nothing."""
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
         used.add(name)
         return ckpt.get(name)
+
+    def put(module: KernelLayer, attr: str, tensor: torch.Tensor, source: str) -> None:
+        (module.check_raw if check_only else module.set_raw)(attr, tensor, source)
 
     for name, module in model.named_modules():
         if isinstance(module, QuantLinear) and module.shards:
@@ -197,29 +206,41 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig) -
                 parts = [take(key) for key in keys]
                 if attr not in ("weight", "bias"):  # scales: block rows, or channel rows saved as [N] or [N, 1]
                     parts = [_as_rows(part) for part in parts]
-                module.set_raw(attr, torch.cat(parts), " + ".join(keys))
+                put(module, attr, _joined(torch.cat, parts, " + ".join(keys)), " + ".join(keys))
         elif isinstance(module, QuantLinear):
             for attr in module.raw_specs():
                 key = f"{name}.{attr}"
                 if name == "lm_head" and attr == "weight" and key not in ckpt and cfg.tie_word_embeddings:
-                    module.set_raw(attr, model.model.embed_tokens.weight, "model.embed_tokens.weight (tied)")
+                    put(module, attr, model.model.embed_tokens.weight, "model.embed_tokens.weight (tied)")
                 else:
-                    module.set_raw(attr, take(key), key)
+                    put(module, attr, take(key), key)
         elif isinstance(module, FusedMoE):
             for attr, tensor in _stacked_experts(module, take).items():
-                module.set_raw(attr, tensor, f"{name}.*")
+                put(module, attr, tensor, f"{name}.*")
         elif isinstance(module, (RMSNorm, nn.Embedding)):
             key = f"{name}.weight"
-            _copy_checked(module.weight, take(key), key)
+            _copy_checked(module.weight, take(key), key, check_only)
     unused = sorted(set(ckpt.names()) - used)
-    if unused:
+    if unused and not check_only:
         logger.warning("%d checkpoint tensors are not used by the model, e.g. %s", len(unused), ", ".join(unused[:5]))
 
 
-def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str) -> None:
+def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str, check_only: bool = False) -> None:
     if tuple(tensor.shape) != tuple(param.shape):
         raise CheckpointError(f"{key}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)} (config.json)")
-    param.copy_(tensor)
+    if not check_only:
+        param.copy_(tensor)
+
+
+def _joined(op, tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    """`op` (torch.cat or torch.stack) over checkpoint tensors that must agree in shape and dtype
+    (merged projections, experts); a CheckpointError naming them when they do not."""
+    try:
+        return op(tensors)
+    except RuntimeError as exc:
+        found = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
+        raise CheckpointError(f"{what}: these tensors cannot be joined ({found}): {exc}; their shapes and dtypes "
+                              "must agree with config.json and with each other") from None
 
 
 def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
@@ -230,27 +251,40 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
     def per_expert(proj: str, attr: str) -> list[torch.Tensor]:
         return [take(f"{prefix}.{e}.{proj}.{attr}") for e in experts]
 
+    def joined(op, tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+        return _joined(op, tensors, f"{prefix}.*.{what}")
+
+    def one(scale: torch.Tensor, what: str) -> torch.Tensor:
+        if scale.numel() != 1:
+            raise CheckpointError(f"{prefix}.*.{what}: a per-tensor scale has one value, found shape "
+                                  f"{tuple(scale.shape)}")
+        return scale.reshape(())
+
     gate, up, down = (per_expert(p, "weight") for p in ("gate_proj", "up_proj", "down_proj"))
     out = {
-        "w13_weight": torch.stack([torch.cat([g, u], dim=0) for g, u in zip(gate, up)]),
-        "w2_weight": torch.stack(down),
+        "w13_weight": joined(torch.stack, [joined(partial(torch.cat, dim=0), [g, u], "gate_proj/up_proj.weight")
+                                           for g, u in zip(gate, up)], "gate_proj/up_proj.weight"),
+        "w2_weight": joined(torch.stack, down, "down_proj.weight"),
     }
     if not cfg.scheme.is_fp8:
         return out
     s = cfg.scale_name
     g_s, u_s, d_s = (per_expert(p, s) for p in ("gate_proj", "up_proj", "down_proj"))
     if cfg.scheme is Scheme.FP8_TENSOR:
-        out[f"w13_{s}"] = torch.stack([torch.stack([g.reshape(()), u.reshape(())]) for g, u in zip(g_s, u_s)])
-        out[f"w2_{s}"] = torch.stack([d.reshape(()) for d in d_s])
+        out[f"w13_{s}"] = torch.stack([torch.stack([one(g, f"gate_proj.{s}"), one(u, f"up_proj.{s}")])
+                                       for g, u in zip(g_s, u_s)])
+        out[f"w2_{s}"] = torch.stack([one(d, f"down_proj.{s}") for d in d_s])
     else:  # block rows stack only when I is a multiple of the block: the MoE kernels' can_implement checks it
-        out[f"w13_{s}"] = torch.stack([torch.cat([_as_rows(g), _as_rows(u)]) for g, u in zip(g_s, u_s)])
-        out[f"w2_{s}"] = torch.stack([_as_rows(d) for d in d_s])
+        out[f"w13_{s}"] = joined(torch.stack, [joined(torch.cat, [_as_rows(g), _as_rows(u)], f"gate_proj/up_proj.{s}")
+                                               for g, u in zip(g_s, u_s)], f"gate_proj/up_proj.{s}")
+        out[f"w2_{s}"] = joined(torch.stack, [_as_rows(d) for d in d_s], f"down_proj.{s}")
     if cfg.static_input_scale:
         g_i, u_i, d_i = (per_expert(p, "input_scale") for p in ("gate_proj", "up_proj", "down_proj"))
         # gate and up read the same input: one static scale, the larger, covers both
-        out["w13_input_scale"] = torch.stack([torch.maximum(g.float(), u.float()).reshape(())
+        out["w13_input_scale"] = torch.stack([torch.maximum(one(g, "gate_proj.input_scale").float(),
+                                                            one(u, "up_proj.input_scale").float())
                                               for g, u in zip(g_i, u_i)])
-        out["w2_input_scale"] = torch.stack([d.float().reshape(()) for d in d_i])
+        out["w2_input_scale"] = torch.stack([one(d, "down_proj.input_scale").float() for d in d_i])
     return out
 
 
@@ -264,4 +298,7 @@ def _load_tokenizer(path: Path) -> Tokenizer | None:
     if not file.is_file():
         logger.warning("%s has no tokenizer.json: requests must be token ids and outputs have no text", path)
         return None
-    return Tokenizer.from_file(str(file))
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
+        raise CheckpointError(f"{file}: not a readable tokenizer ({exc}); copy it again from the model's source") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import shutil
 
@@ -113,3 +114,121 @@ def test_moe_block_checkpoint_whose_experts_cannot_stack_is_refused_at_selection
     q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
     with pytest.raises(KernelSelectionError, match="intermediate size .64. to be a multiple of the block"):
         load_model(q_dir, device="cpu")
+
+
+# ---- malformed FP8 checkpoints: refused with the tensor or field named, never served wrong ---------------
+
+DOWN = "model.layers.0.mlp.down_proj"
+
+
+def _edited(q_dir, tmp_path, name: str, edit) -> object:
+    """A copy of `q_dir` whose safetensors dict went through `edit` (in place)."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / name
+    shutil.copytree(q_dir, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(bad / "model.safetensors"))
+    return bad
+
+
+def _set(key: str, value):
+    def edit(tensors):
+        tensors[key] = value(tensors[key])
+    return edit
+
+
+def _rename(old: str, new: str):
+    def edit(tensors):
+        tensors[new] = tensors.pop(old)
+    return edit
+
+
+@pytest.fixture(scope="module")
+def wide_block_dir(tmp_path_factory):
+    """Block FP8 with scales of two or more blocks per side (down_proj [2, 3]), so a transposed
+    scale has the same size and another shape."""
+    root = tmp_path_factory.mktemp("wide")
+    src = write_model(root / "src", seed=2, hidden_size=256, intermediate_size=384, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64)
+    return quantize_folder(src, root / "q", Scheme.FP8_BLOCK, "fp8")
+
+
+@pytest.mark.parametrize("case,edit,message", [
+    ("nan", _set(f"{DOWN}.weight_scale_inv", lambda s: s.index_fill(0, torch.tensor([0]), float("nan"))),
+     "scales are not finite and positive"),
+    ("zero", _set(f"{DOWN}.weight_scale_inv", torch.zeros_like), "scales are not finite and positive"),
+    ("negative", _set(f"{DOWN}.weight_scale_inv", lambda s: -s), "scales are not finite and positive"),
+    ("transposed", _set(f"{DOWN}.weight_scale_inv", lambda s: s.t().contiguous()), "does not match"),
+    ("fp8 scale", _set(f"{DOWN}.weight_scale_inv", lambda s: (s * 1e3).to(torch.float8_e4m3fn)), "scales must be stored"),
+    ("merged part", _set("model.layers.0.self_attn.k_proj.weight_scale_inv", lambda s: s[:, :1].contiguous()),
+     "cannot be joined"),
+    ("scale name", _rename(f"{DOWN}.weight_scale_inv", f"{DOWN}.weight_scale"),
+     f"it has {DOWN}.weight_scale instead. native FP8 names block scales `weight_scale_inv`"),
+])
+def test_a_malformed_block_checkpoint_is_refused_naming_the_tensor(wide_block_dir, tmp_path, case, edit, message):
+    q_dir = wide_block_dir
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(_edited(q_dir, tmp_path, case.replace(" ", "-"), edit), device="cpu")
+
+
+def test_checkpoint_files_config_and_tokenizer_problems_name_their_file(dense_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")
+    stale = tmp_path / "stale"
+    shutil.copytree(q_dir, stale)
+    save_file({f"{DOWN}.weight_scale_inv": torch.ones(1, 1)}, str(stale / "model.zz-old.safetensors"))
+    with pytest.raises(CheckpointError, match="is in both model.safetensors and model.zz-old.safetensors"):
+        load_model(stale, device="cpu")
+    torn = tmp_path / "torn"
+    shutil.copytree(q_dir, torn)
+    data = (torn / "model.safetensors").read_bytes()
+    (torn / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
+        load_model(torn, device="cpu")
+    config = json.loads((q_dir / "config.json").read_text())
+    for field, value, message in (("weight_block_size", [0, 128], "two positive integers"),
+                                  ("weight_block_size", [128], "two positive integers")):
+        bad = tmp_path / f"block-{len(value)}"
+        shutil.copytree(q_dir, bad)
+        (bad / "config.json").write_text(json.dumps(dict(config, quantization_config={
+            **config["quantization_config"], field: value})))
+        with pytest.raises(ModelConfigError, match=message):
+            load_model(bad, device="cpu")
+    (bad / "config.json").write_text(json.dumps(dict(config, hidden_size="abc")))
+    with pytest.raises(ModelConfigError, match="a field has the wrong type"):
+        load_model(bad, device="cpu")
+    (bad / "config.json").write_text("[]")
+    with pytest.raises(ModelConfigError, match="not an object of fields"):
+        load_model(bad, device="cpu")
+    broken_tok = tmp_path / "tok"
+    shutil.copytree(q_dir, broken_tok)
+    (broken_tok / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="tokenizer.json: not a readable tokenizer"):
+        load_model(broken_tok, device="cpu")
+
+
+def test_asymmetric_compressed_tensors_weights_are_refused(dense_dir, tmp_path):
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", Scheme.FP8_CHANNEL, "compressed-tensors")
+    config = json.loads((q_dir / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = False
+    (q_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelConfigError, match="asymmetric weights"):
+        load_model(q_dir, device="cpu")
+
+
+def test_a_failed_reload_leaves_the_served_weights_as_they_were(wide_block_dir, tmp_path):
+    q_dir = tmp_path / "served"
+    shutil.copytree(wide_block_dir, q_dir)
+    loaded = load_model(q_dir, device="cpu", linear_backend="emulation")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    before = _logits(loaded, prompt)
+    good = (q_dir / "model.safetensors").read_bytes()
+    _edited(q_dir, tmp_path, "later", _set(f"{DOWN}.weight_scale_inv", lambda s: s.t().contiguous()))
+    shutil.copy(tmp_path / "later" / "model.safetensors", q_dir / "model.safetensors")
+    with pytest.raises(CheckpointError, match="does not match"):
+        loaded.reload_weights()
+    assert torch.equal(_logits(loaded, prompt), before)  # nothing was half replaced
+    (q_dir / "model.safetensors").write_bytes(good)
