@@ -157,6 +157,12 @@ class ModelConfig:
                 decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
                 mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
             )
+        if moe and not (moe["num_experts"] >= 1 and 1 <= moe["num_experts_per_tok"] <= moe["num_experts"]
+                        and moe["moe_intermediate_size"] >= 1):
+            raise ModelConfigError(
+                f"{source}: num_experts {moe['num_experts']}, num_experts_per_tok {moe['num_experts_per_tok']} and "
+                f"moe_intermediate_size {moe['moe_intermediate_size']} must be positive, with num_experts_per_tok "
+                "at most num_experts")
         return cls(
             architecture=arch,
             vocab_size=int(need("vocab_size")),

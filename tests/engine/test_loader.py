@@ -232,3 +232,15 @@ def test_a_failed_reload_leaves_the_served_weights_as_they_were(wide_block_dir, 
         loaded.reload_weights()
     assert torch.equal(_logits(loaded, prompt), before)  # nothing was half replaced
     (q_dir / "model.safetensors").write_bytes(good)
+
+
+def test_moe_sizes_in_config_json_are_checked_as_fields(moe_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(moe_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    experts = config.get("num_experts", config.get("num_local_experts"))
+    for field, value in (("num_experts_per_tok", 0), ("num_experts_per_tok", experts + 1),
+                         ("moe_intermediate_size", 0)):
+        (bad / "config.json").write_text(json.dumps(dict(config, **{field: value})))
+        with pytest.raises(ModelConfigError, match="num_experts_per_tok at most num_experts"):
+            load_model(bad, device="cpu")
