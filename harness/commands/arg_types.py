@@ -4,17 +4,25 @@ before anything runs."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An integer flag value of at least `minimum`; `why` says what a smaller one would mean."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {number}" + (f": {why}" if why else ""))
+        return number
+
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def probability(value: str) -> float:

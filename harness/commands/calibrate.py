@@ -22,17 +22,10 @@ from ..config import LIST_SUFFIX
 from ..results import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
                       run_one)
-from .arg_types import positive_int, server_url
+from .arg_types import int_at_least, positive_int, server_url
 
 
-def _runs(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 2:
-        raise argparse.ArgumentTypeError("at least 2 runs: one run has no run-to-run spread")
-    return number
+_runs = int_at_least(2, "one run has no run-to-run spread")
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from quantgate.harness.cli import main as cli_main
     (["calibrate", "c.yaml", "--runs", "2", "--server-url", "localhost:8000"], "is not an http(s) URL"),
     (["run", "c.yaml", "--limit", "0"], "--limit: must be at least 1, got 0"),
     (["repro", "c.yaml", "--limit", "-3"], "--limit: must be at least 1, got -3"),
+    (["calibrate", "c.yaml", "--runs", "1"], "--runs: must be at least 2, got 1: one run has no run-to-run spread"),
     (["compare", "a", "b", "--alpha", "3"], "--alpha: must be between 0 and 1"),
     (["compare", "a", "b", "--alpha", "0"], "--alpha: must be between 0 and 1"),
 ])

@@ -84,6 +84,7 @@ def test_port_in_use_moves_to_another_port(tmp_path: Path, gsm8k_dir: Path) -> N
     server = load_json(tmp_path / "out" / "port" / "result.json")["server"]
     assert code == 0, output
     assert server["port"] != taken and server["ports_tried"][0] == taken
+    assert f"(server_args' --port {taken} was in use)" in output  # said where the run is watched
 
 
 def _start_run(tmp_path: Path, *configs: Path) -> subprocess.Popen:

@@ -262,18 +262,6 @@ def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp
     assert code == 3 and "every config was skipped, so nothing was evaluated" in output
 
 
-def test_a_busy_port_from_server_args_is_replaced_and_the_run_says_so(tmp_path: Path, gsm8k_dir: Path) -> None:
-    import socket
-
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        taken = busy.getsockname()[1]
-        config = write_config(tmp_path, "busy", gsm8k_dir, {"port": taken})
-        code, output = run_in_process([config], tmp_path / "out")
-    assert code == 0 and f"(server_args' --port {taken} was in use)" in output, output
-
-
 def test_exit_code_priority() -> None:
     from quantgate.harness.results import RunRecord
 
