@@ -109,6 +109,9 @@ class KernelLayer(nn.Module):
             "scheme": sel.scheme.value,
             "kernel": sel.kernel.kernel_name(),
             "backend": sel.kernel.backend,
+            # which checkpoint name the scales were read from: a format that names its scale
+            # differently from what the kernel reads is the bug this report exists to expose
+            "scale_attr": self.layer_config.scale_name if sel.scheme.is_fp8 else None,
             "rejected": [{"kernel": c.kernel, "reason": c.reason} for c in sel.rejected],
         }
 

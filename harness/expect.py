@@ -4,7 +4,8 @@ The built-in engine answers `GET /v1/kernels` (per module: kernel, backend, reje
 candidates). vLLM has no such endpoint; its log says what it chose: `Selected <Kernel> for
 <module>` per linear kernel choice and `Using <NAME> Fp8 MoE backend` for fused MoE. Either
 way the report is normalised to `{"source", "platform", "modules": {name: {layer, scheme,
-kernel, backend, rejected}}}` and recorded in result.json.
+kernel, backend, scale_attr, rejected}}}` and recorded in result.json (`scheme` and `scale_attr`,
+the checkpoint name the scales were read from, are None where a vLLM log does not say).
 
 A mismatch fails the run even when accuracy passes, and so does an expectation that cannot
 be checked (no report, or no module of that layer): a run that cannot prove its backend
@@ -64,10 +65,11 @@ def report_from_vllm_log(text: str) -> dict[str, Any] | None:
     for match in _SELECTED.finditer(text):
         kernel = match["kernel"]
         modules[match["module"]] = {"layer": "linear", "scheme": None, "kernel": kernel,
-                                    "backend": vllm_linear_backend(kernel), "rejected": []}
+                                    "backend": vllm_linear_backend(kernel), "scale_attr": None, "rejected": []}
     for match in _MOE.finditer(text):
         modules[MOE_LOG_MODULE] = {"layer": "moe", "scheme": None, "kernel": match["name"],
-                                   "backend": log_name_to_backend(match["name"]), "rejected": []}
+                                   "backend": log_name_to_backend(match["name"]), "scale_attr": None,
+                                   "rejected": []}
     if not modules:
         return None
     return {"source": "server log", "platform": None, "modules": modules}

@@ -6,6 +6,7 @@ import json
 import re
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from quantgate.kernels import KernelSelectionError, Scheme
 from .test_parity import _prefill_batch
 from .tiny_models import quantize_folder, write_model
 
+SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
+
 
 def test_kernel_report_has_the_spec_shape_and_logs_each_selection(dense_dir, caplog):
     with caplog.at_level(logging.INFO, logger="quantgate.engine"):
@@ -26,10 +29,23 @@ def test_kernel_report_has_the_spec_shape_and_logs_each_selection(dense_dir, cap
     report = loaded.kernel_report()
     assert report["platform"]["device"] == "cpu"
     entry = report["modules"]["model.layers.0.self_attn.qkv_proj"]  # q, k and v: one merged GEMM
-    assert set(entry) == {"layer", "scheme", "kernel", "backend", "rejected"}
-    assert entry["layer"] == "linear" and entry["scheme"] == "unquantized"
+    assert set(entry) == {"layer", "scheme", "kernel", "backend", "scale_attr", "rejected"}
+    assert entry["layer"] == "linear" and entry["scheme"] == "unquantized" and entry["scale_attr"] is None
     assert len(report["modules"]) == 2 * 4 + 1  # qkv, o, gate_up and down per layer, and lm_head
     assert "Selected UnquantizedLinearKernel for model.layers.1.mlp.down_proj" in caplog.messages
+
+
+@pytest.mark.parametrize("shipped, scale_attr", [
+    ("tiny-qwen3-moe-fp8-block-native", "weight_scale_inv"),
+    ("tiny-qwen3-moe-fp8-tensor-native", "weight_scale"),
+    ("tiny-qwen3-moe-fp8-block-ct", "weight_scale"),
+])
+def test_kernel_report_names_the_scale_attribute_each_quantized_module_read(shipped, scale_attr):
+    modules = load_model(SHIPPED_MODELS / shipped, device="cpu").kernel_report()["modules"]
+    quantized = {name: m for name, m in modules.items() if m["scheme"] != "unquantized"}
+    assert {m["layer"] for m in quantized.values()} == {"linear", "moe"}
+    assert {m["scale_attr"] for m in quantized.values()} == {scale_attr}
+    assert modules["lm_head"]["scale_attr"] is None
 
 
 def test_unquantized_checkpoint_with_a_weight_only_fp8_backend_is_a_strict_error(dense_dir):

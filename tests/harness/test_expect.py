@@ -38,7 +38,7 @@ def test_vllm_log_lines_become_a_kernel_report() -> None:
     assert modules["model.layers.0.self_attn.qkv_proj"]["backend"] == "cutlass"
     assert modules["model.layers.0.self_attn.o_proj"]["backend"] == "flashinfer_cutlass"  # the longest name wins
     assert modules[MOE_LOG_MODULE] == {"layer": "moe", "scheme": None, "kernel": "DEEPGEMM", "backend": "deep_gemm",
-                                       "rejected": []}
+                                       "scale_attr": None, "rejected": []}
     assert report_from_vllm_log("INFO nothing about kernels here") is None
 
 
