@@ -141,7 +141,11 @@ def artifact_path_problems(targets: Sequence[tuple[str, Path | None, bool]]) -> 
             kind = "a file" if is_dir else "a folder"
             problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")
             continue
-        ancestor = path if path.exists() else path.parent
+        if path.exists():  # written over, as a re-run does
+            if not os.access(path, os.W_OK | (os.X_OK if is_dir else 0)):
+                problems.append(f"{flag} {path} is not writable; pass a path you can write to")
+            continue
+        ancestor = path.parent
         while not ancestor.exists():
             ancestor = ancestor.parent
         if not ancestor.is_dir():

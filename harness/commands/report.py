@@ -56,31 +56,49 @@ def report_frame(results: list[dict[str, Any]]):
     return frame.sort_values(["started_at", "config"], kind="stable").reset_index(drop=True)
 
 
-def trend_chart(frame, path: Path) -> Path:
-    """Measured value per config over time; verdicts as marker colours, thresholds dashed."""
+def trend_figure(frame):
+    """Measured value per config over time; verdicts as marker colours, thresholds dashed. An
+    ERROR run has no value, so it is a cross at the foot of the chart in its config's colour: a
+    night that broke stays visible."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on CI machines
     import matplotlib.pyplot as plt
+    import matplotlib.transforms as transforms
     import pandas as pd
 
-    data = frame.assign(when=pd.to_datetime(frame["started_at"], errors="coerce", utc=True))
-    data = data.dropna(subset=["when", "measured"])
+    timed = frame.assign(when=pd.to_datetime(frame["started_at"], errors="coerce", utc=True)).dropna(subset=["when"])
+    data = timed.dropna(subset=["measured"])
+    errors = timed[timed["verdict"] == "ERROR"]
     colors = {"PASS": "tab:green", "FAIL": "tab:red", "ERROR": "tab:orange"}
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    line_colors: dict[str, str] = {}
     for name, rows in data.groupby("config", sort=True):
         line, = ax.plot(rows["when"], rows["measured"], marker="", label=name)
+        line_colors[name] = line.get_color()
         ax.scatter(rows["when"], rows["measured"], c=[colors.get(v, "gray") for v in rows["verdict"]], zorder=3)
         if rows["threshold"].notna().any():
             ax.plot(rows["when"], rows["threshold"], linestyle="--", marker="_", markersize=14,
                     color=line.get_color(), alpha=0.6)
+    if len(errors):
+        on_time_axis = transforms.blended_transform_factory(ax.transData, ax.transAxes)
+        ax.scatter(errors["when"], [0.03] * len(errors), transform=on_time_axis, marker="x", s=60,
+                   color=[line_colors.get(name, "gray") for name in errors["config"]], zorder=3, clip_on=False,
+                   label=f"ERROR, no measurement ({len(errors)}; cross in the config's colour)")
     ax.set_ylabel("measured (gated metric)")
     ax.set_title("quantgate: measured accuracy per config over time (dashed: gate threshold)")
     ax.grid(alpha=0.3)
-    if len(data):
+    if len(timed):
         ax.legend(fontsize="small", loc="best")
     fig.autofmt_xdate()
     fig.tight_layout()
+    return fig
+
+
+def trend_chart(frame, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = trend_figure(frame)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

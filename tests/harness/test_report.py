@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from quantgate.harness.cli import main as cli
+from quantgate.harness.commands.report import find_results, report_frame, trend_figure
 from quantgate.harness.results import RunRecord, write_result, write_samples
 
 
@@ -47,6 +48,9 @@ def test_report_tables_csv_and_trend_chart(tmp_path: Path, capsys: pytest.Captur
     assert frame.loc[frame["config"] == "tiny-fp8", "measured"].tolist()[:2] == [0.78, 0.74]
     assert frame.loc[frame["verdict"] == "ERROR", "reason"].tolist() == ["tiny-fp8 ERROR"]  # CSV keeps why
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    ax = trend_figure(report_frame(find_results([archive])[0])).axes[0]
+    crosses = [c for c in ax.collections if c.get_label().startswith("ERROR")]
+    assert len(crosses) == 1 and len(crosses[0].get_offsets()) == 1  # the night tiny-fp8 broke is drawn
 
 
 def test_report_prints_n_as_an_integer_and_empty_for_an_error(tmp_path: Path,
@@ -91,6 +95,12 @@ def test_report_output_paths_are_checked_first_and_a_broken_result_does_not_hide
     md = tmp_path / "r.md"
     assert cli(["report", str(tmp_path / "runs"), "--markdown", str(md)]) == 3  # said, and not hidden
     assert "killed/result.json" in capsys.readouterr().err and "| good " in md.read_text()
+    md.write_text("yesterday's report")
+    csv = tmp_path / "r.csv"
+    csv.write_text("old")
+    (torn / "result.json").unlink()
+    assert cli(["report", str(tmp_path / "runs"), "--markdown", str(md), "--csv", str(csv)]) == 0  # written over
+    assert "| good " in md.read_text() and csv.read_text().startswith("started_at")
 
 
 def test_compare_with_a_run_that_errored_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

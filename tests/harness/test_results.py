@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, load_result, load_samples, summary_markdown,
+from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, artifact_path_problems, load_result, load_samples, summary_markdown,
                                        write_junit, write_result, write_samples)
 from tests.harness import runner_fixtures
 
@@ -196,3 +196,14 @@ def test_summary_markdown_tables_every_config_and_details_the_others() -> None:
     assert len(lines) == 2 + 2  # header, rule, two configs
     assert "0.8100" in text and "### bad: FAIL" in text and "lower bound 0.61 < 0.69" in text
     assert "### ok" not in text
+
+
+def test_artifact_paths_of_an_earlier_run_are_written_over(tmp_path: Path) -> None:
+    """A developer re-running a config locally passes the same --junit and --output-dir again."""
+    junit, out = tmp_path / "junit.xml", tmp_path / "out"
+    junit.write_text("<testsuites/>")
+    out.mkdir()
+    assert artifact_path_problems([("--output-dir", out, True), ("--junit", junit, False),
+                                   ("--markdown", tmp_path / "new" / "summary.md", False)]) == []
+    assert artifact_path_problems([("--junit", junit / "x.xml", False)]) == [
+        f"--junit {junit / 'x.xml'}: {junit} is a file, so the path cannot be created; pass another path"]
