@@ -198,8 +198,11 @@ def _finite(value: Any) -> Any:
 def _write_atomic(path: Path, text: str) -> None:
     """Write-then-rename: a reader (or a second Ctrl-C) never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:  # a full disk must not leave half a temp file behind
+        tmp.unlink(missing_ok=True)
 
 
 def write_result(run_dir: Path, record: RunRecord) -> Path:
@@ -260,7 +263,9 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
             "verdict": data["verdict"],
             "metric": metrics.get("metric") or gate.get("metric"),
             "measured": metrics.get("value") if metrics.get("complete", True) else None,  # partial: no score
-            "threshold": gate.get("threshold"),
+            # On the measured scale (wilson's lower bound and recovery's ratio have their own), so
+            # that measured vs threshold in this table never contradicts the verdict.
+            "threshold": gate["measured_threshold"] if "measured_threshold" in gate else gate.get("threshold"),
             "gate": gate.get("mode"),
             "n": metrics.get("n"),
             "invalid_rate": metrics.get("invalid_rate"),

@@ -568,9 +568,16 @@ def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outco
         _record_outcome(record, outcome, record.interrupted is not None)
     record.timings["total_s"] = round(time.monotonic() - started, 3)
     record.finished_at = now_iso()
-    write_samples(run_dir, outcome.samples if outcome is not None else [])
-    write_result(run_dir, record)
     item.records[record.name] = record
+    try:
+        write_samples(run_dir, outcome.samples if outcome is not None else [])
+        write_result(run_dir, record)
+    except OSError as exc:  # e.g. a full disk: the verdict still reaches the console, junit and summary
+        record.verdict = ERROR
+        record.reason = f"artifacts could not be written to {run_dir} ({exc}); free space or pass another " \
+                        f"--output-dir and run again; the run itself said: {record.reason}"
+        with contextlib.suppress(OSError):
+            write_result(run_dir, record)  # without the samples, it may still fit
 
 
 def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) -> None:
@@ -681,13 +688,22 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             with guard.shield():
                 records += [_not_started(item, options, exc.signal_name) for item in items[len(records):]]
         with guard.shield():
-            junit = write_junit(records, options.junit or options.output_dir / "junit.xml", skipped=skipped)
-            summary = write_summary(records, options.markdown or options.output_dir / "summary.md", skipped=skipped)
+            unwritten = []
+            for writer, path in ((write_junit, options.junit or options.output_dir / "junit.xml"),
+                                 (write_summary, options.markdown or options.output_dir / "summary.md")):
+                try:
+                    writer(records, path, skipped=skipped)
+                except OSError as exc:
+                    unwritten.append(f"{path} ({exc})")
     display.summary(records)
-    display.note(f"artifacts: {options.output_dir}/<config>/, {junit}, {summary}")
+    display.note(f"artifacts: {options.output_dir}/<config>/, {options.junit or options.output_dir / 'junit.xml'}, "
+                 f"{options.markdown or options.output_dir / 'summary.md'}")
+    for problem in unwritten:
+        display.note(f"error: could not write {problem}; free space or pass another path and run again")
     if guard.signal_name is not None:
         display.note(f"interrupted by {guard.signal_name}: every server was torn down")
-    return exit_code(records)
+    code = exit_code(records)
+    return EXIT_ERROR if unwritten and code in (EXIT_PASS, EXIT_FAIL) else code  # CI reads the artifacts
 
 
 def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> RunRecord:

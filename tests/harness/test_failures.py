@@ -131,3 +131,31 @@ def test_signals_tear_down_servers_and_write_an_interrupted_result(tmp_path: Pat
     assert (tmp_path / "out" / "junit.xml").is_file()
     assert not re.search(r"^Traceback", output, re.MULTILINE), output  # (the server log's tail is indented)
     assert os.path.exists(tmp_path / "out" / "summary.md")
+
+
+def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import runner
+
+    real_write_samples, real_write_junit = runner.write_samples, runner.write_junit
+
+    def samples_fill_the_disk(run_dir: Path, samples: list) -> Path:
+        if run_dir.name == "first":
+            raise OSError(28, "No space left on device")
+        return real_write_samples(run_dir, samples)
+
+    def junit_fills_the_disk(*args, **kwargs) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, "write_samples", samples_fill_the_disk)
+    monkeypatch.setattr(runner, "write_junit", junit_fills_the_disk)
+    configs = [write_config(tmp_path, name, gsm8k_dir, num_questions=4) for name in ("first", "second")]
+    code, output = run_in_process(configs, tmp_path / "out")
+    first = load_json(tmp_path / "out" / "first" / "result.json")  # written once the samples were dropped
+    assert code == 2, output
+    assert first["verdict"] == "ERROR" and "No space left on device" in first["reason"]
+    assert "gate absolute passed" in first["reason"]  # what the run measured is not lost
+    assert load_json(tmp_path / "out" / "second" / "result.json")["verdict"] == "PASS"
+    assert (tmp_path / "out" / "summary.md").is_file()
+    assert f"could not write {tmp_path / 'out' / 'junit.xml'}" in output.replace("\n", "")
+    assert not list((tmp_path / "out").rglob("*.tmp"))

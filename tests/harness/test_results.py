@@ -207,3 +207,15 @@ def test_artifact_paths_of_an_earlier_run_are_written_over(tmp_path: Path) -> No
                                    ("--markdown", tmp_path / "new" / "summary.md", False)]) == []
     assert artifact_path_problems([("--junit", junit / "x.xml", False)]) == [
         f"--junit {junit / 'x.xml'}: {junit} is a file, so the path cannot be created; pass another path"]
+
+
+def test_a_write_that_fails_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import results
+
+    def no_space(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results.os, "replace", no_space)
+    with pytest.raises(OSError, match="No space"):
+        write_result(tmp_path, RunRecord(name="x", verdict="PASS", reason="", config={}))
+    assert list(tmp_path.iterdir()) == []
