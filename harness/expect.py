@@ -26,7 +26,7 @@ from .server import auth_headers
 
 _SELECTED = re.compile(r"Selected (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for (?P<module>\S+)")
 _MOE = re.compile(r"Using (?P<name>[A-Za-z0-9_]+) Fp8 MoE backend")
-MOE_LOG_MODULE = "fused_moe"  # vLLM logs one MoE choice for the model, not one per layer
+MOE_LOG_MODULE = "fused_moe"  # vLLM's MoE lines name no layer: every MoE choice is filed under this
 _SHOWN_MODULES = 6
 
 
@@ -59,17 +59,31 @@ def vllm_linear_backend(kernel_class: str) -> str | None:
     return max(names, key=len) if names else None
 
 
+def _add_choice(modules: dict[str, dict[str, Any]], module: str, entry: dict[str, Any]) -> None:
+    """`module`'s first kernel under its name, each other distinct kernel under `<module>#2`,
+    `#3`...: vLLM names a method class, not a layer (one line per distinct argument set, repeated
+    by every TP worker), so a later line must never hide an earlier, different choice."""
+    key, n = module, 1
+    while key in modules:
+        if modules[key]["kernel"] == entry["kernel"]:
+            return
+        n += 1
+        key = f"{module}#{n}"
+    modules[key] = entry
+
+
 def report_from_vllm_log(text: str) -> dict[str, Any] | None:
     """Kernel choices from a vLLM server log; None when it names none."""
     modules: dict[str, dict[str, Any]] = {}
     for match in _SELECTED.finditer(text):
         kernel = match["kernel"]
-        modules[match["module"]] = {"layer": "linear", "scheme": None, "kernel": kernel,
-                                    "backend": vllm_linear_backend(kernel), "scale_attr": None, "rejected": []}
+        _add_choice(modules, match["module"], {"layer": "linear", "scheme": None, "kernel": kernel,
+                                               "backend": vllm_linear_backend(kernel), "scale_attr": None,
+                                               "rejected": []})
     for match in _MOE.finditer(text):
-        modules[MOE_LOG_MODULE] = {"layer": "moe", "scheme": None, "kernel": match["name"],
-                                   "backend": log_name_to_backend(match["name"]), "scale_attr": None,
-                                   "rejected": []}
+        _add_choice(modules, MOE_LOG_MODULE, {"layer": "moe", "scheme": None, "kernel": match["name"],
+                                              "backend": log_name_to_backend(match["name"]), "scale_attr": None,
+                                              "rejected": []})
     if not modules:
         return None
     return {"source": "server log", "platform": None, "modules": modules}

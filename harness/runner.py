@@ -522,14 +522,16 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s{moved}")
         record.timings["server_start_s"] = round(server.startup_s, 3)
         record.versions["engine"] = _engine_version(server, config)
-        report, where = _kernel_report(config, server)
+        # vLLM logs some choices at the first request: its log is read once the evaluation is over.
+        from_log = config.engine == "vllm" and isinstance(server, LaunchedServer)
+        report, where = (None, "") if from_log else _kernel_report(config, server)
         display.eval_start()
         settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit,
                                  api_key=server.api_key)
         record.evaluation = {"limit": settings.limit}
         outcome = run_eval(settings, on_progress=display.progress)
-        if report is None and config.engine == "vllm" and isinstance(server, LaunchedServer):
-            report, where = _kernel_report(config, server)  # choices logged after the first request
+        if from_log:
+            report, where = _kernel_report(config, server)
         _judge(record, item, config, server, outcome, report, where)
     except ServerStartError as exc:
         record.reason = f"server did not start: {exc}"

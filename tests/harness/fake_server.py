@@ -53,6 +53,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
     p.add_argument("--error-status", type=int, default=500)
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
+    p.add_argument("--late-kernel", default=None,
+                   help="on the first request, log that this backend's kernel serves the first linear module too "
+                        "(vLLM logs some choices at the first forward)")
     p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
@@ -168,6 +171,9 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 else:
                     hang = False
                     engine.answered += 1
+                if args.late_kernel and seen == 0:
+                    kernel = KERNEL_CLASSES.get(args.late_kernel, args.late_kernel)
+                    print(f"INFO [fake] Selected {kernel} for {LINEAR_MODULES[0]}", flush=True)
             if hang:
                 time.sleep(3600)
             if args.error_after is not None and seen >= args.error_after:

@@ -42,6 +42,26 @@ def test_vllm_log_lines_become_a_kernel_report() -> None:
     assert report_from_vllm_log("INFO nothing about kernels here") is None
 
 
+def test_every_distinct_kernel_a_vllm_log_names_is_checked() -> None:
+    """vLLM names the method class, not the layer, and logs once per distinct argument set and
+    TP worker: a later line must not hide an earlier, different choice."""
+    log = "\n".join([
+        "(Worker_TP0 pid=1) INFO [__init__.py:662] Selected CutlassFP8ScaledMMLinearKernel for Fp8LinearMethod",
+        "(Worker_TP0 pid=1) INFO [fp8.py:405] Using TRITON Fp8 MoE backend out of potential backends: ['MARLIN']",
+        "(Worker_TP1 pid=2) INFO [__init__.py:662] Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod",
+        "(Worker_TP1 pid=2) INFO [fp8.py:405] Using MARLIN Fp8 MoE backend out of potential backends: ['MARLIN']",
+        "(Worker_TP1 pid=2) INFO [__init__.py:662] Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod",
+    ])
+    report = report_from_vllm_log(log)
+    assert report is not None
+    assert {name: m["kernel"] for name, m in report["modules"].items()} == {
+        "Fp8LinearMethod": "CutlassFP8ScaledMMLinearKernel", "Fp8LinearMethod#2": "MarlinFP8ScaledMMLinearKernel",
+        MOE_LOG_MODULE: "TRITON", f"{MOE_LOG_MODULE}#2": "MARLIN"}  # the repeated Marlin line collapses
+    check = verify(Expect(linear_kernel="marlin", moe_kernel="marlin"), report, "server.log")
+    assert not check.passed
+    assert [m["module"] for m in check.mismatches] == ["Fp8LinearMethod", MOE_LOG_MODULE]
+
+
 def test_vllm_kernel_class_to_backend() -> None:
     assert vllm_linear_backend("MarlinFP8ScaledMMLinearKernel") == "marlin"
     assert vllm_linear_backend("PerTensorTorchFP8ScaledMMLinearKernel") == "torch"

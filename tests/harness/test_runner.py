@@ -74,6 +74,16 @@ def test_expect_mismatch_fails_even_when_accuracy_passes(tmp_path: Path, gsm8k_d
     assert "accuracy passed, but the backend under test did not run" in output
 
 
+def test_a_vllm_kernel_choice_logged_at_the_first_request_is_checked_too(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "late", gsm8k_dir, {"linear_backend": "marlin", "late_kernel": "triton"},
+                          expect={"linear_kernel": "marlin"})
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "late" / "result.json")
+    assert code == 1 and result["verdict"] == "FAIL", output
+    assert [m["module"] for m in result["expect"]["mismatches"]] == ["model.layers.0.self_attn.qkv_proj#2"]
+    assert "TritonBlockFp8LinearKernel" in result["reason"]
+
+
 def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: Path,
                                                                       gsm8k_dir: Path) -> None:
     cmd = build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--linear-backend", "emulation"], {},
