@@ -62,7 +62,9 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
     elif mode == "relative":
         passed, numbers, text = relative(measured, _reference(config), config.effective_rtol)
     elif mode == "hypothesis":
-        passed, numbers, text = hypothesis(measured, _reference(config), _n(metrics), gate.alpha, gate.beta)
+        n_reference = config.reference.n if config.reference else None
+        passed, numbers, text = hypothesis(measured, _reference(config), _n(metrics), gate.alpha, gate.beta,
+                                           n_reference)
     elif mode == "wilson":
         passed, numbers, text = wilson(measured, _n(metrics), _reference(config), config.effective_rtol, gate.alpha)
     elif mode == "paired":
@@ -70,20 +72,24 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
             raise GateInputError("gate paired needs the run's per-sample results (samples.jsonl)")
         if baseline is None or baseline.samples is None:
             raise GateInputError(f"gate paired needs the per-sample results of baseline {config.baseline!r}")
-        passed, numbers, text = paired(_correct_by_id(samples, "candidate"),
-                                       _correct_by_id(baseline.samples, f"baseline {baseline.name}"), gate.alpha)
+        who = f"baseline {baseline.name}"
+        candidate, base = correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who)
+        check_same_targets(samples, baseline.samples, "the candidate", who)
+        passed, numbers, text = paired(candidate, base, gate.alpha)
     elif mode == "recovery":
         if baseline is None:
             raise GateInputError(f"gate recovery needs the result of baseline {config.baseline!r}")
-        passed, numbers, text = recovery(measured, _number(baseline.metrics, "value", f"baseline {baseline.name}"),
-                                         gate.recovery)
+        who = f"baseline {baseline.name}"
+        passed, numbers, text = recovery(measured, _number(baseline.metrics, "value", who), gate.recovery,
+                                         n=_n(metrics), baseline_n=_n(baseline.metrics, who))
     else:  # pragma: no cover - GateSpec.mode is a Literal
         raise ValueError(f"unknown gate mode {mode!r}")
     numbers = {"metric": config.metric, **numbers}
     if gate.max_invalid_rate is not None:
         invalid = _number(metrics, "invalid_rate", "metrics")
         ok = invalid <= gate.max_invalid_rate + EPSILON
-        numbers.update(invalid_rate=invalid, max_invalid_rate=gate.max_invalid_rate, invalid_rate_passed=ok)
+        numbers.update(invalid_rate=invalid, max_invalid_rate=gate.max_invalid_rate, invalid_rate_passed=ok,
+                       accuracy_passed=passed)
         text += (f"\ninvalid answers: invalid_rate {invalid:.4f} {'<=' if ok else '>'} max_invalid_rate "
                  f"{gate.max_invalid_rate:.4f} -> {'PASS' if ok else 'FAIL'}")
         passed = passed and ok
@@ -115,28 +121,33 @@ def relative(measured: float, reference: float, rtol: float) -> Result:
     return passed, {"measured": measured, "reference": reference, "rtol": rtol, "threshold": threshold}, text
 
 
-def hypothesis(measured: float, reference: float, n: int, alpha: float = 0.05, beta: float = 0.2) -> Result:
+def hypothesis(measured: float, reference: float, n: int, alpha: float = 0.05, beta: float = 0.2,
+               n_reference: int | None = None) -> Result:
     """TensorRT-LLM's accuracy test: a one-sided two-sample z-test against the reference.
 
-    sigma = sqrt(p (1 - p)) with p the reference; the threshold is ref + z(alpha) *
-    sqrt(2 sigma^2 / n) (z(alpha) < 0), and theta = -(z(alpha) + z(beta)) * sqrt(2 sigma^2 / n)
-    is the smallest true drop the test detects with power 1 - beta.
+    sigma = sqrt(p (1 - p)) with p the reference; se = sigma * sqrt(1/n + 1/n_ref), the standard
+    error of the difference of two proportions measured on n and n_ref questions (n_ref defaults
+    to n: SPEC's sqrt(2 sigma^2 / n)). The threshold is ref + z(alpha) * se (z(alpha) < 0), and
+    theta = -(z(alpha) + z(beta)) * se is the smallest true drop the test detects with power 1 - beta.
     """
+    given = n_reference is not None
+    n_ref = n_reference if n_reference is not None else n
     sigma = math.sqrt(reference * (1 - reference))
-    scale = math.sqrt(2 * sigma**2 / n)
+    scale = sigma * math.sqrt(1 / n + 1 / n_ref)
     z_alpha, z_beta = _NORMAL.inv_cdf(alpha), _NORMAL.inv_cdf(beta)
     threshold = reference + z_alpha * scale
     theta = -(z_alpha + z_beta) * scale
     passed = measured >= threshold - EPSILON
     text = (f"hypothesis: sigma = sqrt(p * (1 - p)) = sqrt({reference:.4f} * {1 - reference:.4f}) = {sigma:.4f}; "
-            f"se = sqrt(2 * sigma^2 / n) = sqrt(2 * {sigma**2:.4f} / {n}) = {scale:.6f}; "
+            f"se = sigma * sqrt(1/n + 1/n_ref) = {sigma:.4f} * sqrt(1/{n} + 1/{n_ref}) = {scale:.6f} "
+            f"(n: this run's questions; n_ref: {'reference.n' if given else 'reference.n not given, so n'}); "
             f"z(alpha={alpha:g}) = {z_alpha:.4f}; threshold = reference + z(alpha) * se = {reference:.4f} + "
             f"({z_alpha:.4f} * {scale:.6f}) = {threshold:.4f} ({reference - threshold:.4f} below the reference); "
             f"measured {measured:.4f} {_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}; "
             f"minimum detectable drop theta = -(z(alpha) + z(beta={beta:g})) * se = -({z_alpha:.4f} + {z_beta:.4f}) "
             f"* {scale:.6f} = {theta:.4f}")
-    return passed, {"measured": measured, "reference": reference, "n": n, "alpha": alpha, "beta": beta,
-                    "sigma": sigma, "standard_error": scale, "z_alpha": z_alpha, "z_beta": z_beta,
+    return passed, {"measured": measured, "reference": reference, "n": n, "n_reference": n_ref, "alpha": alpha,
+                    "beta": beta, "sigma": sigma, "standard_error": scale, "z_alpha": z_alpha, "z_beta": z_beta,
                     "threshold": threshold, "margin": reference - threshold, "theta": theta}, text
 
 
@@ -148,37 +159,82 @@ def wilson_lower_bound(p: float, n: int, z: float) -> float:
     return (centre - spread) / (1 + z2 / n)
 
 
+def wilson_measured_threshold(threshold: float, n: int, z: float) -> float | None:
+    """The smallest measured accuracy (to 1e-9) whose Wilson lower bound at n reaches `threshold`;
+    None when even 1.0 does not. Bisection is exact enough because the bound increases with p."""
+    if wilson_lower_bound(1.0, n, z) < threshold - EPSILON:
+        return None
+    low, high = 0.0, 1.0
+    if wilson_lower_bound(low, n, z) >= threshold - EPSILON:
+        return low
+    while high - low > 1e-9:
+        middle = (low + high) / 2
+        if wilson_lower_bound(middle, n, z) >= threshold - EPSILON:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 def wilson(measured: float, n: int, reference: float, rtol: float, alpha: float = 0.05) -> Result:
-    """Pass iff the one-sided Wilson lower bound of measured at 1 - alpha reaches ref * (1 - rtol)."""
+    """Pass iff the one-sided Wilson lower bound of measured at 1 - alpha reaches ref * (1 - rtol).
+
+    `measured_threshold` is the same condition on the measured scale, so that a table showing
+    measured next to a threshold agrees with the verdict.
+    """
     z = _NORMAL.inv_cdf(1 - alpha)
     lower = wilson_lower_bound(measured, n, z)
     threshold = reference * (1 - rtol)
     passed = lower >= threshold - EPSILON
+    measured_threshold = wilson_measured_threshold(threshold, n, z)
+    if measured_threshold is None:
+        needed = (f"no measured accuracy passes at n = {n} (even 1.0 has lower bound "
+                  f"{wilson_lower_bound(1.0, n, z):.4f}): evaluate more questions")
+    else:
+        needed = f"at n = {n} that takes measured >= {measured_threshold:.4f}"
     text = (f"wilson: z(1-alpha={1 - alpha:g}) = {z:.4f}; lower bound = (p + z^2/(2n) - z * sqrt(p(1-p)/n + "
             f"z^2/(4n^2))) / (1 + z^2/n) with p = {measured:.4f}, n = {n} -> {lower:.4f}; threshold = reference * "
             f"(1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {threshold:.4f}; lower bound {lower:.4f} "
-            f"{_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}")
+            f"{_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}; {needed}")
     return passed, {"measured": measured, "n": n, "alpha": alpha, "z": z, "wilson_lower_bound": lower,
-                    "reference": reference, "rtol": rtol, "threshold": threshold}, text
+                    "reference": reference, "rtol": rtol, "threshold": threshold,
+                    "measured_threshold": measured_threshold}, text
 
 
 def binomial_tail(k: int, n: int) -> float:
-    """P(X >= k) for X ~ Binomial(n, 1/2), exactly."""
+    """P(X >= k) for X ~ Binomial(n, 1/2), exactly: the coefficients come from one exact
+    integer recurrence, C(n, i+1) = C(n, i) * (n - i) / (i + 1), so the sum is linear in n."""
     if k <= 0:
         return 1.0
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+    if k > n:
+        return 0.0
+    term = math.comb(n, k)
+    total = term
+    for i in range(k, n):
+        term = term * (n - i) // (i + 1)
+        total += term
+    return total / 2**n
 
 
 def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: float = 0.05) -> Result:
-    """Exact McNemar test on the questions both runs answered.
+    """Exact McNemar test on per-question results of the same questions.
 
     Only discordant pairs carry information: `losses` (baseline right, candidate wrong) and
     `wins` (the reverse). Under "no difference" losses ~ Binomial(losses + wins, 1/2); the
     candidate fails iff it is significantly worse: P(X >= losses) < alpha (one-sided).
+    Different question sets are refused: the questions only one run answered would be dropped
+    silently, and which ones they are (the hard tail of a killed run?) biases the test.
     """
-    common = [q for q in candidate if q in baseline]
-    if not common:
-        raise GateInputError("gate paired: the candidate and the baseline share no question ids")
+    only_candidate = sum(1 for q in candidate if q not in baseline)
+    only_baseline = sum(1 for q in baseline if q not in candidate)
+    if only_candidate or only_baseline:
+        raise GateInputError(f"gate paired: the candidate and the baseline answered different questions: "
+                             f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
+                             f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
+                             "the same num_questions and --limit")
+    if not candidate:
+        raise GateInputError("gate paired: the candidate and the baseline have no per-question results")
+    common = list(candidate)
     losses = sum(1 for q in common if baseline[q] and not candidate[q])
     wins = sum(1 for q in common if candidate[q] and not baseline[q])
     both = sum(1 for q in common if candidate[q] and baseline[q])
@@ -186,29 +242,34 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     p_worse = binomial_tail(losses, discordant)
     p_two_sided = min(1.0, 2 * min(binomial_tail(losses, discordant), binomial_tail(wins, discordant)))
     passed = not (p_worse < alpha)
-    only_candidate, only_baseline = len(candidate) - len(common), len(baseline) - len(common)
     text = (f"paired: exact McNemar on {len(common)} common questions; flips: {losses} right->wrong "
             f"(baseline right, candidate wrong), {wins} wrong->right; both right {both}; "
             f"p(candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {p_worse:.4g} "
             f"{'<' if not passed else '>='} alpha {alpha:g} -> {_verdict(passed)} (two-sided p = {p_two_sided:.4g})")
-    if only_candidate or only_baseline:
-        text += f"; not compared: {only_candidate} questions only in the candidate, {only_baseline} only in the baseline"
+    # only_candidate/only_baseline stay in result.json (its keys are only ever added); always 0 now.
     return passed, {"n_common": len(common), "flips_right_to_wrong": losses, "flips_wrong_to_right": wins,
                     "both_right": both, "both_wrong": len(common) - discordant - both, "discordant": discordant,
                     "p_value_worse": p_worse, "p_value_two_sided": p_two_sided, "alpha": alpha,
-                    "only_candidate": only_candidate, "only_baseline": only_baseline}, text
+                    "only_candidate": 0, "only_baseline": 0}, text
 
 
-def recovery(measured: float, baseline_measured: float, minimum: float = 0.95) -> Result:
-    """llm-compressor's recovery: measured / baseline_measured >= minimum."""
+def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *, n: int, baseline_n: int) -> Result:
+    """llm-compressor's recovery: measured / baseline_measured >= minimum, both on n questions."""
     if baseline_measured <= 0:
         raise GateInputError(f"gate recovery: the baseline scored {baseline_measured}; a ratio against it is undefined")
+    if n != baseline_n:
+        raise GateInputError(f"gate recovery: this run evaluated {n} questions and the baseline {baseline_n}: a ratio "
+                             "of accuracies on different questions is no recovery; evaluate both with the same "
+                             "num_questions and --limit")
     ratio = measured / baseline_measured
     passed = ratio >= minimum - EPSILON
-    text = (f"recovery: ratio = measured / baseline = {measured:.4f} / {baseline_measured:.4f} = {ratio:.4f}; "
-            f"{ratio:.4f} {_cmp(passed)} recovery {minimum:.4f} -> {_verdict(passed)}")
+    measured_threshold = baseline_measured * minimum
+    text = (f"recovery: ratio = measured / baseline = {measured:.4f} / {baseline_measured:.4f} = {ratio:.4f} "
+            f"(n = {n} both); {ratio:.4f} {_cmp(passed)} recovery {minimum:.4f} -> {_verdict(passed)}; "
+            f"i.e. measured {measured:.4f} {_cmp(passed)} baseline * recovery = {measured_threshold:.4f}")
     return passed, {"measured": measured, "baseline_measured": baseline_measured, "recovery_ratio": ratio,
-                    "recovery": minimum}, text
+                    "recovery": minimum, "measured_threshold": measured_threshold, "n": n,
+                    "baseline_n": baseline_n}, text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,20 +300,41 @@ def _number(mapping: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def _n(metrics: Mapping[str, Any]) -> int:
-    n = _number(metrics, "n", "metrics")
+def _n(metrics: Mapping[str, Any], where: str = "metrics") -> int:
+    n = _number(metrics, "n", where)
     if n < 1 or n != int(n):
-        raise GateInputError(f"metrics n must be a positive count, got {n}")
+        raise GateInputError(f"{where} n must be a positive count, got {n}")
     return int(n)
 
 
-def _correct_by_id(samples: Sequence[Mapping[str, Any]], who: str) -> dict[str, bool]:
+def correct_by_id(samples: Sequence[Mapping[str, Any]], who: str) -> dict[str, bool]:
+    """Per-question correctness by question id, from samples.jsonl rows. `who` names the rows'
+    source in messages. A duplicate id or a `correct` that is not true/false is refused: either
+    would be counted silently (the last copy wins; the string "false" is truthy)."""
     out: dict[str, bool] = {}
-    for row in samples:
+    for row_number, row in enumerate(samples, start=1):
         if "id" not in row or "correct" not in row:
-            raise GateInputError(f"{who}: per-sample rows need 'id' and 'correct', got keys {sorted(row)}")
-        key = str(row["id"])
+            raise GateInputError(f"{who}: row {row_number}: per-sample rows need 'id' and 'correct', "
+                                 f"got keys {sorted(row)}")
+        key, correct = str(row["id"]), row["correct"]
+        if not isinstance(correct, bool):
+            raise GateInputError(f"{who}: row {row_number} (question id {key!r}): 'correct' must be true or false, "
+                                 f"got {correct!r}; samples.jsonl as `quantgate run` writes it has booleans")
         if key in out:
-            raise GateInputError(f"{who}: question id {key!r} appears twice")
-        out[key] = bool(row["correct"])
+            raise GateInputError(f"{who}: row {row_number}: question id {key!r} appears twice; each question "
+                                 "must be answered once (were two samples.jsonl files joined?)")
+        out[key] = correct
     return out
+
+
+def check_same_targets(candidate: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]],
+                       candidate_who: str, baseline_who: str) -> None:
+    """Refuse to pair runs whose rows give one question id different gold answers (`target`):
+    they evaluated different data sets, and matching them by id compares unrelated questions."""
+    gold = {str(row["id"]): row["target"] for row in baseline if "id" in row and "target" in row}
+    differ = [str(row["id"]) for row in candidate
+              if "id" in row and "target" in row and str(row["id"]) in gold and gold[str(row["id"])] != row["target"]]
+    if differ:
+        raise GateInputError(f"{candidate_who} and {baseline_who} have different targets for {len(differ)} question "
+                             f"id(s) (first: {differ[0]!r}): they evaluated different data sets; evaluate both on "
+                             "the same dataset")

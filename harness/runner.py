@@ -628,12 +628,25 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
 
 
 def _gate_line(gate: GateOutcome) -> str:
+    """What the gate actually compared, in one line (the whole arithmetic is in the explanation):
+    a line naming a number the verdict did not rest on would contradict it."""
     numbers = gate.numbers
-    measured = numbers.get("measured")
-    threshold = numbers.get("threshold")
-    if measured is not None and threshold is not None:
-        return f"{numbers.get('metric')} {measured:.4f} vs threshold {threshold:.4f}"
-    return gate.explanation.splitlines()[0] if gate.explanation else ""
+    metric = numbers.get("metric")
+    if gate.mode == "wilson":
+        line = (f"{metric} {numbers['measured']:.4f} (Wilson lower bound {numbers['wilson_lower_bound']:.4f}) "
+                f"vs threshold {numbers['threshold']:.4f}")
+    elif gate.mode == "recovery":
+        line = (f"{metric} ratio {numbers['recovery_ratio']:.4f} ({numbers['measured']:.4f} / baseline "
+                f"{numbers['baseline_measured']:.4f}) vs recovery minimum {numbers['recovery']:.4f}")
+    elif gate.mode == "paired":
+        line = (f"{metric} flips {numbers['flips_right_to_wrong']} right->wrong, {numbers['flips_wrong_to_right']} "
+                f"wrong->right; p(candidate worse) {numbers['p_value_worse']:.4g} vs alpha {numbers['alpha']:g}")
+    else:
+        line = f"{metric} {numbers['measured']:.4f} vs threshold {numbers['threshold']:.4f}"
+    if numbers.get("invalid_rate_passed") is False:
+        invalid = f"invalid_rate {numbers['invalid_rate']:.4f} > max_invalid_rate {numbers['max_invalid_rate']:.4f}"
+        return f"{invalid} (accuracy passed: {line})" if numbers.get("accuracy_passed") else f"{line}; {invalid}"
+    return line
 
 
 # ---------------------------------------------------------------------------- many configs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,45 @@ def test_wilson_bound_matches_its_definition(seed: int) -> None:
         assert gates.wilson_lower_bound(p, n, z) == pytest.approx(lower, abs=1e-9)
 
 
+def test_hypothesis_uses_the_reference_n(tmp_path: Path) -> None:
+    # A reference measured on 50 questions is as noisy as the run on 1319 is not: its variance counts.
+    _, numbers, text = gates.hypothesis(0.8, 0.8, 1319, n_reference=50)
+    se = 0.4 * math.sqrt(1 / 1319 + 1 / 50)
+    assert numbers["standard_error"] == pytest.approx(se) and (numbers["n"], numbers["n_reference"]) == (1319, 50)
+    assert numbers["threshold"] == pytest.approx(0.8 - 1.6448536 * se)
+    assert numbers["theta"] == pytest.approx((1.6448536 + 0.8416212) * se)
+    assert "sqrt(1/1319 + 1/50)" in text and "n_ref: reference.n" in text
+    # Without reference.n the reference counts as measured on the run's n: SPEC's sqrt(2 sigma^2 / n).
+    _, same, text = gates.hypothesis(0.8, 0.8, 1319)
+    assert same["standard_error"] == pytest.approx(math.sqrt(2 * 0.16 / 1319)) and same["n_reference"] == 1319
+    assert "reference.n not given" in text
+    cfg = config(tmp_path, "reference: {value: 0.8, n: 50}\ngate: hypothesis\n")
+    assert evaluate_gate(cfg, {"value": 0.8, "n": 1319}).numbers["threshold"] == pytest.approx(numbers["threshold"])
+
+
+def test_wilson_threshold_on_the_measured_scale(seed: int) -> None:
+    _, numbers, text = gates.wilson(0.72, 100, 0.755, 0.08)
+    needed = numbers["measured_threshold"]
+    z = numbers["z"]
+    assert gates.wilson_lower_bound(needed, 100, z) >= numbers["threshold"] - 1e-12
+    assert gates.wilson_lower_bound(needed - 2e-9, 100, z) < numbers["threshold"]
+    assert 0.72 < needed and f"at n = 100 that takes measured >= {needed:.4f}" in text
+    assert gates.wilson(0.72, 1000, 0.755, 0.08)[1]["measured_threshold"] < 0.72
+    rng = random.Random(seed)
+    for _ in range(200):  # measured vs measured_threshold agrees with the verdict
+        n = rng.randint(1, 3000)
+        measured = rng.randint(0, n) / n
+        passed, numbers, _ = gates.wilson(measured, n, rng.random(), rng.uniform(0, 0.2), rng.uniform(0.001, 0.2))
+        if numbers["measured_threshold"] is None:
+            assert not passed
+        elif abs(measured - numbers["measured_threshold"]) > 1e-8:
+            assert passed == (measured > numbers["measured_threshold"])
+    # At n = 10 a lower bound never reaches 0.9, whatever the model scores.
+    passed, numbers, text = gates.wilson(1.0, 10, 1.0, 0.1)
+    assert not passed and numbers["measured_threshold"] is None
+    assert "no measured accuracy passes at n = 10 (even 1.0 has lower bound 0.7871): evaluate more" in text
+
+
 # -- absolute, relative, recovery ----------------------------------------------------------------
 
 
@@ -76,23 +116,38 @@ def test_relative_boundary() -> None:
 
 
 def test_recovery_ratio() -> None:
-    passed, numbers, text = gates.recovery(0.76, 0.80, 0.95)
+    passed, numbers, text = gates.recovery(0.76, 0.80, 0.95, n=100, baseline_n=100)
     assert passed and numbers["recovery_ratio"] == pytest.approx(0.95) and "0.7600 / 0.8000" in text
-    assert not gates.recovery(0.75, 0.80, 0.95)[0]
+    assert not gates.recovery(0.75, 0.80, 0.95, n=100, baseline_n=100)[0]
     with pytest.raises(GateInputError, match="baseline scored 0"):
-        gates.recovery(0.5, 0.0)
+        gates.recovery(0.5, 0.0, n=100, baseline_n=100)
+
+
+def test_recovery_threshold_on_the_measured_scale_and_the_same_n() -> None:
+    _, numbers, text = gates.recovery(0.75, 0.80, 0.95, n=1319, baseline_n=1319)
+    assert numbers["measured_threshold"] == pytest.approx(0.76) and "baseline * recovery = 0.7600" in text
+    assert (numbers["n"], numbers["baseline_n"]) == (1319, 1319)
+    # A baseline measured on 50 questions against a run on all 1319: not a recovery of anything.
+    with pytest.raises(GateInputError, match="evaluated 1319 questions and the baseline 50.*same num_questions"):
+        gates.recovery(0.75, 0.80, 0.95, n=1319, baseline_n=50)
 
 
 # -- paired -------------------------------------------------------------------------------------------
 
 
-def test_binomial_tail_matches_scipy(seed: int) -> None:
-    stats = pytest.importorskip("scipy.stats")
+def test_binomial_tail_is_the_exact_sum_in_linear_time(seed: int) -> None:
     rng = random.Random(seed)
-    for _ in range(30):
-        n = rng.randint(1, 200)
-        k = rng.randint(0, n)
-        assert gates.binomial_tail(k, n) == pytest.approx(stats.binom.sf(k - 1, n, 0.5), rel=1e-9, abs=1e-300)
+    for n in [*range(0, 201, 7), *(rng.randint(1, 200) for _ in range(10))]:
+        for k in range(-1, n + 2):
+            exact = sum(math.comb(n, i) for i in range(max(k, 0), n + 1)) / 2**n  # the definition
+            assert gates.binomial_tail(k, n) == exact, (k, n)
+    stats = pytest.importorskip("scipy.stats")
+    started = time.monotonic()
+    for k in (0, 9_800, 9_950, 10_000, 10_100, 10_300, 20_000):
+        assert gates.binomial_tail(k, 20_000) == pytest.approx(stats.binom.sf(k - 1, 20_000, 0.5), rel=1e-9,
+                                                             abs=1e-300)
+    # Summing math.comb(n, i) term by term took 162 s for one tail at n = 20000 (quadratic).
+    assert time.monotonic() - started < 5.0
 
 
 def test_paired_counts_flips_both_ways(seed: int) -> None:
@@ -118,12 +173,15 @@ def test_paired_fails_only_when_significantly_worse() -> None:
     assert not gates.paired(five, base, 0.05)[0] and gates.paired(five, base, 0.01)[0]
 
 
-def test_paired_uses_common_questions_and_says_so() -> None:
-    passed, numbers, text = gates.paired({"a": True, "b": True, "c": False}, {"a": True, "b": True, "d": True})
-    assert numbers["n_common"] == 2 and numbers["only_candidate"] == 1 and numbers["only_baseline"] == 1
-    assert "not compared" in text
-    with pytest.raises(GateInputError, match="share no question"):
+def test_paired_refuses_different_question_sets() -> None:
+    # Dropping the questions one run lacks (a killed run's hard tail) would bias the test.
+    with pytest.raises(GateInputError, match="1 only in the candidate, 2 only in the baseline, 2 in both; "
+                                             "evaluate both on the same data set with the same num_questions"):
+        gates.paired({"a": True, "b": True, "c": False}, {"a": True, "b": True, "d": True, "e": False})
+    with pytest.raises(GateInputError, match="1 only in the candidate, 1 only in the baseline, 0 in both"):
         gates.paired({"a": True}, {"b": True})
+    numbers = gates.paired({"a": True, "b": False}, {"b": True, "a": True})[1]
+    assert numbers["n_common"] == 2 and numbers["only_candidate"] == numbers["only_baseline"] == 0
 
 
 # -- evaluate_gate: config in, outcome out ------------------------------------------------------------
@@ -164,6 +222,29 @@ def test_evaluate_gate_paired_and_recovery_need_the_baseline(tmp_path: Path) -> 
     recovery = config(tmp_path, "baseline: base\ngate: {mode: recovery, recovery: 0.9}\n")
     outcome = evaluate_gate(recovery, {"value": 0.45, "n": 20}, None, base)
     assert outcome.passed and outcome.numbers["recovery_ratio"] == pytest.approx(0.9)
+    assert outcome.numbers["baseline_n"] == 20
+    with pytest.raises(GateInputError, match="evaluated 19 questions and the baseline 20"):
+        evaluate_gate(recovery, {"value": 0.45, "n": 19}, None, base)
+
+
+def test_evaluate_gate_paired_refuses_rows_it_cannot_pair(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    paired = config(tmp_path, "baseline: base\ngate: paired\n")
+    rows = [{"id": i, "correct": i % 2 == 0, "target": f"#### {i}"} for i in range(20)]
+    metrics = {"value": 0.5, "n": 20}
+    other_data = [{**row, "target": f"#### {100 + row['id']}"} for row in rows]
+    with pytest.raises(GateInputError, match="different targets for 20 question id.*different data sets"):
+        evaluate_gate(paired, metrics, rows, Baseline("base", metrics, other_data))
+    with pytest.raises(GateInputError, match="0 only in the candidate, 5 only in the baseline"):
+        evaluate_gate(paired, {"value": 0.5, "n": 15}, rows[:15], Baseline("base", metrics, rows))
+    duplicated = rows + [{**rows[3], "correct": True}]
+    with pytest.raises(GateInputError, match="baseline base: row 21: question id '3' appears twice"):
+        evaluate_gate(paired, metrics, rows, Baseline("base", metrics, duplicated))
+    for text in ("false", None, 0):
+        with pytest.raises(GateInputError, match=f"row 2 .question id '1'.: 'correct' must be true or false, "
+                                                 f"got {text!r}"):
+            evaluate_gate(paired, metrics, [rows[0], {**rows[1], "correct": text}, *rows[2:]],
+                          Baseline("base", metrics, rows))
 
 
 def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
@@ -171,3 +252,33 @@ def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
     for metrics in ({"n": 10}, {"value": "0.5", "n": 10}, {"value": float("nan"), "n": 10}, {"value": 0.5, "n": 0}):
         with pytest.raises(GateInputError):
             evaluate_gate(cfg, metrics)
+
+
+# -- the one-line reason ------------------------------------------------------------------------------
+
+
+def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
+    from quantgate.harness.runner import _gate_line
+
+    wilson = evaluate_gate(config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n"), {"value": 0.72, "n": 100})
+    assert _gate_line(wilson) == "exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold 0.6946"
+    hyp = evaluate_gate(config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"), {"value": 0.5, "n": 1319})
+    assert _gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
+    invalid = config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
+    line = _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.3}))
+    assert line == ("invalid_rate 0.3000 > max_invalid_rate 0.0500 (accuracy passed: exact_match,strict-match 0.9000 "
+                    "vs threshold 0.4200)")
+    line = _gate_line(evaluate_gate(invalid, {"value": 0.1, "n": 100, "invalid_rate": 0.3}))
+    assert line == "exact_match,strict-match 0.1000 vs threshold 0.4200; invalid_rate 0.3000 > max_invalid_rate 0.0500"
+    assert "invalid" not in _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.01}))
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    rows = [{"id": i, "correct": True} for i in range(20)]
+    worse = [{"id": i, "correct": i >= 6} for i in range(20)]
+    base = Baseline("base", {"value": 1.0, "n": 20}, rows)
+    paired = evaluate_gate(config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 0.7, "n": 20}, worse, base)
+    assert _gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
+                                  "p(candidate worse) 0.01562 vs alpha 0.05")
+    recovery = evaluate_gate(config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 0.7, "n": 20}, None,
+                             base)
+    assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
+                                    "minimum 0.9500")
