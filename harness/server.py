@@ -12,6 +12,7 @@ returns only when no process is left in it.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -29,6 +30,12 @@ POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
+ARGPARSE_EXIT = 2
+# argparse's refusal: `usage: ...` then `PROG: error: unrecognized arguments / invalid choice / argument --x: ...`
+_ARGPARSE_ERROR = re.compile(r"^usage: .*?^(?P<line>\S[^\n]*?: error: [^\n]*)", re.MULTILINE | re.DOTALL)
+# pydantic's refusal of one of vLLM's config classes: a header, then what is wrong (and `[type=..., input_value=...]`)
+_VALIDATION_ERROR = re.compile(r"ValidationError: (?P<head>\d+ validation errors? for \w+)[^\n]*"
+                               r"(?P<detail>(?:\n[^\n]*){0,2})")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 API_KEY_FLAG = "--api-key"
 
@@ -344,12 +351,15 @@ class LaunchedServer:
             elapsed = time.monotonic() - started
             if status is not None:
                 self.stop()  # children it left behind
-                attempt_log = self.log_path.read_bytes()[offset:].decode("utf-8", "replace").lower()
-                if any(marker in attempt_log for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
+                attempt_log = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")
+                if any(marker in attempt_log.lower() for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
                     return False
-                raise ServerStartError(f"server exited with status {status} during start-up, after {elapsed:.1f} s "
-                                       "(see the log's tail below)",
-                                       exit_status=status, log_tail=self.log_tail(), startup_s=elapsed)
+                refusal = refused_arguments(attempt_log, status)
+                raise ServerStartError(
+                    f"server exited with status {status} during start-up, after {elapsed:.1f} s "
+                    + (f"(it refused its arguments: {self._redacted(refusal)}); fix server_args, env or the "
+                       "vllm_command's version to agree" if refusal else "(see the log's tail below)"),
+                    exit_status=status, log_tail=self.log_tail(), startup_s=elapsed, refused_config=bool(refusal))
             if time.monotonic() >= deadline:
                 raise ServerStartError(
                     f"server did not answer /health within {startup_timeout_s:g} s (startup_max_wait_seconds); it "
@@ -419,6 +429,21 @@ class AttachedServer:
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.base_url, "attached": True, "command": None, "startup_s": 0.0, "exit_status": None,
                 "log": None}
+
+
+def refused_arguments(log: str, status: int) -> str | None:
+    """The line in which a server's start-up `log` refuses its arguments or config (argparse's
+    `error:` after `usage:`, exit 2; a pydantic ValidationError of its config), else None: a
+    retry cannot help these."""
+    usage = _ARGPARSE_ERROR.search(log) if status == ARGPARSE_EXIT else None
+    if usage:
+        return usage["line"].strip()
+    invalid = _VALIDATION_ERROR.search(log)
+    if not invalid:
+        return None
+    detail = [line.split(" [type=")[0].strip() for line in invalid["detail"].splitlines()
+              if not line.strip().startswith("For further information")]
+    return ": ".join([f"ValidationError: {invalid['head']}", *filter(None, detail)])[:500]
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:

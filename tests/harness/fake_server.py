@@ -59,7 +59,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
-    args, _unknown = p.parse_known_args(argv)
+    p.add_argument("--strict-args", action="store_true", help="refuse unknown flags as vLLM's argparse does (exit 2)")
+    p.add_argument("--validation-error", action="store_true",
+                   help="exit as vLLM does when pydantic refuses its config (a ValidationError traceback)")
+    args, unknown = p.parse_known_args(argv)
+    if args.strict_args and unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
 
 
@@ -208,6 +213,13 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    if args.validation_error:
+        import pydantic
+
+        class ModelConfig(pydantic.BaseModel):
+            max_model_len: int
+
+        ModelConfig(max_model_len="many")
     if args.exit_during_startup is not None:
         time.sleep(args.exit_during_startup)
         print("RuntimeError: fake server failed to load the model (as told)", flush=True)

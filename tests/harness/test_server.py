@@ -79,9 +79,22 @@ def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: P
         launch(cmd, tmp_path / "server.log", startup_timeout_s=600)
     elapsed = time.monotonic() - started
     assert elapsed < 1.0 + 3.0, f"took {elapsed:.1f} s to notice the exit"
-    assert info.value.exit_status == 1
+    assert info.value.exit_status == 1 and not info.value.refused_config  # may be transient: retryable
     assert "exited with status 1 during start-up" in str(info.value)
     assert "failed to load the model" in info.value.log_tail
+
+
+@pytest.mark.parametrize("extra,status,refusal", [
+    (["--strict-args", "--max-model-length", "4096"], 2, "error: unrecognized arguments: --max-model-length 4096"),
+    (["--validation-error"], 1, "1 validation error for ModelConfig: max_model_len: Input should be a valid integer"),
+])
+def test_a_server_refusing_its_arguments_is_a_refused_config_not_a_retry(tmp_path: Path, gsm8k_dir: Path,
+                                                                        extra: list[str], status: int,
+                                                                        refusal: str) -> None:
+    with pytest.raises(ServerStartError) as info:
+        launch(_fake(gsm8k_dir, *extra), tmp_path / "server.log", startup_timeout_s=30)
+    assert info.value.refused_config and info.value.exit_status == status
+    assert refusal in str(info.value) and "fix server_args" in str(info.value)
 
 
 def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
