@@ -331,6 +331,7 @@ class LaunchedServer:
                 log.flush()
                 try:
                     if self._wait_healthy(client, started, startup_timeout_s, offset, attempt, on_wait):
+                        self._check_served_model(client)
                         return
                 except BaseException:  # start-up failed, or an interrupt: nothing is left running
                     self.stop()
@@ -366,6 +367,21 @@ class LaunchedServer:
                     "was stopped. Raise startup_max_wait_seconds if loading is legitimately slow",
                     exit_status=None, log_tail=self.log_tail(), startup_s=elapsed)
             time.sleep(POLL_INTERVAL_S)
+
+    def _check_served_model(self, client: httpx.Client) -> None:
+        """Every request names `served_model`: a server serving another name would answer each with
+        404. A server without a /v1/models answer is left to the evaluation."""
+        try:
+            response = client.get(self.base_url + "/v1/models", headers=auth_headers(self.api_key))
+            served = model_ids(response.json()) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            served = []
+        if served and self.served_model not in served:
+            raise ServerStartError(
+                f"the server serves {', '.join(map(repr, served))}, not {self.served_model!r}, the name quantgate's "
+                f"requests carry; add `--served-model-name {self.served_model}` to server_args (and check that "
+                "vllm_command passes it on)", exit_status=None, log_tail=self.log_tail(), startup_s=self.startup_s,
+                refused_config=True)
 
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`; return the leader's status."""
@@ -446,6 +462,11 @@ def refused_arguments(log: str, status: int) -> str | None:
     return ": ".join([f"ValidationError: {invalid['head']}", *filter(None, detail)])[:500]
 
 
+def model_ids(models: Any) -> list[str]:
+    """The model names in a `/v1/models` body."""
+    return [m["id"] for m in models.get("data", [])]
+
+
 def _healthy(client: httpx.Client, url: str) -> bool:
     try:
         return client.get(url + "/health").status_code == 200
@@ -476,7 +497,7 @@ def attach(url: str, served_model: str | None, timeout_s: float = 10.0, api_key:
                     + "; set --api-key in the config's server_args to the server's key (or OPENAI_API_KEY)",
                     exit_status=None, log_tail="", startup_s=0.0, refused_config=True)
             response.raise_for_status()
-            models = [m["id"] for m in response.json().get("data", [])]
+            models = model_ids(response.json())
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise ServerStartError(f"--server-url {url}: /v1/models did not answer ({exc})", exit_status=None,
                                log_tail="", startup_s=0.0) from None

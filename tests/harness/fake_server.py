@@ -59,6 +59,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
+    p.add_argument("--serve-as", default=None, help="serve this name whatever --served-model-name says")
+    p.add_argument("--no-models-endpoint", action="store_true", help="404 on /v1/models")
     p.add_argument("--strict-args", action="store_true", help="refuse unknown flags as vLLM's argparse does (exit 2)")
     p.add_argument("--validation-error", action="store_true",
                    help="exit as vLLM does when pydantic refuses its config (a ValidationError traceback)")
@@ -85,7 +87,7 @@ def _share(question: str) -> float:
 class FakeEngine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.served = args.served_model_name or args.model
+        self.served = args.serve_as or args.served_model_name or args.model
         with open(args.dataset) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         self.gold = {row["question"].strip(): _answer_of(row["answer"]) for row in rows}
@@ -148,7 +150,7 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/health":
                 self._send(200, {})
-            elif self.path == "/v1/models":
+            elif self.path == "/v1/models" and not engine.args.no_models_endpoint:
                 self._send(200, {"object": "list", "data": [{"id": engine.served, "object": "model"}]})
             elif self.path == "/v1/kernels" and not engine.args.no_kernels_endpoint:
                 self._send(200, engine.kernels())

@@ -155,6 +155,18 @@ def test_attach_finds_the_served_model(tmp_path: Path, gsm8k_dir: Path) -> None:
 
 
 
+def test_a_launched_server_serving_another_model_name_is_a_refused_config(tmp_path: Path, gsm8k_dir: Path) -> None:
+    with pytest.raises(ServerStartError) as info:
+        launch(_fake(gsm8k_dir, "--serve-as", "some/other-model"), tmp_path / "server.log", startup_timeout_s=30)
+    assert info.value.refused_config
+    assert "serves 'some/other-model', not 'fake-model'" in str(info.value)
+    assert "--served-model-name fake-model" in str(info.value)
+    pid = int((tmp_path / "server.log").read_text().split("# quantgate: pid ")[1].split()[0])
+    assert group_members(pid) == [] and not pid_alive(pid)
+    quiet = launch(_fake(gsm8k_dir, "--no-models-endpoint"), tmp_path / "quiet.log", startup_timeout_s=30)
+    quiet.stop()  # no /v1/models answer: nothing to check, the evaluation will tell
+
+
 @pytest.mark.parametrize("args,env", [
     (["--api-key", "k1"], {}), (["--api-key=k1"], {}), (["--api_key", "k1"], {}), (["--api_key=k1"], {}),
     ([], {"VLLM_API_KEY": "k1"}),
