@@ -1,9 +1,10 @@
 """`quantgate compare BASE CAND`: paired per-question comparison of two results.
 
 Both runs' per-question results (samples.jsonl beside each result.json) are matched by
-question id; the gates module's exact McNemar test says whether the candidate is
-significantly worse, and every flip is listed both ways. Exit 0 when it is not
-significantly worse, 1 when it is, 3 when an input is missing.
+question id, read as the paired gate reads them (the same questions, the same targets); the
+gates module's exact McNemar test says whether the candidate is significantly worse, and
+every flip is listed both ways. Exit 0 when it is not significantly worse, 1 when it is, 3
+when an input is missing or the two cannot be paired.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..gates import GateInputError, paired
-from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, load_result, load_samples
+from ..gates import GateInputError, check_same_targets, correct_by_id, paired
+from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, SAMPLES_FILE, load_result, load_samples
 from .arg_types import probability
 
 _SHOWN = 10
@@ -31,30 +32,27 @@ def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         result = load_result(path)
     except (OSError, ValueError) as exc:
         raise GateInputError(f"{role} {path}: {exc}") from None
+    result.setdefault("name", str(path))  # a hand-made or truncated result.json: its path names it
     if result.get("verdict") == "ERROR":
         raise GateInputError(f"{role} {path}: that run ended in ERROR ({result.get('reason')}), so it has no answers "
                              "to compare; compare runs that reached a verdict")
     samples = load_samples(path)
-    if not samples:
+    if samples is None:
         raise GateInputError(f"{role} {path}: no samples.jsonl beside the result; per-question results are "
                              "written by `quantgate run`")
+    if not samples:
+        raise GateInputError(f"{role} {path}: samples.jsonl has no rows: that run answered no question; compare "
+                             "runs that evaluated questions")
     return result, samples
-
-
-def _correct(samples: list[dict[str, Any]], role: str) -> dict[str, bool]:
-    out: dict[str, bool] = {}
-    for row in samples:
-        if "id" not in row or "correct" not in row:
-            raise GateInputError(f"{role}: samples.jsonl rows need 'id' and 'correct'")
-        out[str(row["id"])] = bool(row["correct"])
-    return out
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         base, base_samples = _load(args.base, "base")
         cand, cand_samples = _load(args.cand, "candidate")
-        base_ok, cand_ok = _correct(base_samples, "base"), _correct(cand_samples, "candidate")
+        base_who, cand_who = f"base {_samples_file(args.base)}", f"candidate {_samples_file(args.cand)}"
+        base_ok, cand_ok = correct_by_id(base_samples, base_who), correct_by_id(cand_samples, cand_who)
+        check_same_targets(cand_samples, base_samples, cand_who, base_who)
         passed, numbers, explanation = paired(cand_ok, base_ok, args.alpha)
     except GateInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -70,8 +68,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: {role} {result['name']} did not complete ({result['verdict']}: {result['reason']}); "
                   "only the questions it answered are compared")
     by_id = {str(row["id"]): row for row in cand_samples}
-    for title, ids in (("right -> wrong", [q for q in cand_ok if q in base_ok and base_ok[q] and not cand_ok[q]]),
-                       ("wrong -> right", [q for q in cand_ok if q in base_ok and cand_ok[q] and not base_ok[q]])):
+    for title, ids in (("right -> wrong", [q for q in cand_ok if base_ok[q] and not cand_ok[q]]),
+                       ("wrong -> right", [q for q in cand_ok if cand_ok[q] and not base_ok[q]])):
         print(f"{title} ({len(ids)}):")
         for q in ids[:_SHOWN]:
             row = by_id[q]
@@ -79,6 +77,10 @@ def main(args: argparse.Namespace) -> int:
         if len(ids) > _SHOWN:
             print(f"  ... and {len(ids) - _SHOWN} more")
     return EXIT_PASS if passed else EXIT_FAIL
+
+
+def _samples_file(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / SAMPLES_FILE
 
 
 def _gold(row: dict[str, Any]) -> str:

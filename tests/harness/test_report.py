@@ -4,6 +4,7 @@ per-question flips."""
 from __future__ import annotations
 
 import csv as csv_module
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -142,3 +143,36 @@ def test_summary_threshold_is_on_the_measured_scale(tmp_path: Path) -> None:
     assert frame.loc["w", "verdict"] == "FAIL" and frame.loc["w", "measured"] < frame.loc["w", "threshold"]
     assert frame.loc["w", "threshold"] == pytest.approx(records[0].gate["measured_threshold"])
     assert frame.loc["a", "threshold"] == pytest.approx(0.72)
+
+
+def test_compare_pairs_only_the_same_questions_read_as_the_gate_reads_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
+
+    def candidate(name: str, rows: list[dict]) -> Path:
+        run_dir = _result(tmp_path, name, 2, 0.5, correct=[])
+        (run_dir / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return run_dir
+
+    rows = [{"id": i, "correct": True, "extracted": str(i), "target": f"x #### {i}"} for i in range(20)]
+    cases = [
+        # a duplicate's last copy won: 20 wrong answers then 20 right ones compared as "no flip"
+        ([{**r, "correct": False} for r in rows] + rows, "samples.jsonl: row 21: question id '0' appears twice"),
+        ([{**r, "correct": "false"} for r in rows], "samples.jsonl: row 1 (question id '0'): 'correct' must be "
+                                                    "true or false, got 'false'"),
+        ([{**r, "correct": None} for r in rows], "got None"),
+        (rows[:1] + [{**r, "id": 1000 + r["id"]} for r in rows[1:]],
+         "19 only in the candidate, 19 only in the baseline, 1 in both; evaluate both on the same data set"),
+        ([{**r, "target": f"x #### {100 + r['id']}"} for r in rows], "different targets for 20 question id(s)"),
+        ([], "samples.jsonl has no rows"),
+    ]
+    for index, (cand_rows, message) in enumerate(cases):
+        assert cli(["compare", str(base), str(candidate(f"c{index}", cand_rows))]) == 3, message
+        err = capsys.readouterr().err
+        assert message in err, err
+    nameless = candidate("nameless", rows)
+    data = json.loads((nameless / "result.json").read_text())
+    del data["name"]
+    (nameless / "result.json").write_text(json.dumps(data))
+    assert cli(["compare", str(base), str(nameless / "result.json")]) == 0
+    assert f"cand: {nameless / 'result.json'} (PASS)" in capsys.readouterr().out
