@@ -73,11 +73,24 @@ class DatasetSpec(_Block):
 
 class GateSpec(_Block):
     mode: GateMode = "absolute"
-    alpha: float = Field(0.05, gt=0, lt=1)
-    beta: float = Field(0.2, gt=0, lt=1)
+    alpha: float = Field(0.05, gt=0)
+    beta: float = Field(0.2, gt=0)
     rtol: float | None = Field(None, ge=0, lt=1)  # None: the config's top-level `rtol`
     recovery: float = Field(0.95, gt=0)
     max_invalid_rate: float | None = Field(None, ge=0, le=1)
+
+    @field_validator("alpha", "beta")
+    @classmethod
+    def _one_sided(cls, value: float, info: Any) -> float:
+        # z(0.5) = 0: from there on the one-sided quantile has the other sign.
+        if value >= 0.5:
+            effect = ("z(alpha) >= 0 puts the bound at or above the estimate, so a model exactly as good as its "
+                      "reference or baseline fails; the usual value is 0.05" if info.field_name == "alpha" else
+                      "z(beta) >= 0 makes the minimum detectable drop smaller than the drop the gate lets through "
+                      "(power below 50%); the usual value is 0.2")
+            raise ValueError(f"must be below 0.5, got {value}: a one-sided test at {info.field_name} >= 0.5 inverts "
+                             f"the bound: {effect}")
+        return value
 
 
 class Reference(BaseModel):
@@ -563,10 +576,34 @@ class _Loader:
             self.error(where, f"mode {mode} needs reference: {{value: ...}} (or a gen-1 tasks[0].metrics value)")
         if mode in ("paired", "recovery") and config.baseline is None:
             self.error(where, f"mode {mode} needs baseline: the config name or results file to compare against")
+        self._warn_gate_cannot_decide(config, mode)
         if "release" in config.tags and mode not in STATISTICAL_GATES:
             self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
                        f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")
         return config.gate.model_copy(update={"mode": mode})
+
+    def _warn_gate_cannot_decide(self, config: EvalConfig, mode: str) -> None:
+        """Gates whose inputs leave nothing to measure: valid, so a warning, but never intended."""
+        threshold = config.accuracy_threshold
+        if mode == "absolute" and threshold is not None and config.tolerance >= threshold:
+            where = self._at("tolerance") if "tolerance" in self.data else self._at("accuracy_threshold")
+            self.warn(where, f"tolerance {config.tolerance:g} >= accuracy_threshold {threshold:g}: the threshold "
+                      f"accuracy_threshold - tolerance is {threshold - config.tolerance:g}, so the gate can never "
+                      "fail; tolerance is an accuracy subtracted from accuracy_threshold (default 0.08): lower it")
+        value = config.reference.value if config.reference else None
+        if mode in ("hypothesis", "wilson") and value in (0, 1):
+            rtol_threshold = value * (1 - config.effective_rtol)
+            if value == 0:
+                consequence = "the threshold is 0, so the gate can never fail"
+            elif mode == "hypothesis":
+                consequence = "the threshold is the reference itself, so any single miss fails"
+            elif rtol_threshold >= 1:
+                consequence = "the threshold is 1, which no Wilson lower bound reaches, so the gate can never pass"
+            else:
+                consequence = f"the threshold {rtol_threshold:g} comes from rtol alone, not from measured noise"
+            self.warn(self._at("reference", "value"), f"reference {value:g} with gate {mode} has no spread (sigma = "
+                      f"sqrt(p (1 - p)) = 0): {consequence}; measure the reference on more questions "
+                      "(`quantgate calibrate`) or gate absolute")
 
     def _check_dataset(self, config: EvalConfig) -> DatasetSpec | None:
         if config.dataset is None:

@@ -238,6 +238,18 @@ def test_gate_inputs_are_checked_at_load(tmp_path: Path, text: str, words: str) 
     assert words in " ".join(errors_of(write(tmp_path, text)))
 
 
+@pytest.mark.parametrize("name, value", [("alpha", 0.5), ("alpha", 0.9), ("beta", 0.95)])
+def test_gate_alpha_and_beta_stay_below_one_half(tmp_path: Path, name: str, value: float) -> None:
+    # One-sided: at 0.5 z is 0, above it the bound flips to the other side of the estimate.
+    path = write(tmp_path, f"model_name: m\nreference: {{value: 0.8}}\ngate:\n  mode: hypothesis\n  {name}: {value}\n")
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (5, f"gate.{name}")
+    assert error.message.startswith(f"must be below 0.5, got {value}: a one-sided test at {name} >= 0.5 inverts "
+                                    "the bound")
+    assert errors_of(write(tmp_path, f"model_name: m\nreference: {{value: 0.8}}\ngate: {{mode: wilson, {name}: "
+                                     "0.49}\n", "ok.yaml")) == []
+
+
 def test_release_configs_need_a_statistical_gate(tmp_path: Path) -> None:
     path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [nightly, release]\n")
     [error] = inspect_config(path).errors

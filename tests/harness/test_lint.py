@@ -90,3 +90,32 @@ def test_expect_names_are_checked_in_the_same_pass_as_schema_errors(tmp_path: Pa
     assert main(["lint", str(config)]) == 3
     out = capsys.readouterr().out
     assert f"{config}:2: accuracy_threshold" in out and "did you mean 'marlin'?" in out
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("model_name: m\naccuracy_threshold: 0.05\ntolerance: 0.08\n", 3,
+     "tolerance: tolerance 0.08 >= accuracy_threshold 0.05: the threshold accuracy_threshold - tolerance is -0.03, "
+     "so the gate can never fail"),
+    ("model_name: m\naccuracy_threshold: 0.05\n", 2, "accuracy_threshold: tolerance 0.08 >= accuracy_threshold 0.05"),
+    ("model_name: m\ngate: hypothesis\nreference:\n  n: 50\n  value: 1.0\n", 5,
+     "reference.value: reference 1 with gate hypothesis has no spread (sigma = sqrt(p (1 - p)) = 0): the threshold "
+     "is the reference itself, so any single miss fails"),
+    ("model_name: m\ngate: wilson\nreference: {value: 0}\n", 3, "the threshold is 0, so the gate can never fail"),
+    ("model_name: m\ngate: {mode: wilson, rtol: 0}\nreference: {value: 1}\n", 3,
+     "the threshold is 1, which no Wilson lower bound reaches"),
+])
+def test_gates_that_cannot_decide_warn_on_their_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                                     line: int, words: str) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text(text)
+    assert main(["lint", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{config}:{line}: warning: ") and words in out, out
+    assert "0 error(s), 1 warning(s)" in err
+
+
+def test_a_gate_that_can_decide_does_not_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\naccuracy_threshold: 0.09\nreference: {value: 1.0}\n")  # gated absolute
+    assert main(["lint", str(config)]) == 0
+    assert "0 warning(s)" in capsys.readouterr().err
