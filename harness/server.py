@@ -6,11 +6,13 @@ which decides, and never half of the server's workers), a free port (the one in
 and its whole output in `server.log`. Start-up polls `/health` and fails fast: when the
 process exits, the error comes within a poll interval, with the log's tail, not after
 `startup_max_wait_seconds`. Teardown signals the whole group, escalates to SIGKILL, and
-returns only when no process is left in it.
+returns only when no process is left in it; a descendant that had left the group (setsid) is
+killed too, and recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -193,27 +195,58 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after "pid (comm)": state, ppid, pgrp, ... (field 22 of
+    proc(5), the start time, at [19]); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _live_processes() -> dict[int, list[str]]:
+    """Every live (non-zombie) process's stat fields, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[0] != "Z":
+            found[int(entry.name)] = fields
+    return found
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: the kernel's answer, zombies included
+    if not Path("/proc").is_dir():  # not Linux: the kernel's answer, zombies included
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return []
         return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, fields in _live_processes().items() if int(fields[2]) == pgid]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The live descendants of `pid` and their start times (a pid can be reused; a pid with its
+    start time cannot), by ppid links; none without /proc."""
+    if not Path("/proc").is_dir():
+        return {}
+    processes = _live_processes()
+    children: dict[int, list[int]] = {}
+    for child, fields in processes.items():
+        children.setdefault(int(fields[1]), []).append(child)
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = processes[child][19]
+                todo.append(child)
+    return found
+
+
+def _still_running(pid: int, start_time: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and fields[19] == start_time
 
 
 def _die_with_parent() -> None:
@@ -265,6 +298,7 @@ class LaunchedServer:
         self.ports_tried: list[int] = []
         self.startup_s = 0.0
         self.exit_status: int | None = None
+        self.killed_outside_group: list[int] = []  # descendants that had left the group (setsid)
 
     @property
     def base_url(self) -> str:
@@ -384,10 +418,15 @@ class LaunchedServer:
                 refused_config=True)
 
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
-        """SIGTERM the whole group, SIGKILL what is left after `grace_s`; return the leader's status."""
+        """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
+        that had left the group (a worker that called setsid() survives a group kill); return the
+        leader's status."""
         if self.process is None:
             return None
         pgid = self.process.pid
+        # Before any signal: once their parents die, nothing links them to the server. Only while the
+        # leader is unreaped is its pid surely still the server's.
+        family = descendants(pgid) if self.process.returncode is None else {}
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             if not group_members(pgid) and self.process.poll() is not None:
                 break
@@ -402,9 +441,26 @@ class LaunchedServer:
                     break
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
+        self._kill_strays(family, set(group_members(pgid)))
         if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
             self.log_path.write_text(self.log_text())
         return self.exit_status
+
+    def _kill_strays(self, family: dict[int, str], in_group: set[int]) -> None:
+        strays = [pid for pid, start in family.items() if pid not in in_group and _still_running(pid, start)]
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not strays:
+            return
+        self.killed_outside_group += strays
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(_still_running(pid, family[pid]) for pid in strays):
+            time.sleep(0.05)
+        with open(self.log_path, "a") as log:
+            log.write(f"# quantgate: SIGKILLed {len(strays)} process(es) the server started that had left its "
+                      f"process group (setsid), so the group's teardown missed them: pid(s) "
+                      f"{', '.join(map(str, strays))}\n")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -417,6 +473,7 @@ class LaunchedServer:
             "pid": self.pgid,
             "startup_s": round(self.startup_s, 3),
             "exit_status": self.exit_status if self.exit_status is not None else self.poll(),
+            "killed_outside_group": self.killed_outside_group,
             "log": str(self.log_path),
         }
 

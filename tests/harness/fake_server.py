@@ -59,6 +59,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
+    p.add_argument("--spawn-setsid-child", action="store_true",
+                   help="leave a child that ignores SIGTERM in a session of its own, outside the process group")
     p.add_argument("--serve-as", default=None, help="serve this name whatever --served-model-name says")
     p.add_argument("--no-models-endpoint", action="store_true", help="404 on /v1/models")
     p.add_argument("--strict-args", action="store_true", help="refuse unknown flags as vLLM's argparse does (exit 2)")
@@ -215,6 +217,11 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    if args.spawn_setsid_child:
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"],
+                                 start_new_session=True)
+        print(f"fake server: setsid child pid {child.pid}", flush=True)
     if args.validation_error:
         import pydantic
 

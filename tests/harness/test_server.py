@@ -3,6 +3,8 @@ process group, ports in use, the command line and environment it records."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 import time
@@ -69,6 +71,22 @@ def test_launch_health_and_teardown_of_the_whole_group(tmp_path: Path, gsm8k_dir
     assert status is not None and time.monotonic() - started < 10
     assert group_members(server.pgid) == []
     assert not any(pid_alive(pid) for pid in members)
+
+
+def test_teardown_kills_a_descendant_that_left_the_process_group(tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(_fake(gsm8k_dir, "--spawn-setsid-child"), tmp_path / "server.log", startup_timeout_s=30)
+    child = int((tmp_path / "server.log").read_text().split("setsid child pid ")[1].split()[0])
+    try:
+        assert pid_alive(child) and child not in group_members(server.pgid)
+        server.stop(grace_s=0.5)
+        assert not pid_alive(child)
+        assert server.to_dict()["killed_outside_group"] == [child]
+        assert f"left its process group (setsid), so the group's teardown missed them: pid(s) {child}" in \
+            (tmp_path / "server.log").read_text()
+    finally:
+        server.stop(grace_s=0.5)
+        if pid_alive(child):  # the test failed: leave nothing behind
+            os.kill(child, signal.SIGKILL)
 
 
 def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: Path,
