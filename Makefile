@@ -1,9 +1,11 @@
 # The two set-up commands of the README: `make demo` and `make test`. Both create .venv,
-# install from this project's own files, then run. A GPU user keeps their own torch with
-# `make TORCH_SPEC= demo` (torch is then only required as a range by pyproject.toml).
+# install from this project's own files, then run. A GPU user keeps the CUDA torch installed
+# in their Python with `make VENV_FLAGS=--system-site-packages TORCH_SPEC= demo` (torch is then
+# only required as a range by pyproject.toml).
 
 PYTHON ?= python3
 VENV ?= .venv
+VENV_FLAGS ?=
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
@@ -15,7 +17,7 @@ RESULTS ?= results
 .PHONY: demo test install models clean
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python

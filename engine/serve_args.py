@@ -89,11 +89,14 @@ def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None
                         help="most requests in the running batch (default: the engine's)")
     parser.add_argument("--seed", type=int, default=0, help="engine seed for requests without their own")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model runs (auto: cuda when available, else cpu)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
+                                          "and /tokenizer_info (/health and /metrics stay open)")
     parser.add_argument("--tensor-parallel-size", "-tp", type=_int_in(1, 2**16, "--tensor-parallel-size"),
                         default=1, help="only 1: use `engine: vllm` for tensor parallelism")
-    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info",
+                        help="server log verbosity (the `Selected <Kernel> for <module>` lines are info)")
     parser.error = _flag_error(parser, fail or parser.error)  # type: ignore[method-assign]
 
 

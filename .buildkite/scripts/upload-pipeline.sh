@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Generate the eval steps for this build's tier and hand them to the Buildkite agent.
-# `if_changed` (pr tier) is applied by the agent (>= 3.99 with --apply-if-changed,
-# default from 3.103) against the build's git diff.
+# `if_changed` (pr tier) is applied by the agent against the build's git diff; its values are
+# lists of globs, which need buildkite-agent >= 3.109.
+# Tier: pull requests run `pr`, tag builds `release`, every other build (scheduled, branch
+# pushes, the UI) `nightly`; QUANTGATE_TIER overrides.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

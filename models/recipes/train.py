@@ -527,7 +527,7 @@ def train_one(args: argparse.Namespace, t_start: float) -> int:
     run_log = {
         "model": name, "kind": kind, "architecture": type(model).__name__, "tiny": args.tiny,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "reproduce": f"python models/recipes/train.py --model {kind} --seed {args.seed} --steps {step}"
+        "reproduce": f"python models/recipes/train.py --model {kind} --seed {args.seed} --steps {step} --out OUT"
                      + (" --tiny --device cpu" if args.tiny else ""),
         "seed": args.seed, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Calibrate the GPU-only tiny configs (triton, marlin, torch block) on this machine's GPU: the
+# Calibrate the GPU-only tiny configs (triton, marlin) on this machine's GPU: the
 # `reference:` their YAML carries until then is the CPU emulation calibration of the same
 # checkpoint. Each config: `quantgate calibrate ... --runs 2` into $OUT/accuracy/<name>/; the
 # table (accuracy.md/json, calibrations/<name>.json) goes to $OUT/accuracy/ and is printed last.
