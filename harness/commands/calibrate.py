@@ -1,9 +1,11 @@
 """`quantgate calibrate CONFIG --runs K`: measure a config K times and propose its `reference:`.
 
 Each run is a full `quantgate run` of the config (its own server, its own artifacts under
-OUTPUT_DIR/run-<i>/). The proposal is the mean with its provenance (run-to-run stdev, runs,
-questions per run, where and when, at which commit), and the threshold each gate mode would
-derive from it, so a reviewer can see how much room the gate leaves above the noise.
+OUTPUT_DIR/run-<i>/); a paired or recovery gate's baseline is measured once before them, under
+OUTPUT_DIR/baseline/ (or its cached result there is reused, as `quantgate run` does). The
+proposal is the mean with its provenance (run-to-run stdev, runs, questions per run, where and
+when, at which commit), and the threshold each gate mode would derive from it under the
+config's own gate settings, so a reviewer can see how much room the gate leaves above the noise.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import ENGINES
-from ..gates import hypothesis, relative
-from ..config import LIST_SUFFIX
-from ..results import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
+from ..config import LIST_SUFFIX, EvalConfig
+from ..gates import absolute, hypothesis, relative, wilson
+from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
                       run_one)
 from .arg_types import int_at_least, positive_int, server_url
@@ -45,8 +47,12 @@ def main(args: argparse.Namespace) -> int:
         display.note(f"error: calibrate takes one config file; {given} is a {'folder' if given.is_dir() else 'list file'}"
                      ": calibrate its configs one at a time (a reference belongs to one config)")
         return EXIT_USAGE
+    # plan() puts a paired or recovery gate's baseline first, unless a usable result of it is
+    # already in OUTPUT_DIR/baseline/; the runs' gates find it in the records the items share.
+    base_options = RunOptions(output_dir=args.output_dir / "baseline", engine=args.engine, limit=args.limit,
+                              server_url=args.server_url)
     try:
-        item = plan([args.config], RunOptions(engine=args.engine, server_url=args.server_url))[-1]
+        *baselines, item = plan([args.config], base_options)
     except PlanError as exc:
         for message in exc.messages:
             display.note(f"error: {message}")
@@ -55,6 +61,15 @@ def main(args: argparse.Namespace) -> int:
     guard = InterruptGuard()
     with guard.installed():
         try:
+            for index, base in enumerate(baselines, start=1):
+                display.config_start(index, len(baselines), base.config)
+                display.note(f"  baseline of {item.config.name} (gate {item.config.gate.mode}), measured once")
+                baseline = run_one(base, base_options, display, guard)
+                display.verdict(baseline)
+                if baseline.verdict == ERROR:
+                    display.note(f"error: baseline {base.config.name} measured nothing ({baseline.reason}); every "
+                                 f"run of {item.config.name} is gated against it: fix the cause and calibrate again")
+                    return baseline.exit_code
             for index in range(1, args.runs + 1):
                 display.config_start(index, args.runs, item.config)
                 options = RunOptions(output_dir=args.output_dir / f"run-{index}", engine=args.engine,
@@ -75,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
                      f"({unproven[0].expect.get('message')}); a reference must be measured on the kernels under "
                      "test: fix the backend or the config, then calibrate again")
         return EXIT_FAIL
-    proposal = propose(item.config.source, records, item.config.num_questions)
+    proposal = propose(item.config, records, args.limit)
     path = args.output_dir / "calibration.json"
     path.write_text(json.dumps(proposal, indent=2) + "\n")
     print(format_proposal(proposal))
@@ -103,29 +118,50 @@ def _measured_on(record: RunRecord) -> str:
     return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])
 
 
-def propose(config_path: Path, records: list[RunRecord], num_questions: int | None = None) -> dict[str, Any]:
-    """Statistics over the runs and the `reference:` block they support; `num_questions`: what
-    the config's gate evaluates (a proposal measured on fewer says so)."""
+def _test_questions(config: EvalConfig) -> int | None:
+    """How many questions the config's local test file holds; None for a task's own data."""
+    if config.dataset is None:
+        return None
+    try:
+        return sum(1 for line in config.dataset.test.read_text().splitlines() if line.strip())
+    except OSError:
+        return None
+
+
+def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = None) -> dict[str, Any]:
+    """Statistics over the runs, the `reference:` block they support, and the thresholds it gives
+    under the config's gate settings; `limit`: calibrate's --limit (a proposal measured on fewer
+    questions than the config's gate evaluates says so)."""
     values = [float(r.metrics["value"]) for r in records if r.metrics]
     ns = sorted({int(r.metrics["n"]) for r in records if r.metrics})
     mean, stdev = statistics.fmean(values), statistics.stdev(values)
     n = ns[0]
     reference = {"value": round(mean, 4), "stdev": round(stdev, 4), "runs": len(values), "n": n,
                  "measured_on": _measured_on(records[0]), "date": date.today().isoformat(),
-                 "commit": _commit(config_path.parent)}
-    rtol = 0.08
+                 "commit": _commit(config.source.parent)}
+    gate, rtol = config.gate, config.effective_rtol
     thresholds = {
         "relative": relative(mean, mean, rtol)[1]["threshold"],
-        "hypothesis": hypothesis(mean, mean, n)[1],
+        "hypothesis": hypothesis(mean, mean, n, gate.alpha, gate.beta)[1],
+        # The measured accuracy whose Wilson lower bound at n reaches the threshold: None when none does.
+        "wilson": wilson(mean, n, mean, rtol, gate.alpha)[1]["measured_threshold"],
     }
-    return {"config": str(config_path), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
-            "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "thresholds": thresholds,
-            "config_num_questions": num_questions}
+    # The threshold of the config's own gate, on the measured scale; paired and recovery have none.
+    own = {"relative": thresholds["relative"], "hypothesis": thresholds["hypothesis"]["threshold"],
+           "wilson": thresholds["wilson"]}
+    if gate.mode == "absolute" and config.accuracy_threshold is not None:  # always set for absolute (load_config)
+        own["absolute"] = absolute(mean, config.accuracy_threshold, config.tolerance)[1]["threshold"]
+    return {"config": str(config.source), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
+            "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "alpha": gate.alpha,
+            "beta": gate.beta, "thresholds": thresholds, "gate_mode": gate.mode,
+            "gate_threshold": own.get(gate.mode), "config_num_questions": config.num_questions, "limit": limit,
+            "test_questions": _test_questions(config)}
 
 
 def format_proposal(p: dict[str, Any]) -> str:
     ref = p["reference"]
     hyp = p["thresholds"]["hypothesis"]
+    wilson_needed = p["thresholds"]["wilson"]
     lines = [
         f"runs: {', '.join(f'{v:.4f}' for v in p['values'])}",
         f"mean {p['mean']:.4f}, sample stdev {p['stdev']:.4f}, min {p['min']:.4f}, max {p['max']:.4f}, "
@@ -134,21 +170,37 @@ def format_proposal(p: dict[str, Any]) -> str:
         "# paste into the config:",
         "reference: " + json.dumps(ref),
         "",
-        "# thresholds this reference gives:",
-        f"#   relative (rtol {p['rtol']}): {p['thresholds']['relative']:.4f}",
-        f"#   hypothesis (alpha 0.05, beta 0.2, n {ref['n']}): {hyp['threshold']:.4f}, minimum detectable drop "
-        f"{hyp['theta']:.4f}",
+        f"# thresholds this reference gives under the config's gate settings (its gate: {p['gate_mode']}):",
+        f"#   relative (rtol {p['rtol']:g}): {p['thresholds']['relative']:.4f}",
+        f"#   hypothesis (alpha {p['alpha']:g}, beta {p['beta']:g}, n {ref['n']}): {hyp['threshold']:.4f}, minimum "
+        f"detectable drop {hyp['theta']:.4f}",
+        f"#   wilson (alpha {p['alpha']:g}, rtol {p['rtol']:g}, n {ref['n']}): "
+        + (f"measured >= {wilson_needed:.4f}" if wilson_needed is not None else "no measured accuracy passes at this n"),
         f"#   run-to-run spread: 3 * stdev = {3 * p['stdev']:.4f} (a gate tighter than this below the mean flakes)",
     ]
-    if p["min"] < p["thresholds"]["relative"]:
-        lines.append(f"# WARNING: the lowest run ({p['min']:.4f}) is below the relative threshold: too noisy to gate")
+    mode, threshold = p["gate_mode"], p["gate_threshold"]
+    if mode in ("paired", "recovery"):
+        lines.append(f"# note: gate {mode} compares each run with its baseline, not with a reference, so the runs "
+                     "are not checked against a threshold here (each run's verdict above is that gate's)")
+    elif threshold is None:
+        lines.append(f"# WARNING: at n {ref['n']} no measured accuracy passes the wilson gate with this reference: "
+                     "evaluate more questions")
+    elif p["min"] < threshold:
+        lines.append(f"# WARNING: the lowest run ({p['min']:.4f}) is below the config's {mode} threshold "
+                     f"({threshold:.4f}): too noisy to gate")
+    if mode == "hypothesis" and 3 * p["stdev"] > hyp["margin"]:
+        lines.append(f"# WARNING: 3 * stdev = {3 * p['stdev']:.4f} exceeds the hypothesis margin (reference - "
+                     f"threshold = {hyp['margin']:.4f}): run-to-run noise alone can fail the gate")
     if len(p["n_per_run"]) > 1:
         lines.append("# WARNING: runs evaluated different numbers of questions")
-    full = p.get("config_num_questions")
+    full, size = p.get("config_num_questions"), p.get("test_questions")
     if full is not None and ref["n"] < full:
         lines.append(f"# WARNING: measured on {ref['n']} of the {full} questions the config's gate evaluates (--limit); "
                      "calibrate without --limit before pasting this reference")
+    elif full is None and p.get("limit") is not None and (size is None or ref["n"] < size):
+        measured = f"on {ref['n']} of the {size} test questions" if size is not None else f"with --limit {p['limit']}"
+        lines.append(f"# WARNING: measured {measured}, but the config sets no num_questions, so its gate evaluates "
+                     "the whole test set: calibrate without --limit before pasting this reference")
     if str(ref.get("commit") or "").endswith("-dirty"):
         lines.append("# WARNING: measured on a checkout with uncommitted changes")
     return "\n".join(lines)
-

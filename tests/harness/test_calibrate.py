@@ -1,0 +1,97 @@
+"""`quantgate calibrate`: the proposal follows the config's own gate, and a gate with a baseline
+gets its baseline measured first (end to end on the fake server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantgate.harness import gates
+from quantgate.harness.cli import main as cli
+from quantgate.harness.commands.calibrate import format_proposal, propose
+from quantgate.harness.config import load_config
+from quantgate.harness.results import RunRecord
+from tests.harness import runner_fixtures
+from tests.harness.runner_fixtures import write_config
+
+gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+
+
+def _proposal(tmp_path: Path, text: str, values: list[float], n: int, limit: int | None = None) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\n" + text)
+    records = [RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": v, "n": n}) for v in values]
+    return format_proposal(propose(load_config(path), records, limit))
+
+
+def test_thresholds_use_the_configs_gate_settings(tmp_path: Path) -> None:
+    # rtol 0.02: the lowest run is below 0.7867 * 0.98, which the default 0.08 would have hidden.
+    text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: relative, rtol: 0.02}\n",
+                     [0.80, 0.77, 0.79], 1319)
+    assert "#   relative (rtol 0.02): 0.7709" in text
+    assert "# WARNING: the lowest run (0.7700) is below the config's relative threshold (0.7709): too noisy" in text
+    text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: wilson, alpha: 0.01, beta: 0.1}\nrtol: 0.05\n",
+                     [0.80, 0.82], 100)
+    wilson_needed = gates.wilson(0.81, 100, 0.81, 0.05, 0.01)[1]["measured_threshold"]
+    hypothesis = gates.hypothesis(0.81, 0.81, 100, 0.01, 0.1)[1]
+    assert f"#   wilson (alpha 0.01, rtol 0.05, n 100): measured >= {wilson_needed:.4f}" in text
+    assert f"#   hypothesis (alpha 0.01, beta 0.1, n 100): {hypothesis['threshold']:.4f}" in text
+    assert "# WARNING: the lowest run (0.8000) is below the config's wilson threshold" in text
+
+
+def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
+    # Hypothesis: 0.755 is below its threshold 0.7604, and 3 * stdev exceeds its margin.
+    text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: hypothesis\n", [0.80, 0.755, 0.805], 1319)
+    assert "# WARNING: the lowest run (0.7550) is below the config's hypothesis threshold (0.7604)" in text
+    assert "# WARNING: 3 * stdev = 0.0826 exceeds the hypothesis margin (reference - threshold = 0.0262)" in text
+    # Absolute: accuracy_threshold - tolerance, the config's own numbers, whatever the reference.
+    text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.02\n", [0.77, 0.80], 1319)
+    assert "# WARNING: the lowest run (0.7700) is below the config's absolute threshold (0.7800)" in text
+    assert "too noisy" not in _proposal(tmp_path, "accuracy_threshold: 0.8\n", [0.77, 0.80], 1319)
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    text = _proposal(tmp_path, "baseline: base\ngate: paired\n", [0.10, 0.80], 1319)
+    assert "# note: gate paired compares each run with its baseline, not with a reference" in text
+    assert "too noisy" not in text
+
+
+def test_limit_warns_when_the_gate_evaluates_the_whole_test_set(tmp_path: Path) -> None:
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n' * 40)
+    with_data = "accuracy_threshold: 0.5\nnum_fewshot: 0\ndataset: {test: test.jsonl}\n"
+    text = _proposal(tmp_path, with_data, [0.8, 0.82], 8, limit=8)
+    assert ("# WARNING: measured on 8 of the 40 test questions, but the config sets no num_questions, so its gate "
+            "evaluates the whole test set: calibrate without --limit") in text
+    assert "num_questions" not in _proposal(tmp_path, with_data, [0.8, 0.82], 40, limit=50)  # the whole set
+    text = _proposal(tmp_path, "accuracy_threshold: 0.5\n", [0.8, 0.82], 50, limit=50)  # the task's own data
+    assert "# WARNING: measured with --limit 50, but the config sets no num_questions" in text
+    assert "WARNING: measured" not in _proposal(tmp_path, "accuracy_threshold: 0.5\n", [0.8, 0.82], 1319)
+
+
+def test_a_gate_with_a_baseline_gets_it_measured_first(tmp_path: Path, gsm8k_dir: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 0.8})
+    cand = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 0.7}, baseline="base", gate="paired")
+    out_dir = tmp_path / "cal"
+    assert cli(["calibrate", str(cand), "--runs", "2", "--limit", "8", "--output-dir", str(out_dir)]) == 0
+    output = capsys.readouterr()
+    assert "baseline of cand (gate paired), measured once" in output.err
+    assert json.loads((out_dir / "baseline" / "base" / "result.json").read_text())["metrics"]["n"] == 8
+    for index in (1, 2):
+        gate = json.loads((out_dir / f"run-{index}" / "cand" / "result.json").read_text())["gate"]
+        assert gate["mode"] == "paired" and gate["n_common"] == 8
+    assert "# note: gate paired compares each run with its baseline" in output.out
+    # A second calibration reuses the baseline's result, as `quantgate run` does its cache.
+    assert cli(["calibrate", str(cand), "--runs", "2", "--limit", "8", "--output-dir", str(out_dir)]) == 0
+    assert "measured once" not in capsys.readouterr().err
+
+
+def test_a_baseline_that_errors_stops_calibrate_with_the_runners_exit_code(
+        tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_config(tmp_path, "base", gsm8k_dir, {"exit_during_startup": 0.1})
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="recovery")
+    out_dir = tmp_path / "cal"
+    assert cli(["calibrate", str(cand), "--runs", "2", "--limit", "4", "--output-dir", str(out_dir)]) == 2
+    assert "error: baseline base measured nothing (server " in capsys.readouterr().err
+    assert not (out_dir / "run-1").exists() and not (out_dir / "calibration.json").exists()
