@@ -298,35 +298,77 @@ def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped
     return [planned[name] for name in order]
 
 
-def local_gpus() -> list[tuple[str, str]]:
-    """(name, compute capability) of each GPU nvidia-smi sees; none without nvidia-smi. Asked of
-    the driver, not of torch: this venv's torch may be a CPU build next to vLLM's CUDA one."""
+_NO_GPU = {"", "-1", "none", "void", "nodevfiles"}
+
+
+@dataclass(frozen=True)
+class GpuScan:
+    gpus: list[tuple[str, str | None]]  # (name, compute capability; None where nvidia-smi says `[N/A]`)
+    note: str | None = None  # why the list is what it is: nvidia-smi's error, the variable that narrowed it
+
+
+def local_gpus() -> GpuScan:
+    """The GPUs this process may use. Asked of the driver, not of torch: this venv's torch may be
+    a CPU build next to vLLM's CUDA one. CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES)
+    narrows nvidia-smi's list as CUDA does, by index or UUID."""
+    import re
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    rows = [line.rsplit(",", 1) for line in out.stdout.splitlines() if "," in line] if out.returncode == 0 else []
-    return [(name.strip(), cap.strip()) for name, cap in rows]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return GpuScan([], None if isinstance(exc, FileNotFoundError) else f"nvidia-smi did not answer ({exc})")
+    if out.returncode != 0:
+        said = (out.stderr.strip() or out.stdout.strip() or "no output").splitlines()[0].rstrip(".")
+        return GpuScan([], f"nvidia-smi failed (exit {out.returncode}): {said}")
+    rows = []  # (index, uuid, name, capability)
+    for parts in (line.split(",") for line in out.stdout.splitlines()):
+        if len(parts) >= 4:
+            cap = parts[-1].strip()
+            rows.append((parts[0].strip(), parts[1].strip(), ",".join(parts[2:-1]).strip(),
+                         cap if re.fullmatch(r"\d+\.\d+", cap) else None))
+    variable = next((v for v in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if v in os.environ), None)
+    setting = os.environ.get(variable, "").strip() if variable else "all"
+    if setting.lower() == "all":
+        return GpuScan([(name, cap) for _, _, name, cap in rows])
+    visible = []
+    for token in [] if setting.lower() in _NO_GPU else [t.strip() for t in setting.split(",")]:
+        match = next((r for r in rows if token == r[0] or (token.startswith(("GPU-", "MIG-")) and
+                                                            r[1].startswith(token))), None)
+        if match is None:  # CUDA ignores the rest of the list from the first device it does not know
+            break
+        if match not in visible:
+            visible.append(match)
+    return GpuScan([(name, cap) for _, _, name, cap in visible],
+                   f"{variable}={setting!r} leaves {len(visible)} of the {len(rows)} nvidia-smi lists")
 
 
-def unmet_requirements(config: EvalConfig, gpus: list[tuple[str, str]]) -> str | None:
-    """Why `config.requires` does not hold on a machine with `gpus`, or None."""
+def unmet_requirements(config: EvalConfig, scan: GpuScan) -> str | None:
+    """Why `config.requires` does not hold with the GPUs `scan` found, or None."""
     req = config.requires
     if req.gpus == 0 and req.device is None and req.min_compute_capability is None:
         return None
-    found = f"this machine has {len(gpus)} GPU(s)" + (f" ({', '.join(f'{n} {c}' for n, c in gpus)})" if gpus else "")
+    gpus = scan.gpus
+    listed = ", ".join(f"{name} {cap or 'capability unknown'}" for name, cap in gpus)
+    found = f"this machine has {len(gpus)} GPU(s)" + (f" ({listed})" if gpus else "") + (
+        f"; {scan.note}" if scan.note else "")
     if len(gpus) < max(req.gpus, 1):
         return f"requires {max(req.gpus, 1)} GPU(s); {found}"
     if req.device and not all(req.device.lower() in name.lower() for name, _ in gpus):
         return f"requires device {req.device}; {found}"
     if req.min_compute_capability:
-        need = tuple(int(x) for x in req.min_compute_capability.split("."))
-        if any(tuple(int(x) for x in cap.split(".")) < need for _, cap in gpus):
-            return f"requires compute capability >= {req.min_compute_capability}; {found}"
+        need = _capability(req.min_compute_capability)
+        if any(cap is None or _capability(cap) < need for _, cap in gpus):
+            unknown = sum(cap is None for _, cap in gpus)
+            return f"requires compute capability >= {req.min_compute_capability}; {found}" + (
+                f"; nvidia-smi reports no compute capability for {unknown} of them, so it cannot be checked: "
+                "update the NVIDIA driver, or run where nvidia-smi reports it" if unknown else "")
     return None
+
+
+def _capability(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
 
 
 def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],

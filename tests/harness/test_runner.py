@@ -4,6 +4,7 @@ exit codes, artifacts, kernel proof, baselines, `--server-url` and `--limit`."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -314,19 +315,79 @@ def test_random_configs_exit_3_with_a_located_message_or_run(tmp_path: Path, dat
         assert valid and code == 2, output
 
 
-def test_requirements_are_checked_against_the_gpus_present() -> None:
+def _requiring(**requires):
     from quantgate.harness.config import Requires
-    from quantgate.harness.runner import unmet_requirements
 
-    def config(**requires):
-        return SimpleNamespace(requires=Requires(**requires))
+    return SimpleNamespace(requires=Requires(**requires))
 
-    h100s = [("NVIDIA H100 80GB HBM3", "9.0")] * 2
-    assert unmet_requirements(config(), []) is None
-    assert unmet_requirements(config(gpus=2, device="h100", min_compute_capability="9.0"), h100s) is None
-    assert "requires 2 GPU(s); this machine has 0" in unmet_requirements(config(gpus=2), [])
-    assert "requires device a100" in unmet_requirements(config(gpus=1, device="a100"), h100s)
-    assert "compute capability >= 10.0" in unmet_requirements(config(min_compute_capability="10.0"), h100s)
+
+def test_requirements_are_checked_against_the_gpus_present() -> None:
+    from quantgate.harness.runner import GpuScan, unmet_requirements
+
+    h100s = GpuScan([("NVIDIA H100 80GB HBM3", "9.0")] * 2)
+    assert unmet_requirements(_requiring(), GpuScan([])) is None
+    assert unmet_requirements(_requiring(gpus=2, device="h100", min_compute_capability="9.0"), h100s) is None
+    assert "requires 2 GPU(s); this machine has 0" in unmet_requirements(_requiring(gpus=2), GpuScan([]))
+    assert "requires device a100" in unmet_requirements(_requiring(gpus=1, device="a100"), h100s)
+    assert "compute capability >= 10.0" in unmet_requirements(_requiring(min_compute_capability="10.0"), h100s)
+
+
+def _nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """An `nvidia-smi` first on PATH running `script`; no visibility variable set."""
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + script)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for variable in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.mark.parametrize("variable,value,names", [
+    (None, None, ["A", "B", "C", "D"]),
+    ("CUDA_VISIBLE_DEVICES", "2,0", ["C", "A"]),
+    ("CUDA_VISIBLE_DEVICES", "GPU-bbbb,3", ["B", "D"]),  # a UUID or a unique prefix of one
+    ("CUDA_VISIBLE_DEVICES", "1,7,2", ["B"]),  # CUDA drops the list from the first unknown device
+    ("CUDA_VISIBLE_DEVICES", "", []),
+    ("CUDA_VISIBLE_DEVICES", "-1", []),
+    ("NVIDIA_VISIBLE_DEVICES", "none", []),
+    ("NVIDIA_VISIBLE_DEVICES", "all", ["A", "B", "C", "D"]),
+    ("NVIDIA_VISIBLE_DEVICES", "3", ["D"]),
+])
+def test_the_gpus_found_are_those_the_visibility_variables_leave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 variable: str | None, value: str | None,
+                                                                 names: list[str]) -> None:
+    from quantgate.harness.runner import local_gpus, unmet_requirements
+
+    _nvidia_smi(tmp_path, monkeypatch, "".join(f"echo '{i}, GPU-{c * 4}-0000, {c.upper()}, 9.0'\n"
+                                               for i, c in enumerate("abcd")))
+    if variable is not None:
+        monkeypatch.setenv(variable, value)
+    scan = local_gpus()
+    assert [name for name, _ in scan.gpus] == names
+    if variable is not None and value != "all":
+        assert f"{variable}={value!r} leaves {len(names)} of the 4" in unmet_requirements(_requiring(gpus=8), scan)
+
+
+def test_a_gpu_whose_capability_nvidia_smi_does_not_know_is_reported_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness.runner import local_gpus, unmet_requirements
+
+    _nvidia_smi(tmp_path, monkeypatch, "echo '0, GPU-aaaa, NVIDIA H100 80GB HBM3, [N/A]'\n")
+    scan = local_gpus()
+    assert scan.gpus == [("NVIDIA H100 80GB HBM3", None)]
+    assert unmet_requirements(_requiring(gpus=1, device="h100"), scan) is None
+    unmet = unmet_requirements(_requiring(gpus=1, min_compute_capability="8.0"), scan)
+    assert "NVIDIA H100 80GB HBM3 capability unknown" in unmet
+    assert "nvidia-smi reports no compute capability for 1 of them" in unmet
+
+
+def test_a_failing_nvidia_smi_is_quoted_not_taken_for_no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness.runner import local_gpus, unmet_requirements
+
+    _nvidia_smi(tmp_path, monkeypatch, "echo 'Field \"compute_cap\" is not a valid field to query.' >&2\nexit 2\n")
+    unmet = unmet_requirements(_requiring(gpus=1), local_gpus())
+    assert 'this machine has 0 GPU(s); nvidia-smi failed (exit 2): Field "compute_cap" is not a valid field' in unmet
 
 
 def test_an_internal_error_is_recorded_and_the_next_config_still_runs(tmp_path: Path, gsm8k_dir: Path,
