@@ -39,9 +39,9 @@ _FLASHINFER_SWITCHES = ("VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_
 @dataclass(frozen=True)
 class Forbids:
     """The value only rules a backend out (`VLLM_USE_DEEP_GEMM=0`): it is replaced only once
-    the config names the backend of that flag explicitly."""
+    the config names the backend of each of these flags explicitly."""
 
-    flag: str
+    flags: tuple[str, ...]
 
 
 # What one variable stands for: flags to add ([] = drop it, it switches nothing on),
@@ -63,7 +63,7 @@ def _switch(*flags: str) -> Callable[[str, Mapping[str, str]], Rewrite]:
 
 def _flashinfer_moe(value: str, env: Mapping[str, str]) -> Rewrite:
     if not is_on(value):
-        return Forbids("--moe-backend")
+        return Forbids(("--moe-backend",))
     mode = env.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput").strip().lower()
     return ["--moe-backend", FLASHINFER_MOE_MODES.get(mode, "flashinfer_cutlass")]
 
@@ -74,15 +74,15 @@ def _flashinfer_mode(value: str, env: Mapping[str, str]) -> Rewrite:
 
 
 def _deep_gemm(value: str, env: Mapping[str, str]) -> Rewrite:
-    if not is_on(value):
-        return Forbids("--linear-backend")
+    if not is_on(value):  # DeepGEMM off for vLLM's MoE too, whatever VLLM_USE_DEEP_GEMM_MOE says
+        return Forbids(("--linear-backend", "--moe-backend"))
     moe_on = is_on(env.get("VLLM_USE_DEEP_GEMM_MOE", env.get("VLLM_MOE_USE_DEEP_GEMM", "1")))
     return ["--linear-backend", "deep_gemm"] + (["--moe-backend", "deep_gemm"] if moe_on else [])
 
 
 def _deep_gemm_moe(value: str, env: Mapping[str, str]) -> Rewrite:
     if not is_on(value):
-        return Forbids("--moe-backend")
+        return Forbids(("--moe-backend",))
     return ["--moe-backend", "deep_gemm"]
 
 
@@ -100,8 +100,8 @@ LEGACY_VARS: dict[str, LegacyVar] = {v.name: v for v in [
               _switch("--linear-backend", "marlin", "--moe-backend", "marlin"), ""),
     LegacyVar("VLLM_USE_DEEP_GEMM", "enabled DeepGEMM for block-FP8 linear layers, and for MoE unless "
               "VLLM_USE_DEEP_GEMM_MOE=0", _deep_gemm,
-              "VLLM_USE_DEEP_GEMM=0 only rules DeepGEMM out: name the linear backend that must run "
-              "with --linear-backend (e.g. cutlass, triton)"),
+              "VLLM_USE_DEEP_GEMM=0 only rules DeepGEMM out, for linear and MoE layers alike: name the backends "
+              "that must run with --linear-backend (e.g. cutlass, triton) and --moe-backend (e.g. triton, cutlass)"),
     LegacyVar("VLLM_USE_DEEP_GEMM_MOE", "enabled DeepGEMM for FP8 MoE layers", _deep_gemm_moe,
               "VLLM_USE_DEEP_GEMM_MOE=0 only rules DeepGEMM out: name the MoE backend that must run "
               "with --moe-backend (e.g. triton, cutlass)"),
@@ -163,7 +163,7 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
                     out.flags += [flag, value]
             out.replaced.append(name)
     for name, rule in forbids:
-        if rule.flag in already or rule.flag in picked:
+        if all(flag in already or flag in picked for flag in rule.flags):
             out.replaced.append(name)
         else:
             out.unresolved[name] = LEGACY_VARS[name].advice

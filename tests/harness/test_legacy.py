@@ -35,7 +35,11 @@ def test_ruling_a_backend_out_needs_an_explicit_choice() -> None:
     assert result.flags == ["--moe-backend", "flashinfer_cutlass"]
     assert "VLLM_USE_DEEP_GEMM_MOE" in result.replaced  # satisfied by the explicit --moe-backend
     assert "--linear-backend" in result.unresolved["VLLM_USE_DEEP_GEMM"]
-    assert translate({"VLLM_USE_DEEP_GEMM": "0"}, {"--linear-backend": "cutlass"}).unresolved == {}
+    # It turns DeepGEMM off for vLLM's MoE as well: both layers must name what runs instead.
+    assert "--moe-backend" in translate({"VLLM_USE_DEEP_GEMM": "0"}, {"--linear-backend": "cutlass"}).unresolved[
+        "VLLM_USE_DEEP_GEMM"]
+    assert translate({"VLLM_USE_DEEP_GEMM": "0"}, {"--linear-backend": "cutlass", "--moe-backend": "triton"}
+                     ).unresolved == {}
     linear_only = translate({"VLLM_USE_DEEP_GEMM": "1", "VLLM_USE_DEEP_GEMM_MOE": "0"})
     assert linear_only.flags == ["--linear-backend", "deep_gemm"]
     assert list(linear_only.unresolved) == ["VLLM_USE_DEEP_GEMM_MOE"]
