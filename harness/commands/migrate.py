@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_INVALID
     status = EXIT_OK
-    changed = 0
+    changed = manual = 0
     for path in paths:
         text = path.read_text(encoding="utf-8")
         try:
@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
         for problem in result.unresolved:
             print(problem, file=sys.stderr)
             status = EXIT_INVALID
+        manual += len(result.unresolved)
         for note in result.notes:
             print(note, file=sys.stderr)
         if result.text == text:
@@ -66,9 +67,10 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.writelines(difflib.unified_diff(
                 text.splitlines(keepends=True), result.text.splitlines(keepends=True),
                 fromfile=_diff_name("a", path), tofile=_diff_name("b", path)))
-    verb = "migrated" if args.write else "would change"
-    print(f"{len(paths)} config(s): {verb} {changed}" if changed else
-          f"{len(paths)} config(s): nothing to migrate (no legacy kernel switches in env)", file=sys.stderr)
+    done = [f"{'migrated' if args.write else 'would change'} {changed}"] if changed else []
+    left = [f"{manual} legacy switch(es) need manual migration (see above)"] if manual else []
+    print(f"{len(paths)} config(s): " + ("; ".join(done + left) or "nothing to migrate (no legacy kernel switches in "
+                                         "env)"), file=sys.stderr)
     return status
 
 

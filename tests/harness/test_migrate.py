@@ -83,6 +83,12 @@ def test_what_cannot_be_migrated_is_reported_exit_3(tmp_path: Path, capsys: pyte
     migrated = path.read_text()
     assert "--moe-backend flashinfer_cutlass" in migrated and 'VLLM_USE_DEEP_GEMM: "0"' in migrated
     assert "VLLM_USE_FLASHINFER_MOE_FP8" not in migrated
+    assert "1 config(s): migrated 1; 1 legacy switch(es) need manual migration (see above)" in err
+    only_manual = tmp_path / "e8m0.yaml"
+    only_manual.write_text('model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_USE_DEEP_GEMM_E8M0: "1"\n')
+    assert main(["migrate", str(only_manual)]) == 3
+    err = capsys.readouterr().err
+    assert "1 config(s): 1 legacy switch(es) need manual migration" in err and "nothing to migrate" not in err
 
 
 def test_indentation_style_is_kept(tmp_path: Path) -> None:
