@@ -91,9 +91,19 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
         f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",
         "#    with the config's local dataset; offline):" if config.dataset else "#    as installed):",
         f"{env} {shlex.join(eval_cmd)}".strip(),
-        "# or the same evaluation, gate and kernel check through quantgate, against that server:",
-        f"quantgate run {shlex.quote(str(config.source))} --server-url {url}",
+        *_through_quantgate(config, url),
     ])
+
+
+def _through_quantgate(config: EvalConfig, url: str) -> list[str]:
+    run = f"quantgate run {shlex.quote(str(config.source))}"
+    if config.engine == "vllm" and (config.expect.linear_kernel or config.expect.moe_kernel):
+        return ["# or through quantgate; but against that running vLLM server the kernel check (expect:) cannot be",
+                "# made (vLLM has no /v1/kernels, and quantgate reads the kernel choices only from the log of a",
+                "# server it starts itself). The same evaluation, gate and kernel check, quantgate starting the server:",
+                run]
+    return ["# or the same evaluation, gate and kernel check through quantgate, against that server:",
+            f"{run} --server-url {url}"]
 
 
 def _run(item: PlannedConfig, run_dir: Path, eval_cmd: list[str]) -> int:

@@ -50,6 +50,16 @@ def test_repro_prints_the_exact_server_and_lm_eval_commands(tmp_path: Path, gsm8
     assert "--server-url http://127.0.0.1:8123" in output
 
 
+def test_repro_of_a_vllm_kernel_check_prints_the_launched_run_not_server_url(tmp_path: Path, gsm8k_dir: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # A running vLLM server offers no kernel report: only a server quantgate launches has a log to read.
+    config = write_config(tmp_path, "vk", gsm8k_dir, {"linear_backend": "marlin"}, expect={"linear_kernel": "marlin"})
+    assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "--server-url" not in output and "the kernel check (expect:) cannot be" in output
+    assert output.rstrip().splitlines()[-1] == f"quantgate run {shlex.quote(str(config))}"
+
+
 def test_repro_prints_commands_for_a_machine_this_one_is_not(tmp_path: Path, gsm8k_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # The developer reproducing a nightly GPU config wants the commands to paste on the GPU box.
