@@ -663,7 +663,8 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     if failed:
         record.verdict, record.reason = FAIL, " | ".join(failed)
         if check is not None and not check.passed and gate.passed:
-            record.reason += " (accuracy passed, but the backend under test did not run)"
+            record.reason += (" (accuracy passed, but the backend under test did not run)" if check.mismatches
+                              else " (accuracy passed, but nothing proves which kernel ran)")
     else:
         record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
             f"; kernels as expected ({', '.join(f'{k}={v}' for k, v in check.expected.items())})" if check else "")

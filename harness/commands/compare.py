@@ -25,6 +25,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", type=Path, help="the baseline's result.json or run directory")
     parser.add_argument("cand", type=Path, help="the candidate's result.json or run directory")
     parser.add_argument("--alpha", type=probability, default=0.05, help="significance level (default 0.05)")
+    parser.epilog = ("exit status: 0 the candidate is not significantly worse, 1 it is, 3 an input is missing or "
+                     "the two runs cannot be paired (different questions or targets)")
 
 
 def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

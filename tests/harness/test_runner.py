@@ -107,6 +107,20 @@ def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: 
     assert code == 1
 
 
+def test_a_server_without_a_kernel_report_fails_a_kernel_check_as_unproven_not_as_another_kernel(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--no-kernels-endpoint"], {},
+                                  [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        config = write_config(tmp_path, "unproven", gsm8k_dir, {"accuracy": 1.0}, expect={"linear_kernel": "marlin"})
+        code, output = run_in_process([config], tmp_path / "out", server_url=server.base_url)
+    finally:
+        server.stop()
+    result = load_json(tmp_path / "out" / "unproven" / "result.json")
+    assert code == 1 and result["verdict"] == "FAIL" and result["expect"]["mismatches"] == []
+    assert "cannot be verified" in result["reason"] and "nothing proves which kernel ran" in result["reason"]
+
+
 def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the_artifacts(
         tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "keyed", gsm8k_dir, {"api_key": "s3cret-key", "linear_backend": "marlin"},
