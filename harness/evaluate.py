@@ -14,6 +14,7 @@ lazily: it costs seconds and `quantgate lint` never needs it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import hashlib
@@ -22,7 +23,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +213,26 @@ def _recording_model_class(chat: bool) -> type:
             self.requested = 0
             self.clock = _BusyClock()
             self._on_progress = on_progress
+            self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+
+        def _task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine, **kwargs: Any) -> asyncio.Task:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            self._tasks.add(task)
+            return task
+
+        async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
+            # Every task of the requests (aiohttp's own included) is known, for `interrupted`.
+            asyncio.get_running_loop().set_task_factory(self._task)
+            return await super().get_batched_requests(*args, **kwargs)
+
+        def interrupted(self) -> None:
+            """An interrupt (a KeyboardInterrupt) raised inside one of the requests' tasks ends that
+            task with it and leaves asyncio.run, which cancels and collects the tasks still pending:
+            the ended one's exception is retrieved here, or asyncio prints it as "never retrieved",
+            with a traceback, whenever the task is collected (after the run's result)."""
+            for task in list(self._tasks):
+                if task.done() and not task.cancelled():
+                    task.exception()
 
         def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
             self.requested += len(requests)
@@ -390,6 +412,9 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
                                fewshot_as_multiturn=settings.use_chat_completions)
         except RequestTimedOut as exc:
             error = f"request timed out: {exc}"
+        except KeyboardInterrupt:  # SIGINT, or the runner's SIGTERM: no outcome, the caller decides
+            lm.interrupted()
+            raise
         except Exception as exc:  # lm-eval aborts on the first request that fails after its retries
             error = _failure(exc, server_said.text)
             logging.getLogger("lm_eval").exception("quantgate: the evaluation stopped")

@@ -3,6 +3,8 @@ the scores, per-question records, and failed requests that are never scored."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -161,6 +163,28 @@ def test_a_hanging_server_fails_within_the_request_timeout(tmp_path: Path, gsm8k
     assert outcome.error is not None and "timed out" in outcome.error
     assert outcome.eval_s < 2 + 3, "a timed-out request must not be retried"
     assert outcome.answered == 3
+
+
+async def _interrupted() -> None:
+    task = asyncio.current_task()  # noqa: F841  a cycle through the traceback, as aiohttp's writer task has
+    raise KeyboardInterrupt
+
+
+def test_an_interrupt_inside_a_request_task_leaves_no_exception_to_print(tmp_path: Path, gsm8k_dir: Path, serve,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """SIGINT/SIGTERM land where the main thread is, often in a task nobody awaits (aiohttp's
+    request writer): asyncio printed its exception as "never retrieved", with a traceback, once
+    the task was collected, after the run's result."""
+    server = serve()
+
+    def land_in_a_task(answered: int, requested: int) -> None:
+        if answered == 1:
+            asyncio.get_running_loop().create_task(_interrupted())
+
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(_settings(gsm8k_dir, tmp_path, server.base_url), on_progress=land_in_a_task)
+    gc.collect()  # when asyncio reports the exceptions of tasks nobody retrieved
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 def test_per_question_merges_filters_and_gates_on_the_chosen_one() -> None:
