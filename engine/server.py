@@ -18,7 +18,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -718,6 +718,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
     # Added last, so it is outermost: it also counts the 401s.
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
+    app.add_middleware(CancelledRequestMiddleware)
     return app
 
 
@@ -767,6 +768,41 @@ class BodyLimitMiddleware:
         refusal = APIError(413, f"the request body is larger than this server takes ({MAX_BODY_BYTES} bytes); send "
                            "a shorter prompt", code="request_too_large")
         await refusal.response()(scope, receive, send)
+
+
+class CancelledRequestMiddleware:
+    """A request cancelled under the app (a forced quit: the second Ctrl-C) still ends as the API
+    says: an OpenAI-style 503 when no response has started, an error event and [DONE] when an
+    event stream has. Without it uvicorn sends a plain-text 500 and logs a traceback per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = streaming = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started, streaming
+            if message["type"] == "http.response.start":
+                started = True
+                streaming = dict(message.get("headers", [])).get(b"content-type", b"").startswith(b"text/event-stream")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            refusal = APIError(503, "the server is shutting down; send the request again once it is back",
+                               type="server_error", code="server_shutting_down")
+            with suppress(Exception):  # the client may be gone too
+                if not started:
+                    await refusal.response()(scope, receive, send)
+                elif streaming:
+                    error = ErrorInfo(message=refusal.message, type=refusal.type, code=refusal.code)
+                    await send({"type": "http.response.body", "more_body": False,
+                                "body": (_sse({"error": error.model_dump()}) + "data: [DONE]\n\n").encode()})
 
 
 class BearerAuthMiddleware:

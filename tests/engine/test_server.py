@@ -653,3 +653,32 @@ def test_unknown_routes_and_methods(client: TestClient) -> None:
     assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
     assert client.get("/v1/completions").status_code == 405
     assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("content_type", [None, b"text/event-stream"])
+def test_a_request_cancelled_by_a_forced_quit_still_gets_an_openai_error(content_type: bytes | None) -> None:
+    """The second Ctrl-C cancels in-flight requests: a JSON 503, or an error event and [DONE]."""
+    from quantgate.engine.server import CancelledRequestMiddleware
+
+    async def cancelled_app(scope, receive, send) -> None:
+        if content_type is not None:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]})
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        raise asyncio.CancelledError
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    asyncio.run(CancelledRequestMiddleware(cancelled_app)({"type": "http", "path": "/v1/completions",
+                                                            "headers": []}, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    if content_type is None:
+        assert sent[0]["status"] == 503 and json.loads(body)["error"]["code"] == "server_shutting_down"
+    else:
+        assert body.endswith(b"data: [DONE]\n\n") and b'"code":"server_shutting_down"' in body
+        assert sent[-1]["more_body"] is False
