@@ -3,9 +3,11 @@
 Greedy rows take the argmax. Sampled rows apply temperature and top-p, then draw with the
 request's own generator, so a seeded request's draws never depend on other requests. Its
 logits can: a batch of other sizes rounds differently in the last bits (vLLM is not
-batch-invariant either), so a long generation may diverge from the same request run alone
-where two tokens nearly tie. Logprobs are of the model's distribution (before temperature and top-p), as OpenAI
-and vLLM report them.
+batch-invariant either), and an FP8 checkpoint's activation quantization can turn such a bit
+into a whole FP8 step (logprobs measured 0.03-0.05 apart in float32; a per-tensor scale
+depends on the whole batch by design), so a long generation may diverge from the same request
+run alone where two tokens nearly tie. Logprobs are of the model's distribution (before
+temperature and top-p), as OpenAI and vLLM report them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,12 +245,28 @@ def _recording_model_class(chat: bool) -> type:
             if self._on_progress is not None:
                 self._on_progress(len(self.answers), self.requested)
 
+        def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
+            # lm-eval turns a body it cannot read into "" (a wrong answer); here it is an error,
+            # retried like an HTTP error and, if it persists, the run's ERROR.
+            texts = [text for out in (outputs if isinstance(outputs, list) else [outputs])
+                     for text in _choice_texts(out, chat)]
+            if not chat:
+                return texts
+            from lm_eval.models.utils import postprocess_generated_text
+
+            return [postprocess_generated_text(t, stop=None, think_end_token=self.think_end_token) for t in texts]
+
         async def amodel_call(self, session: Any, sem: Any, messages: Any, **kwargs: Any) -> Any:
+            import aiohttp
+
             try:
                 answers = await super().amodel_call(session, _TimedSemaphore(sem, self.clock), messages,
                                                     **kwargs)
             except TimeoutError:  # aiohttp's total timeout
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
+            except aiohttp.ClientResponseError as exc:
+                await asyncio.sleep(_retry_after_s(exc.headers))
+                raise
             if kwargs.get("generate", True) and answers is not None:
                 self._record(messages, answers)
             return answers
@@ -263,6 +279,9 @@ def _recording_model_class(chat: bool) -> type:
                 outputs = super().model_call(messages, **kwargs)
             except requests.exceptions.Timeout:
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
+            except requests.exceptions.HTTPError as exc:
+                time.sleep(_retry_after_s(exc.response.headers if exc.response is not None else None))
+                raise
             finally:
                 self.clock.stop()
             if kwargs.get("generate", True) and outputs is not None:
@@ -271,6 +290,48 @@ def _recording_model_class(chat: bool) -> type:
 
     Recording.__name__ = f"Recording{base.__name__}"
     return Recording
+
+
+class MalformedResponse(Exception):
+    """A 200 whose body holds no answer: never scored, retried, then the run's ERROR."""
+
+
+def _choice_texts(out: Any, chat: bool) -> list[str]:
+    """The answers of one response body, in choice order, or MalformedResponse saying what is wrong.
+    A null text is an empty answer only when the server says generation stopped at max_tokens
+    (a reasoning model can spend them all before any content)."""
+    if not isinstance(out, dict):
+        raise MalformedResponse(f"the server answered 200 with a {type(out).__name__}, not a JSON object")
+    if out.get("error"):
+        raise MalformedResponse(f"the server answered 200 with an error: {str(out['error'])[:300]}")
+    choices = out.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse(f"the server answered 200 with no choices ({str(out)[:300]})")
+    field = "message.content" if chat else "text"
+    texts: list[str | None] = [None] * len(choices)
+    for position, choice in enumerate(choices):
+        index = choice.get("index", position) if isinstance(choice, dict) else None
+        if not isinstance(index, int) or not 0 <= index < len(choices) or texts[index] is not None:
+            raise MalformedResponse(f"the server answered 200 with choice indices that are not 0..{len(choices) - 1}")
+        text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+        if text is None and choice.get("finish_reason") == "length":
+            text = ""
+        if not isinstance(text, str):
+            raise MalformedResponse(f"the server answered 200 with no {field} in choice {index} ({str(choice)[:300]})")
+        texts[index] = text
+    return texts
+
+
+RETRY_AFTER_MAX_S = 60.0
+
+
+def _retry_after_s(headers: Mapping[str, str] | None) -> float:
+    """A 429/503's Retry-After in seconds (bounded), honoured before lm-eval's own retry wait."""
+    value = (headers or {}).get("Retry-After", "")
+    try:
+        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S)
+    except ValueError:  # absent, or an HTTP date: lm-eval's backoff alone
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -412,12 +473,19 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
                                fewshot_as_multiturn=settings.use_chat_completions)
         except RequestTimedOut as exc:
             error = f"request timed out: {exc}"
-        except KeyboardInterrupt:  # SIGINT, or the runner's SIGTERM: no outcome, the caller decides
-            lm.interrupted()
+        except KeyboardInterrupt as exc:  # SIGINT, or the runner's SIGTERM: the caller decides, with
+            lm.interrupted()               # the answers received so far (`exc.outcome`) to keep
+            exc.outcome = _outcome(settings, task, lm, None, "interrupted", started, task_file, dataset_sha)
             raise
         except Exception as exc:  # lm-eval aborts on the first request that fails after its retries
             error = _failure(exc, server_said.text)
             logging.getLogger("lm_eval").exception("quantgate: the evaluation stopped")
+    return _outcome(settings, task, lm, results, error, started, task_file, dataset_sha)
+
+
+def _outcome(settings: EvalSettings, task: Any, lm: Any, results: dict | None, error: str | None, started: float,
+             task_file: Path, dataset_sha: dict[str, str]) -> EvalOutcome:
+    """lm-eval's results when it finished; else the answers that arrived, scored as it would."""
     eval_s = time.perf_counter() - started
     if results is not None:
         logged = results["samples"][settings.task]
@@ -462,6 +530,8 @@ def _failure(exc: BaseException, server_said: str | None) -> str:
 
     text = str(exc) or type(exc).__name__
     text = text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}"
+    if isinstance(exc, MalformedResponse):
+        return f"request failed after lm-eval's retries: {exc}"
     if isinstance(exc, (aiohttp.ClientError, requests.RequestException, ConnectionError)):
         said = f" (the server said: {server_said[:500]})" if server_said else ""
         return f"request failed after lm-eval's retries: {text}{said}"

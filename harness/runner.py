@@ -555,6 +555,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             server = attach(options.server_url, config.model_name,
                             api_key=api_key_of(config.server_args, config.env) or os.environ.get("OPENAI_API_KEY"))
             display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
+            if server.served_model != config.model_name:  # attach() took the one model it serves
+                display.note(f"  note: the config names {config.model_name!r}, the server serves only "
+                             f"{server.served_model!r}: evaluating that (result.json server.served_model)")
         else:
             display.note(f"  server: {item.command.shell(redact=True)}")  # CI logs are shared
             server = LaunchedServer(item.command, run_dir / SERVER_LOG)
@@ -588,7 +591,10 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.reason = str(exc)
     except RunInterrupted as exc:
         record.interrupted = exc.signal_name
-        record.reason = f"interrupted by {exc.signal_name}: the server was torn down; no verdict"
+        outcome = getattr(exc, "outcome", None) or outcome  # the answers received so far are kept
+        torn_down = "the attached server was left running" if isinstance(server, AttachedServer) else \
+            "the server was torn down"
+        record.reason = f"interrupted by {exc.signal_name}: {torn_down}; no verdict"
         raise
     except Exception as exc:  # a bug here must not cost the other configs their runs, nor leak a server
         record.reason = f"quantgate internal error: {type(exc).__name__}: {exc} (please report it, with the " \
@@ -759,7 +765,8 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     for problem in unwritten:
         display.note(f"error: could not write {problem}; free space or pass another path and run again")
     if guard.signal_name is not None:
-        display.note(f"interrupted by {guard.signal_name}: every server was torn down")
+        display.note(f"interrupted by {guard.signal_name}: " + ("an attached server (--server-url) is left running"
+                                                              if options.server_url else "every server was torn down"))
     code = exit_code(records)
     return EXIT_ERROR if unwritten and code in (EXIT_PASS, EXIT_FAIL) else code  # CI reads the artifacts
 

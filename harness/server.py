@@ -468,6 +468,7 @@ class LaunchedServer:
             "command_line": self.command.shell(self.port if self.port is not None else "PORT", redact=True),
             "env_diff": env_diff(self.command.env),
             "url": self.base_url if self.port is not None else None,
+            "served_model": self.served_model,
             "port": self.port,
             "ports_tried": self.ports_tried,
             "pid": self.pgid,
@@ -500,8 +501,8 @@ class AttachedServer:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.base_url, "attached": True, "command": None, "startup_s": 0.0, "exit_status": None,
-                "log": None}
+        return {"url": self.base_url, "attached": True, "served_model": self.served_model, "command": None,
+                "startup_s": 0.0, "exit_status": None, "log": None}
 
 
 def refused_arguments(log: str, status: int) -> str | None:

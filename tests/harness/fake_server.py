@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KERNEL_CLASSES = {
@@ -52,6 +53,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hang-after", type=int, default=None, help="never answer after N answers")
     p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
     p.add_argument("--error-status", type=int, default=500)
+    p.add_argument("--retry-after", type=float, default=None, help="the errors carry this Retry-After header")
+    p.add_argument("--malformed", choices=sorted(MALFORMED), default=None,
+                   help="after --error-after N answers, answer 200 with this broken body instead of an error")
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
     p.add_argument("--late-kernel", default=None,
                    help="on the first request, log that this backend's kernel serves the first linear module too "
@@ -70,6 +74,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     if args.strict_args and unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+# 200s that hold no answer (lm-eval alone would score each as a wrong answer); argument: chat or not.
+MALFORMED: dict[str, Callable[[bool], dict]] = {
+    "null_text": lambda chat: {"choices": [{"index": 0, "finish_reason": "stop",
+                                            **({"message": {"role": "assistant", "content": None}} if chat
+                                               else {"text": None})}]},
+    "no_choices": lambda chat: {"choices": []},
+    "error_body": lambda chat: {"error": {"message": "injected failure in a 200", "type": "server_error"}},
+}
 
 
 def _answer_of(answer_field: str) -> str:
@@ -131,11 +145,13 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args) -> None:  # access log to stdout (the server log)
             print(f"{self.address_string()} - {fmt % args}", flush=True)
 
-        def _send(self, status: int, body: dict) -> None:
+        def _send(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -186,7 +202,12 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             if hang:
                 time.sleep(3600)
             if args.error_after is not None and seen >= args.error_after:
-                self._send(args.error_status, {"error": {"message": "injected failure", "type": "server_error"}})
+                if args.malformed is not None:
+                    self._send(200, MALFORMED[args.malformed](self.path == "/v1/chat/completions"))
+                    return
+                retry_after = {"Retry-After": str(args.retry_after)} if args.retry_after is not None else None
+                self._send(args.error_status, {"error": {"message": "injected failure", "type": "server_error"}},
+                           retry_after)
                 return
             time.sleep(args.latency)
             usage = {"prompt_tokens": 0, "completion_tokens": 0}

@@ -117,6 +117,8 @@ def test_signals_tear_down_servers_and_write_an_interrupted_result(tmp_path: Pat
     _wait_for(log, "POST /v1/completions" if phase == "evaluation" else "fake server: starting", proc)
     pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
     assert len(group_members(pid)) >= 2  # the server and its child
+    if phase == "evaluation":
+        time.sleep(1.0)  # a few answers (0.3 s each) arrive first
     sent = time.monotonic()
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=60)
@@ -126,6 +128,10 @@ def test_signals_tear_down_servers_and_write_an_interrupted_result(tmp_path: Pat
     result = load_json(tmp_path / "out" / "first" / "result.json")
     assert result["verdict"] == "ERROR" and result["interrupted"] == sig.name
     assert f"interrupted by {sig.name}" in result["reason"] and result["server"]["exit_status"] is not None
+    if phase == "evaluation":  # the answers received before the signal are kept, not scored as a run
+        answered = _samples(tmp_path / "out" / "first")
+        assert len(answered) >= 1 and result["evaluation"]["answered"] == len(answered)
+        assert result["evaluation"]["complete"] is False
     later = load_json(tmp_path / "out" / "second" / "result.json")
     assert later["verdict"] == "ERROR" and later["reason"].startswith("not started")
     assert (tmp_path / "out" / "junit.xml").is_file()
@@ -159,3 +165,29 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
     assert (tmp_path / "out" / "summary.md").is_file()
     assert f"could not write {tmp_path / 'out' / 'junit.xml'}" in output.replace("\n", "")
     assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("kind, chat, concurrency", [("null_text", False, 1), ("null_text", True, 4),
+                                                     ("no_choices", False, 4), ("error_body", True, 1)])
+def test_a_200_without_an_answer_is_an_error_never_a_wrong_answer(tmp_path: Path, gsm8k_dir: Path, kind: str,
+                                                                   chat: bool, concurrency: int) -> None:
+    # lm-eval alone stores such a body as "" and scores it wrong: FAIL where the truth is ERROR.
+    config = write_config(tmp_path, "broken", gsm8k_dir, {"error_after": 5, "malformed": kind},
+                          max_concurrency=concurrency, accuracy_threshold=0.9, tolerance=0.0,
+                          use_chat_completions=chat)
+    code, output = run_in_process([config], tmp_path / "out")
+    run_dir = tmp_path / "out" / "broken"
+    result = load_json(run_dir / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR", output
+    assert "answered 200" in result["reason"] and "never scored as a wrong answer" in result["reason"]
+    assert len(_samples(run_dir)) == 5 if concurrency == 1 else 5 <= len(_samples(run_dir)) < 12
+
+
+def test_retry_after_is_honoured_before_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "limited", gsm8k_dir, {"error_after": 0, "error_status": 429, "retry_after": 1.5},
+                          max_concurrency=1, num_questions=1)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "limited" / "result.json")
+    assert code == 2 and "429" in result["reason"], output
+    # three attempts, each 429 waits its 1.5 s Retry-After (lm-eval's own backoff alone waits 2 s in all)
+    assert result["timings"]["eval_s"] >= 3 * 1.5

@@ -107,6 +107,20 @@ def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: 
     assert code == 1
 
 
+def test_an_attached_server_serving_one_other_model_is_evaluated_with_a_note_and_recorded(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(build_command("vllm", "other-model", fake_args(gsm8k_dir), {},
+                                  [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        code, output = run_in_process([write_config(tmp_path, "named", gsm8k_dir)], tmp_path / "out",
+                                      server_url=server.base_url)
+    finally:
+        server.stop()
+    result = load_json(tmp_path / "out" / "named" / "result.json")
+    assert code == 0 and result["server"]["served_model"] == "other-model", output
+    assert "the config names 'fake-model', the server serves only 'other-model'" in output.replace("\n", "")
+
+
 def test_a_server_without_a_kernel_report_fails_a_kernel_check_as_unproven_not_as_another_kernel(
         tmp_path: Path, gsm8k_dir: Path) -> None:
     server = launch(build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--no-kernels-endpoint"], {},
