@@ -29,8 +29,10 @@ gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
 
 def test_a_passing_config_writes_every_artifact(tmp_path: Path, gsm8k_dir: Path) -> None:
+    # The fake answers a hash-chosen 90% of a random data set right: 12 questions can score 7/12
+    # (0.4% of seeds), so the threshold sits far below, where no seed reaches.
     config = write_config(tmp_path, "good", gsm8k_dir, {"accuracy": 0.9, "linear_backend": "marlin"},
-                          accuracy_threshold=0.6, tolerance=0.0, expect={"linear_kernel": "marlin"})
+                          accuracy_threshold=0.3, tolerance=0.0, expect={"linear_kernel": "marlin"})
     code, output = run_in_process([config], tmp_path / "out")
     assert code == 0, output
     run_dir = tmp_path / "out" / "good"
@@ -38,7 +40,7 @@ def test_a_passing_config_writes_every_artifact(tmp_path: Path, gsm8k_dir: Path)
     jsonschema.validate(result, RESULT_SCHEMA)
     assert result["verdict"] == "PASS"
     assert result["metrics"]["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.9, 12))
-    assert result["gate"]["mode"] == "absolute" and result["gate"]["threshold"] == pytest.approx(0.6)
+    assert result["gate"]["mode"] == "absolute" and result["gate"]["threshold"] == pytest.approx(0.3)
     assert result["expect"]["passed"] and result["kernels"]["source"] == "server log"
     assert result["config"]["sha256"] and result["task"]["sha256"] and result["dataset"]["sha256"]
     assert set(result["versions"]) >= {"quantgate", "lm_eval", "torch", "engine"}
