@@ -111,8 +111,8 @@ def quantize_act_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def quantize_act_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Static (given `scale`) or dynamic per-tensor activation quantization; scale is 0-d."""
-    if scale is None:
-        scale = scale_from_amax(x.abs().amax())
+    if scale is None:  # an empty batch has no maximum: its scale is never used
+        scale = scale_from_amax(x.abs().amax() if x.numel() else x.new_zeros(()))
     scale = scale.float().reshape(())
     return to_fp8(x.float() / scale), scale
 

@@ -190,7 +190,17 @@ class KernelSelectionError(RuntimeError):
 
 
 def disabled_kernels() -> frozenset[str]:
-    return frozenset(n.strip() for n in os.environ.get(DISABLED_ENV, "").split(",") if n.strip())
+    """The kernel classes QUANTGATE_DISABLED_KERNELS names; a name that is no kernel class is an
+    error (a typo would otherwise leave the kernel enabled and the debugging run testing it)."""
+    names = frozenset(n.strip() for n in os.environ.get(DISABLED_ENV, "").split(",") if n.strip())
+    known = {k.kernel_name() for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS)}
+    for name in sorted(names - known):
+        by_lower = {k.lower(): k for k in known}
+        close = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.6)
+        hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+        raise UnknownBackendError(f"{DISABLED_ENV} names {name!r}, which is no kernel class{hint} (known: "
+                                  f"{', '.join(sorted(known))}; separate names with commas)")
+    return names
 
 
 def _priority(table: list, platform: Platform, scheme: Scheme) -> list:

@@ -13,7 +13,7 @@ from .. import quant
 from ..base import OK, LinearKernel, Verdict, bind_processed
 from ..platform import Platform
 from ..schemes import LinearLayerConfig, MoELayerConfig, Scheme
-from .fp8_checkpoint import fp8_weight, weight_scale
+from .fp8_checkpoint import fp8_weight, static_input_scale, weight_scale
 
 
 def qdq_activation(
@@ -53,11 +53,12 @@ class EmulationLinearKernel(LinearKernel):
         # Kept dequantized in float32: the product is then exactly fp8 values times scales.
         bind_processed(layer, "weight", quant.dequantize_weight(weight, scale, block))
         bind_processed(layer, cfg.scale_name, scale)
+        static_input_scale(layer, cfg)  # a static scale the config declares must be there
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq = qdq_activation(x2, self.config, getattr(layer, "input_scale", None))
+        xq = qdq_activation(x2, self.config, layer.input_scale if self.config.static_input_scale else None)
         out = xq @ layer.weight.t()
         if bias is not None:
             out = out + bias.float()

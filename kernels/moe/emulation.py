@@ -74,7 +74,7 @@ class EmulationMoEKernel(MoEKernel):
         down *= topk_weights.reshape(-1).float().index_select(0, order)[:, None]
         slot_of_row = torch.empty_like(order)
         slot_of_row[order] = torch.arange(order.numel(), device=order.device)
-        return down.index_select(0, slot_of_row).view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
+        return down.index_select(0, slot_of_row).view(num_tokens, top_k, cfg.hidden_size).sum(dim=1).to(x.dtype)
 
 
 def _input_scale(layer: torch.nn.Module, cfg: MoELayerConfig, proj: str) -> torch.Tensor | None:

@@ -59,7 +59,9 @@ def _to_fp8(x, scale):
     magic = ((spacing_exp + 23) << 23).to(tl.float32, bitcast=True)
     rounded = (tl.abs(q) + magic) - magic
     signed = rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)
-    return signed.to(tl.float32, bitcast=True).to(tl.float8e4nv)
+    fp8 = signed.to(tl.float32, bitcast=True).to(tl.float8e4nv).to(tl.int8, bitcast=True)
+    # Its cast also turns NaN into 384, where satfinite keeps it NaN (e4m3's 0x7f).
+    return tl.where(q != q, tl.full(q.shape, 0x7F, tl.int8), fp8).to(tl.float8e4nv, bitcast=True)
 
 
 # The row count and the column-major scale strides vary with every batch: not specializing on

@@ -38,7 +38,7 @@ from . import fp8_gemv
 from .fp8_gemv import GemvConfig, w8a8_gemv
 from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options
-from .gemm_epilogue import _bias_cast_store, choose_split_k, split_k_buffers, store_tile, target_programs
+from .gemm_epilogue import _bias_cast_store, bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
 
 BLOCK_K = 128
@@ -306,6 +306,7 @@ def w8a8_linear(
     if weight.shape[1] != k or x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError(f"w8a8_linear: x {tuple(x.shape)} (unit K stride) and contiguous weight [N, {k}] expected, "
                          f"got weight {tuple(weight.shape)}")
+    bias = bias_operand(bias, n)
     path = path or _default_path(m, k, n, x.device)
     if path == "one_row":
         return _one_row(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias, workspace)

@@ -27,6 +27,16 @@ SPLIT_K_MAX = 32  # split_k is a runtime kernel argument: one compilation serves
 MAX_PARTIAL_BYTES = 16 << 20
 
 
+def bias_operand(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """The bias as the epilogue reads it (N contiguous values), or ValueError: a strided view
+    would otherwise be read as if it were contiguous."""
+    if bias is None:
+        return None
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"bias of shape {tuple(bias.shape)} for an output of {n} features; expected ({n},)")
+    return bias if bias.is_contiguous() else bias.contiguous()
+
+
 @triton.jit
 def _bias_cast_store(acc, c_ptr, bias_ptr, rm, rn, M, N, stride_cm, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:

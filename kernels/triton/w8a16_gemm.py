@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options, prefetch_l2
-from .gemm_epilogue import choose_split_k, split_k_buffers, store_tile, target_programs
+from .gemm_epilogue import bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
 
 GROUP_K = 128  # K tile = scale group along K for block checkpoints
@@ -329,6 +329,7 @@ def w8a16_gemm(
     if rows != k_tiles * PLANE_K or x.stride(1) != 1 or not packed.is_contiguous():
         raise ValueError(f"w8a16_gemm: packed weight {tuple(packed.shape)} does not match K={k} "
                          f"(expects [{k_tiles * PLANE_K}, N], contiguous) or x has a non-unit K stride")
+    bias = bias_operand(bias, n)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out

@@ -27,6 +27,28 @@ def test_matches_float64_reference(seed, scheme, scale_name):
     assert hasattr(case.layer, scale_name) and not hasattr(case.layer, other)
 
 
+def test_the_static_input_scale_follows_the_config_not_the_layer(seed):
+    """As the torch backend: a declared static scale must be there; an undeclared one is unused."""
+    dynamic = make_case(72, 200, Scheme.FP8_TENSOR)
+    dynamic.layer.register_buffer("input_scale", torch.tensor(1e-3))  # a stray buffer, not in the config
+    kernel = EmulationLinearKernel(dynamic.config)
+    kernel.process_weights_after_loading(dynamic.layer)
+    x = torch.randn(3, 200).half()
+    assert rel_error(kernel.apply(dynamic.layer, x), reference_w8a8(dynamic, x)) < 1e-3
+    static = make_case(72, 200, Scheme.FP8_TENSOR, static_input_scale=True)
+    del static.layer.input_scale
+    with pytest.raises(ValueError, match="declares a static activation scale"):
+        EmulationLinearKernel(static.config).process_weights_after_loading(static.layer)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+def test_an_empty_batch_gives_an_empty_output(scheme):
+    case = make_case(72, 200, scheme)
+    kernel = EmulationLinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    assert kernel.apply(case.layer, torch.empty(2, 0, 200).half()).shape == (2, 0, 72)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 def test_bf16_single_row(seed, scheme):
     case = make_case(130, 256, scheme, act_dtype=torch.bfloat16)

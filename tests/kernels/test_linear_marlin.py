@@ -46,6 +46,18 @@ def test_every_fp8_value_converts_exactly(m, dtype):
     assert torch.equal(out, expected[None, :].expand(m, -1))
 
 
+def test_a_strided_bias_view_is_read_as_its_values(seed):
+    case = make_case(200, 300, Scheme.FP8_BLOCK, bias=True, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    every_other = torch.zeros(2 * 200, dtype=case.layer.bias.dtype, device=DEVICE)
+    every_other[::2] = case.layer.bias
+    x = torch.randn(3, 300, device=DEVICE).half()
+    assert rel_error(kernel.apply(case.layer, x, every_other[::2]), reference_w8a16(case, x, torch.float16)) < 1e-3
+    with pytest.raises(ValueError, match="bias of shape"):
+        kernel.apply(case.layer, x, every_other)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 @pytest.mark.parametrize("scale_name", SCALE_NAMES)
 @pytest.mark.parametrize("m", [1, 20])

@@ -52,6 +52,14 @@ def test_cpu_per_tensor_runs_row_wise(seed, monkeypatch, static):
     assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 1e-3
 
 
+@pytest.mark.parametrize("scheme", [Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR], ids=lambda s: s.value)
+def test_cpu_empty_batch_gives_an_empty_output(scheme):
+    case = make_case(72, 200, scheme)
+    kernel = TorchScaledMMLinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    assert kernel.apply(case.layer, torch.empty(2, 0, 200).half()).shape == (2, 0, 72)
+
+
 def test_platform_verdicts():
     assert TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cpu")) == (True, None)
     ok, reason = TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cuda", "8.0"))

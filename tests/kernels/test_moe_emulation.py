@@ -40,6 +40,17 @@ def test_matches_float64_reference(scheme, scale_name, hidden, inter, num_tokens
     assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
 
 
+@pytest.mark.parametrize("scheme,scale_name,hidden,inter", CASES)
+def test_an_empty_batch_gives_an_empty_output(scheme, scale_name, hidden, inter) -> None:
+    cfg = moe_config(scheme, hidden=hidden, inter=inter, scale_name=scale_name)
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.empty(0, hidden, dtype=cfg.act_dtype)
+    ids = torch.empty(0, cfg.top_k, dtype=torch.int64)
+    assert kernel.apply(layer, x, torch.empty(0, cfg.top_k), ids).shape == (0, hidden)
+
+
 def test_static_input_scales_use_the_largest_expert_scale(seed) -> None:
     cfg = moe_config(Scheme.FP8_TENSOR, hidden=200, inter=72, static_input_scale=True)
     layer = moe_layer(cfg)

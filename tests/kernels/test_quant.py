@@ -70,6 +70,17 @@ def test_triton_group_quant_is_bit_exact(seed, dtype):
     assert q[5:].float().abs().max() == 0 and (s[5:] == quant.MIN_SCALE).all()
 
 
+def test_triton_quantizers_keep_a_nan_activation_nan(seed):
+    """As cvt.rn.satfinite does on the GPU: a NaN stays NaN (e4m3 0x7f), never a finite FP8 value.
+    (The interpreter reads an FP8 NaN back as 480, so CPU CI checks the quantizers' bits only.)"""
+    from quantgate.kernels.triton.act_quant import quantize_per_token, quantize_per_token_group
+
+    x = _activations(2, 256, torch.float16)
+    x[1, 3] = float("nan")
+    for q, _ in (quantize_per_token_group(x, 128), quantize_per_token(x)):
+        assert q[1, 3].float().isnan() and not q[0].float().isnan().any()
+
+
 def test_triton_per_token_and_per_tensor_quant_are_bit_exact(seed):
     from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token
 

@@ -197,6 +197,15 @@ def test_disabled_kernels_are_skipped_with_a_reason(monkeypatch):
         select_linear_kernel(_platform(H200), _config(B), "triton").require()
 
 
+@pytest.mark.parametrize("value, hint", [("marlinfp8linearkernel", "did you mean 'MarlinFp8LinearKernel'"),
+                                         ("MarlinFp8LinearKernel;X", "separate names with commas")])
+def test_a_disabled_name_that_is_no_kernel_class_is_an_error(monkeypatch, value, hint):
+    # Ignored, it would leave marlin enabled while the debugging run believes it off.
+    monkeypatch.setenv(DISABLED_ENV, value)
+    with pytest.raises(UnknownBackendError, match=hint):
+        select_linear_kernel(_platform(A100), _config(B))
+
+
 def test_backend_names_are_normalised_with_a_suggestion():
     assert normalize_backend("Marlin", LINEAR_BACKENDS, "--linear-backend") == "marlin"
     assert select_linear_kernel(_platform(A100), _config(B), " MARLIN ").require().backend == "marlin"
