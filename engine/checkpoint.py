@@ -29,6 +29,14 @@ class CheckpointError(ValueError):
     """The weights on disk do not match what config.json describes."""
 
 
+FUSED_EXPERT_SUFFIXES = ("experts.gate_up_proj", "experts.down_proj")  # one [E, ...] tensor for all experts
+
+
+def fused_experts_advice(name: str) -> str:
+    return (f"stores fused MoE experts ({name}); save it with per-expert "
+            "`mlp.experts.<e>.<gate|up|down>_proj.weight` tensors (transformers' save_pretrained does)")
+
+
 class Checkpoint:
     """Name -> tensor over the safetensors files of one folder. Use as a context manager."""
 

@@ -31,7 +31,7 @@ from quantgate.kernels import (
     select_moe_kernel,
 )
 
-from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
 from .config import ModelConfig
 from .layers import FusedMoE, KernelLayer, QuantLinear, RMSNorm
 from .model import Qwen3ForCausalLM
@@ -215,6 +215,9 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, c
                 else:
                     put(module, attr, take(key), key)
         elif isinstance(module, FusedMoE):
+            fused = [f"{name}.{suffix.split('.')[-1]}" for suffix in FUSED_EXPERT_SUFFIXES]
+            if any(key in ckpt for key in fused):
+                raise CheckpointError(f"{ckpt.path} {fused_experts_advice(next(k for k in fused if k in ckpt))}")
             for attr, tensor in _stacked_experts(module, take).items():
                 put(module, attr, tensor, f"{name}.*")
         elif isinstance(module, (RMSNorm, nn.Embedding)):

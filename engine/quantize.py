@@ -33,7 +33,14 @@ import torch
 from quantgate.kernels import quant
 from quantgate.kernels.schemes import Scheme
 
+from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
+
 EXIT_USAGE = 3
+# Native per-tensor FP8 is vLLM's (AutoFP8) form. transformers (5.x) reads native FP8 only as
+# 128x128 blocks with `weight_scale_inv`: it drops these scales and computes wrong logits.
+NATIVE_TENSOR_NOTE = ("note: native per-tensor FP8 (`weight_scale`) is the form vLLM reads; transformers reads native "
+                      "FP8 only as 128x128 blocks (`weight_scale_inv`) and would drop these scales. For transformers "
+                      "use --format compressed-tensors")
 FORMATS = ("native", "compressed-tensors")
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 BLOCK = (128, 128)
@@ -149,8 +156,6 @@ def _compressed_tensors_config(target: Target, ignored: list[str]) -> dict:
 
 
 def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     if not src.exists():
         raise QuantizeError(f"SRC {src} does not exist; pass a Hugging Face model folder (config.json + *.safetensors)")
     config_path = src / "config.json"
@@ -165,18 +170,18 @@ def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise QuantizeError(
             f"SRC {src} has architecture {archs or 'unknown'}; quantize supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    if "quantization_config" in config:
+    if config.get("quantization_config"):  # null or {} is how some exports say "not quantized"
         method = config["quantization_config"].get("quant_method", "?")
         raise QuantizeError(f"SRC {src} is already quantized ({method}); start from the bf16 checkpoint")
-    state: dict[str, torch.Tensor] = {}
-    for path in files:
-        state.update(load_file(str(path)))
-    fused = [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    # As the engine reads it: the index decides between files, and a tensor in two files without one is an error.
+    try:
+        with Checkpoint(src) as checkpoint:
+            state = {name: checkpoint.get(name) for name in checkpoint.names()}
+    except CheckpointError as exc:
+        raise QuantizeError(f"SRC {exc}") from None
+    fused = [n for n in state if n.endswith(FUSED_EXPERT_SUFFIXES)]
     if fused:
-        raise QuantizeError(
-            f"SRC {src} stores fused MoE experts ({fused[0]}); save it with per-expert "
-            "`mlp.experts.<e>.<gate|up|down>_proj.weight` tensors (transformers' save_pretrained does)"
-        )
+        raise QuantizeError(f"SRC {src} {fused_experts_advice(fused[0])}")
     return config, state
 
 
@@ -243,4 +248,6 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"wrote {summary['dst']}: {summary['quantized']} linear weights in {summary['scheme']} "
           f"({summary['format']}), {summary['kept']} tensors kept; unquantized modules: {', '.join(summary['ignored'])}")
+    if summary["scheme"] == Scheme.FP8_TENSOR.value and summary["format"] == "native":
+        print(NATIVE_TENSOR_NOTE, file=sys.stderr)
     return 0

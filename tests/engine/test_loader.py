@@ -260,3 +260,24 @@ def test_moe_sizes_in_config_json_are_checked_as_fields(moe_dir, tmp_path):
         (bad / "config.json").write_text(json.dumps(dict(config, **{field: value})))
         with pytest.raises(ModelConfigError, match="num_experts_per_tok at most num_experts"):
             load_model(bad, device="cpu")
+
+
+def test_fused_expert_tensors_are_refused_with_how_to_resave(moe_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    fused_dir = tmp_path / "fused"
+    shutil.copytree(moe_dir, fused_dir)
+    tensors = load_file(str(fused_dir / "model.safetensors"))
+    experts = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+    per_layer: dict[str, list[torch.Tensor]] = {}
+    for name in sorted(tensors):
+        match = experts.fullmatch(name)
+        if match and match[3] == "down":
+            per_layer.setdefault(match[1], []).append(tensors[name])
+        if match:
+            del tensors[name]
+    for prefix, downs in per_layer.items():
+        tensors[f"{prefix}.down_proj"] = torch.stack(downs)
+    save_file(tensors, str(fused_dir / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"stores fused MoE experts \(model\.layers\.0\.mlp\.experts\.down_proj\)"):
+        load_model(fused_dir, device="cpu")

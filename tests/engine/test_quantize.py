@@ -205,6 +205,31 @@ def test_user_errors_exit_3_with_the_cause_and_the_fix(dense_src, tmp_path, caps
     assert not (tmp_path / "d").exists()
 
 
+def test_sources_are_read_as_the_engine_reads_them(dense_src, tmp_path, capsys) -> None:
+    """The index decides between shards (a stale extra file used to win, silently); without one a
+    tensor in two files is an error; `quantization_config: null` means unquantized."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(dense_src, src)
+    tensors = load_file(str(src / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    save_file({name: torch.zeros_like(tensors[name])}, str(src / "zz-stale.safetensors"))
+    assert cli_main(["quantize", str(src), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native"]) == 3
+    assert f"tensor {name!r} is in both model.safetensors and zz-stale.safetensors" in capsys.readouterr().err
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: "model.safetensors" for n in tensors}}))
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": None}))
+    quantize.quantize_checkpoint(src, tmp_path / "d", "fp8-block", "native")
+    assert load_file(str(tmp_path / "d" / "model.safetensors"))[name].float().abs().max() > 0
+
+
+def test_native_per_tensor_output_notes_what_transformers_reads(dense_src, tmp_path, capsys) -> None:
+    assert cli_main(["quantize", str(dense_src), str(tmp_path / "d"), "--scheme", "fp8-tensor", "--format", "native"]) == 0
+    assert "For transformers use --format compressed-tensors" in capsys.readouterr().err
+
+
 def test_force_replaces_an_existing_destination(dense_src, tmp_path) -> None:
     dst = tmp_path / "dst"
     dst.mkdir()
