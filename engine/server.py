@@ -726,10 +726,9 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class BodyLimitMiddleware:
-    """Bodies over MAX_BODY_BYTES get the OpenAI-style 413: at once when Content-Length says so,
-    else as soon as the streamed body passes the limit (the app is still reading it then, so no
-    response has started)."""
+class _HttpMiddleware:
+    """A pure ASGI middleware (streamed responses pass through untouched) for HTTP requests; the
+    rest (lifespan) goes straight to the app."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -738,6 +737,18 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class BodyLimitMiddleware(_HttpMiddleware):
+    """Bodies over MAX_BODY_BYTES get the OpenAI-style 413: at once when Content-Length says so,
+    else as soon as the streamed body passes the limit (the app is still reading it then, so no
+    response has started)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length", b"0")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:
             await self._refuse(scope, receive, send)
@@ -770,18 +781,12 @@ class BodyLimitMiddleware:
         await refusal.response()(scope, receive, send)
 
 
-class CancelledRequestMiddleware:
+class CancelledRequestMiddleware(_HttpMiddleware):
     """A request cancelled under the app (a forced quit: the second Ctrl-C) still ends as the API
     says: an OpenAI-style 503 when no response has started, an error event and [DONE] when an
     event stream has. Without it uvicorn sends a plain-text 500 and logs a traceback per request."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = streaming = False
 
         async def tracked(message: Message) -> None:
@@ -805,16 +810,15 @@ class CancelledRequestMiddleware:
                                 "body": (_sse({"error": error.model_dump()}) + "data: [DONE]\n\n").encode()})
 
 
-class BearerAuthMiddleware:
-    """--api-key: `Authorization: Bearer <key>` on PROTECTED_PATHS, else an OpenAI-style 401
-    (a pure ASGI middleware, so streamed responses pass through untouched)."""
+class BearerAuthMiddleware(_HttpMiddleware):
+    """--api-key: `Authorization: Bearer <key>` on PROTECTED_PATHS, else an OpenAI-style 401."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
+        super().__init__(app)
         self.expected = api_key.encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PATHS):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"].startswith(PROTECTED_PATHS):
             scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
             # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
             if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.expected):
