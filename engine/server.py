@@ -713,12 +713,13 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     endpoints = [route for route in app.routes if route.path.startswith((*PROTECTED_PATHS, "/health", "/metrics"))]
     routes.extend(f"{sorted(route.methods)[0]} {route.path}" for route in endpoints)
+    # Added first, so it is innermost: the metrics count the 503 its client gets.
+    app.add_middleware(CancelledRequestMiddleware)
     app.add_middleware(BodyLimitMiddleware)
     if settings.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
     # Added last, so it is outermost: it also counts the 401s.
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, endpoints=frozenset(r.path for r in endpoints))
-    app.add_middleware(CancelledRequestMiddleware)
     return app
 
 

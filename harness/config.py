@@ -84,12 +84,11 @@ class GateSpec(_Block):
     def _one_sided(cls, value: float, info: Any) -> float:
         # z(0.5) = 0: from there on the one-sided quantile has the other sign.
         if value >= 0.5:
-            effect = ("z(alpha) >= 0 puts the bound at or above the estimate, so a model exactly as good as its "
-                      "reference or baseline fails; the usual value is 0.05" if info.field_name == "alpha" else
-                      "z(beta) >= 0 makes the minimum detectable drop smaller than the drop the gate lets through "
-                      "(power below 50%); the usual value is 0.2")
-            raise ValueError(f"must be below 0.5, got {value}: a one-sided test at {info.field_name} >= 0.5 inverts "
-                             f"the bound: {effect}")
+            effect = ("a model exactly as good as its reference or baseline then fails at least half the time; the "
+                      "usual value is 0.05" if info.field_name == "alpha" else
+                      "the minimum detectable drop is then smaller than the drop the gate lets through (power below "
+                      "50%); the usual value is 0.2")
+            raise ValueError(f"must be below 0.5, got {value}: {effect}")
         return value
 
 

@@ -19,6 +19,7 @@ import contextlib
 import gc
 import hashlib
 import logging
+import math
 import re
 import sys
 import threading
@@ -265,7 +266,7 @@ def _recording_model_class(chat: bool) -> type:
             except TimeoutError:  # aiohttp's total timeout
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
             except aiohttp.ClientResponseError as exc:
-                await asyncio.sleep(_retry_after_s(exc.headers))
+                await asyncio.sleep(_retry_after_s(exc.status, exc.headers))
                 raise
             if kwargs.get("generate", True) and answers is not None:
                 self._record(messages, answers)
@@ -280,7 +281,8 @@ def _recording_model_class(chat: bool) -> type:
             except requests.exceptions.Timeout:
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
             except requests.exceptions.HTTPError as exc:
-                time.sleep(_retry_after_s(exc.response.headers if exc.response is not None else None))
+                response = exc.response
+                time.sleep(_retry_after_s(response.status_code, response.headers) if response is not None else 0.0)
                 raise
             finally:
                 self.clock.stop()
@@ -325,13 +327,15 @@ def _choice_texts(out: Any, chat: bool) -> list[str]:
 RETRY_AFTER_MAX_S = 60.0
 
 
-def _retry_after_s(headers: Mapping[str, str] | None) -> float:
+def _retry_after_s(status: int, headers: Mapping[str, str] | None) -> float:
     """A 429/503's Retry-After in seconds (bounded), honoured before lm-eval's own retry wait."""
-    value = (headers or {}).get("Retry-After", "")
+    if status not in (429, 503):
+        return 0.0
     try:
-        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S)
+        seconds = float((headers or {}).get("Retry-After", ""))
     except ValueError:  # absent, or an HTTP date: lm-eval's backoff alone
         return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else 0.0
 
 
 @contextlib.contextmanager

@@ -29,6 +29,11 @@ class GateInputError(ValueError):
     """A gate lacks a run-time input (per-sample results, a baseline result); the run is an ERROR."""
 
 
+class GateInputMismatch(GateInputError):
+    """The run and its baseline cannot be compared (other questions, targets, n; malformed rows):
+    running them again gives the same mismatch, so the run's ERROR is never retried (exit 3)."""
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The run a paired or recovery gate compares against (its result.json and samples.jsonl)."""
@@ -203,7 +208,8 @@ def wilson(measured: float, n: int, reference: float, rtol: float, alpha: float 
 
 def binomial_tail(k: int, n: int) -> float:
     """P(X >= k) for X ~ Binomial(n, 1/2), exactly: the coefficients come from one exact
-    integer recurrence, C(n, i+1) = C(n, i) * (n - i) / (i + 1), so the sum is linear in n."""
+    integer recurrence, C(n, i+1) = C(n, i) * (n - i) / (i + 1), so the sum takes n - k steps
+    (of big-integer arithmetic: about 0.1 s at n = 20,000, 10 s at 200,000)."""
     if k <= 0:
         return 1.0
     if k > n:
@@ -228,7 +234,7 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     only_candidate = sum(1 for q in candidate if q not in baseline)
     only_baseline = sum(1 for q in baseline if q not in candidate)
     if only_candidate or only_baseline:
-        raise GateInputError(f"gate paired: the candidate and the baseline answered different questions: "
+        raise GateInputMismatch(f"gate paired: the candidate and the baseline answered different questions: "
                              f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
                              f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
                              "the same num_questions and --limit")
@@ -258,7 +264,7 @@ def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *
     if baseline_measured <= 0:
         raise GateInputError(f"gate recovery: the baseline scored {baseline_measured}; a ratio against it is undefined")
     if n != baseline_n:
-        raise GateInputError(f"gate recovery: this run evaluated {n} questions and the baseline {baseline_n}: a ratio "
+        raise GateInputMismatch(f"gate recovery: this run evaluated {n} questions and the baseline {baseline_n}: a ratio "
                              "of accuracies on different questions is no recovery; evaluate both with the same "
                              "num_questions and --limit")
     ratio = measured / baseline_measured
@@ -314,14 +320,14 @@ def correct_by_id(samples: Sequence[Mapping[str, Any]], who: str) -> dict[str, b
     out: dict[str, bool] = {}
     for row_number, row in enumerate(samples, start=1):
         if "id" not in row or "correct" not in row:
-            raise GateInputError(f"{who}: row {row_number}: per-sample rows need 'id' and 'correct', "
+            raise GateInputMismatch(f"{who}: row {row_number}: per-sample rows need 'id' and 'correct', "
                                  f"got keys {sorted(row)}")
         key, correct = str(row["id"]), row["correct"]
         if not isinstance(correct, bool):
-            raise GateInputError(f"{who}: row {row_number} (question id {key!r}): 'correct' must be true or false, "
+            raise GateInputMismatch(f"{who}: row {row_number} (question id {key!r}): 'correct' must be true or false, "
                                  f"got {correct!r}; samples.jsonl as `quantgate run` writes it has booleans")
         if key in out:
-            raise GateInputError(f"{who}: row {row_number}: question id {key!r} appears twice; each question "
+            raise GateInputMismatch(f"{who}: row {row_number}: question id {key!r} appears twice; each question "
                                  "must be answered once (were two samples.jsonl files joined?)")
         out[key] = correct
     return out
@@ -335,6 +341,6 @@ def check_same_targets(candidate: Sequence[Mapping[str, Any]], baseline: Sequenc
     differ = [str(row["id"]) for row in candidate
               if "id" in row and "target" in row and str(row["id"]) in gold and gold[str(row["id"])] != row["target"]]
     if differ:
-        raise GateInputError(f"{candidate_who} and {baseline_who} have different targets for {len(differ)} question "
+        raise GateInputMismatch(f"{candidate_who} and {baseline_who} have different targets for {len(differ)} question "
                              f"id(s) (first: {differ[0]!r}): they evaluated different data sets; evaluate both on "
                              "the same dataset")

@@ -141,9 +141,12 @@ def artifact_path_problems(targets: Sequence[tuple[str, Path | None, bool]]) -> 
             kind = "a file" if is_dir else "a folder"
             problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")
             continue
-        if path.exists():  # written over, as a re-run does
-            if not os.access(path, os.W_OK | (os.X_OK if is_dir else 0)):
-                problems.append(f"{flag} {path} is not writable; pass a path you can write to")
+        if path.exists():  # written over, as a re-run does: a file in place (report) or by a rename
+            # (write_atomic), which needs its folder writable too
+            writable = os.access(path, os.W_OK | os.X_OK) if is_dir else (
+                os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK))
+            if not writable:
+                problems.append(f"{flag} {path} is not writable (or its folder is not); pass a path you can write to")
             continue
         ancestor = path.parent
         while not ancestor.exists():
@@ -195,7 +198,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write-then-rename: a reader (or a second Ctrl-C) never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -209,14 +212,14 @@ def write_result(run_dir: Path, record: RunRecord) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RESULT_FILE
     text = json.dumps(_finite(json.loads(json.dumps(record.to_dict(), default=_json_default))), indent=2)
-    _write_atomic(path, text + "\n")
+    write_atomic(path, text + "\n")
     return path
 
 
 def write_samples(run_dir: Path, samples: Sequence[dict[str, Any]]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / SAMPLES_FILE
-    _write_atomic(path, "".join(json.dumps(s, default=_json_default) + "\n" for s in samples))
+    write_atomic(path, "".join(json.dumps(s, default=_json_default) + "\n" for s in samples))
     return path
 
 
@@ -320,7 +323,7 @@ def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = 
 
 def write_summary(records: Sequence[RunRecord], path: Path, skipped: Sequence[Skipped] = ()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, summary_markdown(records, skipped))
+    write_atomic(path, summary_markdown(records, skipped))
     return path
 
 
@@ -357,5 +360,5 @@ def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgat
             ET.SubElement(case, "system-out").text = rec.gate["explanation"]
     ET.indent(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")
+    write_atomic(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")
     return path

@@ -33,7 +33,7 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
 from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
-from .gates import Baseline, GateInputError, GateOutcome, evaluate_gate
+from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
@@ -45,6 +45,11 @@ DEFAULT_OUTPUT_DIR = Path("results")
 DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_REQUEST_TIMEOUT_S = 300.0  # lm-eval's own default
 _STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
+
+
+class ArtifactsUnwritable(OSError):
+    """The run directory of a config cannot be made (a full disk, a permission): that config is
+    an ERROR, and the others still run."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -309,8 +314,10 @@ class GpuScan:
 
 def local_gpus() -> GpuScan:
     """The GPUs this process may use. Asked of the driver, not of torch: this venv's torch may be
-    a CPU build next to vLLM's CUDA one. CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES)
-    narrows nvidia-smi's list as CUDA does, by index or UUID."""
+    a CPU build next to vLLM's CUDA one. CUDA_VISIBLE_DEVICES narrows nvidia-smi's list as CUDA
+    does, by index or GPU UUID. (NVIDIA_VISIBLE_DEVICES is the container runtime's: inside the
+    container nvidia-smi already lists only those GPUs, renumbered from 0. MIG instances are not
+    in nvidia-smi's GPU list, so a list naming them leaves it as it is.)"""
     import re
     import subprocess
 
@@ -328,14 +335,16 @@ def local_gpus() -> GpuScan:
             cap = parts[-1].strip()
             rows.append((parts[0].strip(), parts[1].strip(), ",".join(parts[2:-1]).strip(),
                          cap if re.fullmatch(r"\d+\.\d+", cap) else None))
-    variable = next((v for v in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if v in os.environ), None)
-    setting = os.environ.get(variable, "").strip() if variable else "all"
-    if setting.lower() == "all":
-        return GpuScan([(name, cap) for _, _, name, cap in rows])
+    variable = "CUDA_VISIBLE_DEVICES"
+    setting = os.environ.get(variable, "all").strip()
+    if setting.lower() == "all" or "MIG-" in setting:
+        return GpuScan([(name, cap) for _, _, name, cap in rows],
+                       f"{variable}={setting!r} names MIG instances: counted as the GPUs nvidia-smi lists"
+                       if "MIG-" in setting else None)
     visible = []
     for token in [] if setting.lower() in _NO_GPU else [t.strip() for t in setting.split(",")]:
-        match = next((r for r in rows if token == r[0] or (token.startswith(("GPU-", "MIG-")) and
-                                                            r[1].startswith(token))), None)
+        match = next((r for r in rows if token == r[0] or (token.startswith("GPU-") and r[1].startswith(token))),
+                     None)
         if match is None:  # CUDA ignores the rest of the list from the first device it does not know
             break
         if match not in visible:
@@ -539,15 +548,19 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     re-raised after the server is torn down and the record saying so is on disk."""
     config = item.config
     run_dir = options.output_dir / config.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in _STALE_ARTIFACTS:
-        (run_dir / stale).unlink(missing_ok=True)
     record = RunRecord(name=config.name, verdict=ERROR, reason="", config=_config_summary(config, item.model, run_dir),
                        versions=harness_versions(), started_at=now_iso())
     started = time.monotonic()
     server: Server | None = None
     outcome: EvalOutcome | None = None
     try:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for stale in _STALE_ARTIFACTS:
+                (run_dir / stale).unlink(missing_ok=True)
+        except OSError as exc:  # e.g. a full disk: this config is an ERROR, the others still run
+            raise ArtifactsUnwritable(f"artifacts cannot be written to {run_dir} ({exc}); free space or pass "
+                                      "another --output-dir and run again") from None
         evaluate_mod.preload()  # overlaps lm-eval's import with the server's start-up
         if item.command is None:
             assert options.server_url is not None
@@ -587,8 +600,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         if record.usage_error:
             record.reason += " (the server refused the config: fix it; exit 3, not retried)"
         record.timings["server_start_s"] = round(exc.startup_s, 3)
-    except (EvalSetupError, GateInputError) as exc:
+    except (EvalSetupError, GateInputError, ArtifactsUnwritable) as exc:
         record.reason = str(exc)
+        record.usage_error = isinstance(exc, GateInputMismatch)  # the same inputs would mismatch again
     except RunInterrupted as exc:
         record.interrupted = exc.signal_name
         outcome = getattr(exc, "outcome", None) or outcome  # the answers received so far are kept
@@ -777,6 +791,7 @@ def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> 
                        f"{signal_name}", config=_config_summary(item.config, item.model, run_dir),
                        versions=harness_versions(), interrupted=signal_name, started_at=now_iso(),
                        finished_at=now_iso(), timings={"total_s": 0.0})
-    write_result(run_dir, record)
+    with contextlib.suppress(OSError):  # junit.xml and summary.md still carry it
+        write_result(run_dir, record)
     return record
 

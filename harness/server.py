@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from .results import write_atomic
+
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
 PORT_ATTEMPTS = 3
@@ -420,7 +422,8 @@ class LaunchedServer:
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
         that had left the group (a worker that called setsid() survives a group kill); return the
-        leader's status."""
+        leader's status. A daemon that double-forked away (its parent gone before this runs) is no
+        longer anyone's descendant here, and is not found."""
         if self.process is None:
             return None
         pgid = self.process.pid
@@ -443,7 +446,12 @@ class LaunchedServer:
         self.exit_status = self.process.wait(timeout=5.0)
         self._kill_strays(family, set(group_members(pgid)))
         if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
-            self.log_path.write_text(self.log_text())
+            try:
+                write_atomic(self.log_path, self.log_text())
+            except OSError:  # a full disk: better no log than one with the key
+                with contextlib.suppress(OSError):
+                    self.log_path.write_text("# quantgate: the log could not be rewritten without the API key "
+                                             "(no space?), so it was emptied\n")
         return self.exit_status
 
     def _kill_strays(self, family: dict[int, str], in_group: set[int]) -> None:
@@ -457,7 +465,7 @@ class LaunchedServer:
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(_still_running(pid, family[pid]) for pid in strays):
             time.sleep(0.05)
-        with open(self.log_path, "a") as log:
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:  # a full disk: result.json says it
             log.write(f"# quantgate: SIGKILLed {len(strays)} process(es) the server started that had left its "
                       f"process group (setsid), so the group's teardown missed them: pid(s) "
                       f"{', '.join(map(str, strays))}\n")
@@ -507,13 +515,16 @@ class AttachedServer:
 
 def refused_arguments(log: str, status: int) -> str | None:
     """The line in which a server's start-up `log` refuses its arguments or config (argparse's
-    `error:` after `usage:`, exit 2; a pydantic ValidationError of its config), else None: a
-    retry cannot help these."""
+    `error:` after `usage:`, exit 2; a pydantic ValidationError of a field's type or value), else
+    None: a retry cannot help these."""
     usage = _ARGPARSE_ERROR.search(log) if status == ARGPARSE_EXIT else None
     if usage:
         return usage["line"].strip()
     invalid = _VALIDATION_ERROR.search(log)
-    if not invalid:
+    # vLLM's config classes wrap any exception of their own checks (a hub or file read included)
+    # as a `value_error`: only pydantic's own type and field errors are surely the arguments.
+    types = re.findall(r"\[type=(\w+)", invalid["detail"]) if invalid else []
+    if not types or all(kind == "value_error" for kind in types):
         return None
     detail = [line.split(" [type=")[0].strip() for line in invalid["detail"].splitlines()
               if not line.strip().startswith("For further information")]
@@ -521,8 +532,9 @@ def refused_arguments(log: str, status: int) -> str | None:
 
 
 def model_ids(models: Any) -> list[str]:
-    """The model names in a `/v1/models` body."""
-    return [m["id"] for m in models.get("data", [])]
+    """The model names in a `/v1/models` body (none in a body of another shape)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return [m["id"] for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:

@@ -38,13 +38,18 @@ def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if result.get("verdict") == "ERROR":
         raise GateInputError(f"{role} {path}: that run ended in ERROR ({result.get('reason')}), so it has no answers "
                              "to compare; compare runs that reached a verdict")
-    samples = load_samples(path)
+    try:
+        samples = load_samples(path)
+    except (OSError, ValueError) as exc:  # a torn line: json's error names line and column
+        raise GateInputError(f"{role} {_samples_file(path)}: not JSON lines ({exc})") from None
     if samples is None:
         raise GateInputError(f"{role} {path}: no samples.jsonl beside the result; per-question results are "
                              "written by `quantgate run`")
     if not samples:
         raise GateInputError(f"{role} {path}: samples.jsonl has no rows: that run answered no question; compare "
                              "runs that evaluated questions")
+    if not all(isinstance(row, dict) for row in samples):
+        raise GateInputError(f"{role} {_samples_file(path)}: every line must be a JSON object (one question)")
     return result, samples
 
 
@@ -63,12 +68,9 @@ def main(args: argparse.Namespace) -> int:
         metrics = result.get("metrics") or {}
         value = metrics.get("value")
         shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
-        print(f"{role}: {result['name']} ({result['verdict']}): {metrics.get('metric')} {shown} (n {metrics.get('n')})")
+        print(f"{role}: {result['name']} ({result.get('verdict', 'no verdict')}): {metrics.get('metric')} {shown} "
+              f"(n {metrics.get('n')})")
     print(explanation)
-    for role, result in (("base", base), ("cand", cand)):
-        if not (result.get("evaluation") or {}).get("complete", True):
-            print(f"warning: {role} {result['name']} did not complete ({result['verdict']}: {result['reason']}); "
-                  "only the questions it answered are compared")
     by_id = {str(row["id"]): row for row in cand_samples}
     for title, ids in (("right -> wrong", [q for q in cand_ok if base_ok[q] and not cand_ok[q]]),
                        ("wrong -> right", [q for q in cand_ok if cand_ok[q] and not base_ok[q]])):

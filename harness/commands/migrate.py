@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_INVALID
     status = EXIT_OK
-    changed = manual = 0
+    changed = manual = unreadable = 0
     for path in paths:
         text = path.read_text(encoding="utf-8")
         try:
@@ -50,6 +50,7 @@ def main(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             status = EXIT_INVALID
+            unreadable += 1
             continue
         for problem in result.unresolved:
             print(problem, file=sys.stderr)
@@ -69,8 +70,9 @@ def main(args: argparse.Namespace) -> int:
                 fromfile=_diff_name("a", path), tofile=_diff_name("b", path)))
     done = [f"{'migrated' if args.write else 'would change'} {changed}"] if changed else []
     left = [f"{manual} legacy switch(es) need manual migration (see above)"] if manual else []
-    print(f"{len(paths)} config(s): " + ("; ".join(done + left) or "nothing to migrate (no legacy kernel switches in "
-                                         "env)"), file=sys.stderr)
+    broken = [f"{unreadable} could not be read (see above)"] if unreadable else []
+    print(f"{len(paths)} config(s): " + ("; ".join(done + left + broken) or "nothing to migrate (no legacy kernel "
+                                         "switches in env)"), file=sys.stderr)
     return status
 
 

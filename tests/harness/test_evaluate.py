@@ -204,3 +204,14 @@ def test_per_question_merges_filters_and_gates_on_the_chosen_one() -> None:
     flexible = per_question(logged, "exact_match,flexible-extract")
     assert [(s["id"], s["correct"], s["invalid"]) for s in flexible] == [(0, True, False), (1, True, False)]
     assert strict[0]["response"] == "it is 3"
+
+
+def test_retry_after_is_read_for_429_and_503_only_and_bounded() -> None:
+    from quantgate.harness.evaluate import RETRY_AFTER_MAX_S, _retry_after_s
+
+    assert _retry_after_s(429, {"Retry-After": "2.5"}) == 2.5 and _retry_after_s(503, {"Retry-After": "1"}) == 1.0
+    assert _retry_after_s(500, {"Retry-After": "5"}) == 0.0  # not a rate limit: lm-eval's backoff alone
+    assert _retry_after_s(429, {"Retry-After": "3600"}) == RETRY_AFTER_MAX_S
+    for bad in ("nan", "inf", "-3", "Wed, 21 Oct 2026 07:28:00 GMT", ""):  # nan used to sleep forever
+        assert 0.0 <= _retry_after_s(429, {"Retry-After": bad}) <= RETRY_AFTER_MAX_S
+    assert _retry_after_s(429, None) == 0.0

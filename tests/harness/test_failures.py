@@ -143,7 +143,7 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
         tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate.harness import runner
 
-    real_write_samples, real_write_junit = runner.write_samples, runner.write_junit
+    real_write_samples = runner.write_samples
 
     def samples_fill_the_disk(run_dir: Path, samples: list) -> Path:
         if run_dir.name == "first":
@@ -153,15 +153,24 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
     def junit_fills_the_disk(*args, **kwargs) -> Path:
         raise OSError(28, "No space left on device")
 
+    real_mkdir = Path.mkdir
+
+    def no_room_for_third(path: Path, *args, **kwargs) -> None:
+        if path.name == "third":
+            raise OSError(28, "No space left on device")
+        real_mkdir(path, *args, **kwargs)
+
     monkeypatch.setattr(runner, "write_samples", samples_fill_the_disk)
     monkeypatch.setattr(runner, "write_junit", junit_fills_the_disk)
-    configs = [write_config(tmp_path, name, gsm8k_dir, num_questions=4) for name in ("first", "second")]
+    configs = [write_config(tmp_path, name, gsm8k_dir, num_questions=4) for name in ("first", "third", "second")]
+    monkeypatch.setattr(Path, "mkdir", no_room_for_third)
     code, output = run_in_process(configs, tmp_path / "out")
     first = load_json(tmp_path / "out" / "first" / "result.json")  # written once the samples were dropped
     assert code == 2, output
     assert first["verdict"] == "ERROR" and "No space left on device" in first["reason"]
     assert "gate absolute passed" in first["reason"]  # what the run measured is not lost
     assert load_json(tmp_path / "out" / "second" / "result.json")["verdict"] == "PASS"
+    assert "ERROR third" in output and "artifacts cannot be written to" in output
     assert (tmp_path / "out" / "summary.md").is_file()
     assert f"could not write {tmp_path / 'out' / 'junit.xml'}" in output.replace("\n", "")
     assert not list((tmp_path / "out").rglob("*.tmp"))

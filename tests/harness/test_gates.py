@@ -252,33 +252,3 @@ def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
     for metrics in ({"n": 10}, {"value": "0.5", "n": 10}, {"value": float("nan"), "n": 10}, {"value": 0.5, "n": 0}):
         with pytest.raises(GateInputError):
             evaluate_gate(cfg, metrics)
-
-
-# -- the one-line reason ------------------------------------------------------------------------------
-
-
-def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
-    from quantgate.harness.runner import _gate_line
-
-    wilson = evaluate_gate(config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n"), {"value": 0.72, "n": 100})
-    assert _gate_line(wilson) == "exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold 0.6946"
-    hyp = evaluate_gate(config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"), {"value": 0.5, "n": 1319})
-    assert _gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
-    invalid = config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
-    line = _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.3}))
-    assert line == ("invalid_rate 0.3000 > max_invalid_rate 0.0500 (accuracy passed: exact_match,strict-match 0.9000 "
-                    "vs threshold 0.4200)")
-    line = _gate_line(evaluate_gate(invalid, {"value": 0.1, "n": 100, "invalid_rate": 0.3}))
-    assert line == "exact_match,strict-match 0.1000 vs threshold 0.4200; invalid_rate 0.3000 > max_invalid_rate 0.0500"
-    assert "invalid" not in _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.01}))
-    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
-    rows = [{"id": i, "correct": True} for i in range(20)]
-    worse = [{"id": i, "correct": i >= 6} for i in range(20)]
-    base = Baseline("base", {"value": 1.0, "n": 20}, rows)
-    paired = evaluate_gate(config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 0.7, "n": 20}, worse, base)
-    assert _gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
-                                  "p(candidate worse) 0.01562 vs alpha 0.05")
-    recovery = evaluate_gate(config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 0.7, "n": 20}, None,
-                             base)
-    assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
-                                    "minimum 0.9500")

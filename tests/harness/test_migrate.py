@@ -89,6 +89,11 @@ def test_what_cannot_be_migrated_is_reported_exit_3(tmp_path: Path, capsys: pyte
     assert main(["migrate", str(only_manual)]) == 3
     err = capsys.readouterr().err
     assert "1 config(s): 1 legacy switch(es) need manual migration" in err and "nothing to migrate" not in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model_name: m\naccuracy_threshold: [\n")
+    assert main(["migrate", str(broken)]) == 3
+    err = capsys.readouterr().err
+    assert "1 config(s): 1 could not be read (see above)" in err and "nothing to migrate" not in err
 
 
 def test_indentation_style_is_kept(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, artifact_path_problems, load_result, load_samples, summary_markdown,
-                                       write_junit, write_result, write_samples)
+from quantgate.harness.config import load_config
+from quantgate.harness.gates import evaluate_gate
+from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, artifact_path_problems, load_result, load_samples,
+                                       summary_frame, summary_markdown, write_junit, write_result, write_samples)
 from tests.harness import runner_fixtures
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
@@ -219,3 +221,19 @@ def test_a_write_that_fails_leaves_no_temp_file(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(OSError, match="No space"):
         write_result(tmp_path, RunRecord(name="x", verdict="PASS", reason="", config={}))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_threshold_is_on_the_measured_scale(tmp_path: Path) -> None:
+    """wilson gates the lower bound and recovery the ratio: the table shows the measured accuracy
+    each needed, so that measured vs threshold never contradicts the verdict."""
+    (tmp_path / "w.yaml").write_text("model_name: m\nreference: {value: 0.755}\ngate: wilson\n")
+    (tmp_path / "a.yaml").write_text("model_name: m\naccuracy_threshold: 0.8\n")
+    records = []
+    for name, metrics in (("w", {"value": 0.72, "n": 100}), ("a", {"value": 0.75, "n": 100})):
+        gate = evaluate_gate(load_config(tmp_path / f"{name}.yaml"), metrics)
+        records.append(RunRecord(name=name, verdict="PASS" if gate.passed else "FAIL", reason="",
+                                 config={}, metrics=metrics, gate=gate.to_dict()))
+    frame = summary_frame(records).set_index("config")
+    assert frame.loc["w", "verdict"] == "FAIL" and frame.loc["w", "measured"] < frame.loc["w", "threshold"]
+    assert frame.loc["w", "threshold"] == pytest.approx(records[0].gate["measured_threshold"])
+    assert frame.loc["a", "threshold"] == pytest.approx(0.72)

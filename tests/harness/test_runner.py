@@ -16,13 +16,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 
 from quantgate.harness.config import inspect_config
-from quantgate.harness.runner import exit_code
+from quantgate.harness.gates import Baseline, evaluate_gate
+from quantgate.harness.runner import _gate_line, exit_code
 from quantgate.harness.server import build_command, launch
 from tests.harness.fake_server import _share
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import (FAKE_SERVER, expected_accuracy, fake_args, load_json, pid_alive,
                                            run_in_process, write_config)
 from tests.harness.test_config_properties import CONFIGS
+from tests.harness.test_gates import config as gate_config
 from tests.harness.test_results import RESULT_SCHEMA
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
@@ -263,6 +265,16 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     assert "[1/2] base" in output and load_json(base_result)["metrics"]["n"] == 6
 
 
+def test_a_baseline_measured_on_other_questions_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_questions=4)
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", num_questions=6,
+                             gate={"mode": "recovery"}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    cand = load_json(tmp_path / "out" / "cand" / "result.json")
+    assert code == 3 and cand["verdict"] == "ERROR" and cand["usage_error"] is True, output
+    assert "evaluated 6 questions and the baseline 4" in cand["reason"]
+
+
 def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir: Path) -> None:
     base = write_config(tmp_path, "pbase", gsm8k_dir, {"accuracy": 1.0})
     candidate = write_config(tmp_path, "pcand", gsm8k_dir, {"accuracy": 0.7}, baseline="pbase",
@@ -380,9 +392,11 @@ def _nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) ->
     ("CUDA_VISIBLE_DEVICES", "1,7,2", ["B"]),  # CUDA drops the list from the first unknown device
     ("CUDA_VISIBLE_DEVICES", "", []),
     ("CUDA_VISIBLE_DEVICES", "-1", []),
-    ("NVIDIA_VISIBLE_DEVICES", "none", []),
-    ("NVIDIA_VISIBLE_DEVICES", "all", ["A", "B", "C", "D"]),
-    ("NVIDIA_VISIBLE_DEVICES", "3", ["D"]),
+    ("CUDA_VISIBLE_DEVICES", "none", []),
+    ("CUDA_VISIBLE_DEVICES", "all", ["A", "B", "C", "D"]),
+    # The container runtime's variable: nvidia-smi inside already lists only those GPUs, from 0.
+    ("NVIDIA_VISIBLE_DEVICES", "3", ["A", "B", "C", "D"]),
+    ("CUDA_VISIBLE_DEVICES", "MIG-1111-2222", ["A", "B", "C", "D"]),  # not in the GPU list: left as it is
 ])
 def test_the_gpus_found_are_those_the_visibility_variables_leave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  variable: str | None, value: str | None,
@@ -395,8 +409,9 @@ def test_the_gpus_found_are_those_the_visibility_variables_leave(tmp_path: Path,
         monkeypatch.setenv(variable, value)
     scan = local_gpus()
     assert [name for name, _ in scan.gpus] == names
-    if variable is not None and value != "all":
-        assert f"{variable}={value!r} leaves {len(names)} of the 4" in unmet_requirements(_requiring(gpus=8), scan)
+    if variable == "CUDA_VISIBLE_DEVICES" and value != "all":
+        said = "names MIG instances" if value.startswith("MIG-") else f"leaves {len(names)} of the 4"
+        assert f"{variable}={value!r} {said}" in unmet_requirements(_requiring(gpus=8), scan)
 
 
 def test_a_gpu_whose_capability_nvidia_smi_does_not_know_is_reported_not_a_crash(
@@ -442,3 +457,28 @@ def test_an_internal_error_is_recorded_and_the_next_config_still_runs(tmp_path: 
     assert "internal error: RuntimeError: gate exploded" in broken["reason"] and "Traceback" in output
     assert not pid_alive(broken["server"]["pid"])
     assert load_json(tmp_path / "out" / "second" / "result.json")["verdict"] == "PASS"
+
+
+def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
+    wilson = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n"), {"value": 0.72, "n": 100})
+    assert _gate_line(wilson) == "exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold 0.6946"
+    hyp = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"), {"value": 0.5, "n": 1319})
+    assert _gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
+    invalid = gate_config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
+    line = _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.3}))
+    assert line == ("invalid_rate 0.3000 > max_invalid_rate 0.0500 (accuracy passed: exact_match,strict-match 0.9000 "
+                    "vs threshold 0.4200)")
+    line = _gate_line(evaluate_gate(invalid, {"value": 0.1, "n": 100, "invalid_rate": 0.3}))
+    assert line == "exact_match,strict-match 0.1000 vs threshold 0.4200; invalid_rate 0.3000 > max_invalid_rate 0.0500"
+    assert "invalid" not in _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.01}))
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    rows = [{"id": i, "correct": True} for i in range(20)]
+    worse = [{"id": i, "correct": i >= 6} for i in range(20)]
+    base = Baseline("base", {"value": 1.0, "n": 20}, rows)
+    paired = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 0.7, "n": 20}, worse, base)
+    assert _gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
+                                  "p(candidate worse) 0.01562 vs alpha 0.05")
+    recovery = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 0.7, "n": 20}, None,
+                             base)
+    assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
+                                    "minimum 0.9500")

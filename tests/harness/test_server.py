@@ -115,6 +115,24 @@ def test_a_server_refusing_its_arguments_is_a_refused_config_not_a_retry(tmp_pat
     assert refusal in str(info.value) and "fix server_args" in str(info.value)
 
 
+def test_a_config_check_that_failed_on_its_own_is_retryable_not_a_refusal() -> None:
+    """vLLM wraps any exception of its config's checks (a hub read, a JSON file) as a value_error."""
+    from quantgate.harness.server import refused_arguments
+
+    wrapped = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+               "  Value error, Expecting value: line 1 column 1 (char 0) [type=value_error, input_value=ArgsKwargs(())]\n")
+    assert refused_arguments(wrapped, 1) is None
+    typed = wrapped.replace("type=value_error", "type=int_parsing")
+    assert refused_arguments(typed, 1).startswith("ValidationError: 1 validation error for ModelConfig")
+
+
+def test_model_ids_of_bodies_of_other_shapes_are_none() -> None:
+    from quantgate.harness.server import model_ids
+
+    assert model_ids([{"id": "x"}]) == [] and model_ids({"data": None}) == [] and model_ids({"data": [3]}) == []
+    assert model_ids({"data": [{"id": "a"}, {"object": "model"}]}) == ["a"]
+
+
 def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
     cmd = _fake(gsm8k_dir, "--startup-delay", "60")
     started = time.monotonic()
