@@ -32,7 +32,8 @@ from quantgate.engine.serve_args import EXIT_USAGE as SERVE_EXIT_USAGE
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
-from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval
+from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval,
+                       sha256_file)
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       artifact_path_problems,
@@ -45,6 +46,9 @@ DEFAULT_OUTPUT_DIR = Path("results")
 DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_REQUEST_TIMEOUT_S = 300.0  # lm-eval's own default
 _STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
+
+
+LOCK_FILE = ".quantgate-run.lock"
 
 
 class ArtifactsUnwritable(OSError):
@@ -127,7 +131,9 @@ class PlannedConfig:
     model: str
     command: ServerCommand | None  # None with --server-url
     baseline_name: str | None = None
-    baseline_result: Path | None = None  # a result.json to compare against, when not run here
+    # A result to compare against when the baseline is not run here, read at plan time: another
+    # job writing the same output directory later cannot change what was checked.
+    baseline_cached: Baseline | None = None
     records: dict[str, RunRecord] = field(default_factory=dict)  # shared: records of this run by name
 
 
@@ -289,7 +295,7 @@ def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped
         if config.baseline_path is not None and config.gate.mode in ("paired", "recovery"):
             _plan_baseline(item, config, options, by_source, problems, lambda c: add(c, (*chain, config.name)))
             base_skip = next((s for s in skipped if s.name == item.baseline_name), None)
-            if base_skip is not None and item.baseline_result is None:  # its baseline cannot run here
+            if base_skip is not None and item.baseline_cached is None:  # its baseline cannot run here
                 skipped.append(Skipped(config.name, str(config.source), config.engine,
                                        f"its baseline {base_skip.name} is skipped ({base_skip.reason})"))
                 return
@@ -430,8 +436,12 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
     path = config.baseline_path
     assert path is not None
     if path.suffix == ".json":
-        item.baseline_result = path
         item.baseline_name = path.parent.name
+        try:
+            data = load_result(path)
+            item.baseline_cached = Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(path))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{config.source}: baseline {path}: {exc}")
         return
     base = by_source.get(path)
     if base is None:
@@ -443,8 +453,9 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
     item.baseline_name = base.name
     cached = options.output_dir / base.name / "result.json"
     limit = options.limit if options.limit is not None else base.num_questions
-    if base.source not in by_source and _usable_cache(cached, base, config.gate.mode, limit):
-        item.baseline_result = cached
+    usable = _usable_cache(cached, base, config.gate.mode, limit) if base.source not in by_source else None
+    if usable is not None:
+        item.baseline_cached = usable
         return
     if options.server_url is not None:
         problems.append(f"{config.source}: baseline {base.name!r} has no usable result in {cached.parent} and "
@@ -453,17 +464,21 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
     run_first(base)
 
 
-def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) -> bool:
-    """A cached baseline counts when it is of this very config file, on the same questions."""
+def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) -> Baseline | None:
+    """A cached baseline counts when it is of this very config file, on the same questions of
+    the same data files (whose bytes the config's sha256 does not cover)."""
     try:
         data = load_result(path)
+        samples = load_samples(path)
     except (OSError, ValueError):
-        return False
+        return None
     fresh = (data.get("config") or {}).get("sha256") == base.sha256 and \
         (data.get("evaluation") or {}).get("limit", "missing") == limit
     measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
-    has_samples = mode != "paired" or load_samples(path) is not None
-    return fresh and measured and has_samples
+    same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == {
+        p.name: sha256_file(p) for p in (base.dataset.test, base.dataset.train) if p is not None and p.is_file()}
+    usable = fresh and measured and same_data and (mode != "paired" or samples is not None)
+    return Baseline(base.name, data.get("metrics") or {}, samples) if usable else None
 
 
 def _baseline_for(item: PlannedConfig) -> Baseline | None:
@@ -476,9 +491,8 @@ def _baseline_for(item: PlannedConfig) -> Baseline | None:
                                  f"({record.verdict}: {record.reason})")
         run_dir = Path(record.config["run_dir"])
         return Baseline(item.baseline_name, record.metrics, load_samples(run_dir))
-    assert item.baseline_result is not None
-    data = load_result(item.baseline_result)
-    return Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(item.baseline_result))
+    assert item.baseline_cached is not None
+    return item.baseline_cached
 
 
 # ---------------------------------------------------------------------------- one config
@@ -667,6 +681,11 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
             record.reason = f"evaluation incomplete: {outcome.error}; {answered}; a failed request is never " \
                             "scored as a wrong answer"
         return
+    status = server.poll()
+    if status is not None:  # what answered after that was not this server: another on its port?
+        record.reason = f"server exited with status {status} during evaluation, though every request was " \
+                        "answered: the answers cannot be trusted to be its own; see server.log"
+        return
     if not outcome.metrics.get("n") or outcome.metrics.get("value") is None:
         record.reason = "no question was evaluated (empty test set or limit 0)"
         return
@@ -734,11 +753,12 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     guard = InterruptGuard()
     records: list[RunRecord] = []
     skipped: list[Skipped] = []
-    with guard.installed():
+    with guard.installed(), contextlib.ExitStack() as held:
         try:
             unwritable = output_problems(options)
             if unwritable:
                 raise PlanError(unwritable)
+            held.enter_context(_output_dir_lock(options))
             items = plan(paths, options, skipped)
             if skipped and not items:
                 raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
@@ -750,7 +770,9 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
         except RunInterrupted as exc:
             display.note(f"interrupted by {exc.signal_name} before any server started")
             return EXIT_ERROR
-        options.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # the output directory cannot be made (a full disk)
+            display.note(f"error: {options.output_dir}: {exc}; free space or pass another --output-dir")
+            return EXIT_ERROR
         for skip in skipped:
             display.note(f"  SKIPPED {skip.name}: {skip.reason} (--skip-unmet-requires)")
         try:
@@ -783,6 +805,33 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
                                                               if options.server_url else "every server was torn down"))
     code = exit_code(records)
     return EXIT_ERROR if unwritten and code in (EXIT_PASS, EXIT_FAIL) else code  # CI reads the artifacts
+
+
+@contextlib.contextmanager
+def _output_dir_lock(options: RunOptions) -> Iterator[None]:
+    """One run at a time per output directory (two CI jobs on one agent): the other's junit.xml,
+    summary.md, server logs and cached baselines would be overwritten under it. Held, the
+    directory's run-wide summaries of an earlier run are removed, so a run that stops at its plan
+    (exit 3) leaves none that speak for it."""
+    import fcntl
+
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    with open(options.output_dir / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise PlanError([f"--output-dir {options.output_dir}: another quantgate run ({holder}) is writing to it; "
+                             "pass another --output-dir, or wait for that run to end"]) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+        for stale in (options.junit or options.output_dir / "junit.xml",
+                      options.markdown or options.output_dir / "summary.md"):
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> RunRecord:

@@ -32,6 +32,7 @@ from .results import write_atomic
 
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
+FOREIGN_LISTENER_WAIT_S = 30.0
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
 ARGPARSE_EXIT = 2
@@ -246,17 +247,57 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
+def serves_port(pid: int, port: int) -> bool | None:
+    """Whether `pid` or one of its descendants holds the listening socket of TCP `port`; None
+    where /proc cannot tell. A /health answer on a port proves nothing by itself: another job's
+    server may have bound it first while ours still loads."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for fields in (row.split() for row in rows):
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; the inode is the tenth field
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return None if not Path("/proc/net/tcp").exists() else False
+    for member in (pid, *descendants(pid)):
+        try:
+            fds = os.listdir(f"/proc/{member}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{member}/fd/{fd}")[len("socket:["):-1] in inodes:
+                    return True
+    return False
+
+
 def _still_running(pid: int, start_time: str) -> bool:
     fields = _stat(pid)
     return fields is not None and fields[0] != "Z" and fields[19] == start_time
 
 
+def teardown_grace_s() -> float:
+    """How long a server gets between SIGTERM and SIGKILL: TEARDOWN_GRACE_S, or half a CI agent's
+    shorter cancel grace period (Buildkite's default is 10 s): the SIGKILL must reach the server
+    before the agent's reaches this runner, or a hung server outlives the job."""
+    try:
+        agent = float(os.environ.get("BUILDKITE_CANCEL_GRACE_PERIOD", "inf"))
+    except ValueError:
+        agent = float("inf")
+    return max(1.0, min(TEARDOWN_GRACE_S, agent / 2))
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM the server if the runner dies without tearing it down."""
+    """In the child, before exec: SIGKILL the server if the runner dies without tearing it down
+    (a server that hangs would ignore a SIGTERM with nobody left to follow it up)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -298,6 +339,7 @@ class LaunchedServer:
         self.process: Any = None  # subprocess.Popen of the current attempt
         self.port: int | None = None
         self.ports_tried: list[int] = []
+        self.foreign_listener = False  # /health was answered by a listener outside the process tree
         self.startup_s = 0.0
         self.exit_status: int | None = None
         self.killed_outside_group: list[int] = []  # descendants that had left the group (setsid)
@@ -378,12 +420,24 @@ class LaunchedServer:
                       attempt: int, on_wait: Callable[[float], None] | None) -> bool:
         """True once healthy; False when the server lost a race for its port (try another)."""
         deadline = started + startup_timeout_s
+        foreign_since: float | None = None
         while True:
             if on_wait is not None:
                 on_wait(time.monotonic() - started)
             if _healthy(client, self.base_url):
-                self.startup_s = time.monotonic() - started
-                return True
+                # An answer from a listener outside the server's process tree is most often another
+                # job's server on the same fixed port, while ours still loads and will fail to bind:
+                # wait for that. A wrapper whose listener lives elsewhere (a container's proxy) stays up.
+                owned = serves_port(self.process.pid, self.port) is not False
+                foreign_since = None if owned else (foreign_since or time.monotonic())
+                if owned or time.monotonic() - foreign_since >= FOREIGN_LISTENER_WAIT_S:
+                    if not owned:
+                        self.foreign_listener = True
+                        with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                            log.write(f"# quantgate: port {self.port} is answered by a process outside this "
+                                      "server's process tree, which stayed up: taken as its own (a proxy)\n")
+                    self.startup_s = time.monotonic() - started
+                    return True
             status = self.poll()
             elapsed = time.monotonic() - started
             if status is not None:
@@ -419,13 +473,14 @@ class LaunchedServer:
                 "vllm_command passes it on)", exit_status=None, log_tail=self.log_tail(), startup_s=self.startup_s,
                 refused_config=True)
 
-    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
+    def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
         that had left the group (a worker that called setsid() survives a group kill); return the
         leader's status. A daemon that double-forked away (its parent gone before this runs) is no
         longer anyone's descendant here, and is not found."""
         if self.process is None:
             return None
+        grace_s = teardown_grace_s() if grace_s is None else grace_s
         pgid = self.process.pid
         # Before any signal: once their parents die, nothing links them to the server. Only while the
         # leader is unreaped is its pid surely still the server's.
@@ -479,6 +534,7 @@ class LaunchedServer:
             "served_model": self.served_model,
             "port": self.port,
             "ports_tried": self.ports_tried,
+            "foreign_listener": self.foreign_listener,
             "pid": self.pgid,
             "startup_s": round(self.startup_s, 3),
             "exit_status": self.exit_status if self.exit_status is not None else self.poll(),

@@ -3,14 +3,36 @@
 export CI="${CI:-true}"
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1  # builtin configs never reach a hub; vLLM configs use the agent's cache
-export QUANTGATE_RESULTS="${QUANTGATE_RESULTS:-results}"
+# The pipeline's artifact_paths name results/: on an agent the results go there, whatever the
+# environment says; a developer's run-local.sh may put them elsewhere.
+if [[ -n "${BUILDKITE:-}" ]]; then
+  export QUANTGATE_RESULTS=results
+else
+  export QUANTGATE_RESULTS="${QUANTGATE_RESULTS:-results}"
+fi
 
-# Install this checkout (make install: the venv of the Makefile) unless quantgate is already
-# importable from the active environment, e.g. a GPU agent's own image with vLLM beside it.
+# The Python interpreter of the `quantgate` on PATH, if it is a Python entry point.
+quantgate_python() {
+  local exe
+  exe="$(command -v quantgate 2>/dev/null)" || return 1
+  head -n1 "$exe" | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p'
+}
+
+# Install this checkout (make install: the venv of the Makefile) unless the quantgate on PATH
+# already runs this checkout's code: an agent image's own install of another version would test
+# other code than the change under test. QUANTGATE_PYTHON is then the interpreter to use.
 ensure_quantgate() {
-  if ! command -v quantgate >/dev/null 2>&1; then
-    make install >&2
-    # shellcheck disable=SC1091
-    source .venv/bin/activate
+  QUANTGATE_PYTHON="$(quantgate_python || true)"
+  if command -v quantgate >/dev/null 2>&1 && { [[ -z "$QUANTGATE_PYTHON" ]] ||
+      "$QUANTGATE_PYTHON" -c 'import os, sys, quantgate.harness as h
+sys.exit(0 if os.path.realpath(h.__file__).startswith(os.path.realpath(".") + os.sep) else 1)' 2>/dev/null; }; then
+    export QUANTGATE_PYTHON
+    return 0
   fi
+  command -v quantgate >/dev/null 2>&1 && echo "the quantgate on PATH runs another checkout's code: installing this one" >&2
+  make install >&2 || return 1
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+  QUANTGATE_PYTHON="$PWD/.venv/bin/python"
+  export QUANTGATE_PYTHON
 }

@@ -19,6 +19,9 @@ import manifest as manifest_lib  # noqa: E402
 from quantgate.engine.quantize import QuantizeError, quantize_checkpoint  # noqa: E402
 
 
+EXIT_MISMATCH = 3  # deterministic: the same checkout fails the same way (CI never retries 3)
+
+
 def build(manifest_path: Path = manifest_lib.MANIFEST_PATH, models_dir: Path = manifest_lib.MODELS_DIR) -> int:
     manifest = manifest_lib.load(manifest_path)
     if not manifest.get("models"):
@@ -57,7 +60,7 @@ def build(manifest_path: Path = manifest_lib.MANIFEST_PATH, models_dir: Path = m
         print(f"error: the FP8 variants do not reproduce {manifest_path}:", file=sys.stderr)
         for line in failures:
             print(f"  {line}", file=sys.stderr)
-        return 1
+        return EXIT_MISMATCH
     return 0
 
 

@@ -263,6 +263,12 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     assert code == 1 and "[1/1] cand" in output and base_result.stat().st_mtime_ns == stamp
     code, output = run_in_process([candidate], tmp_path / "out", limit=6)  # other questions: not comparable
     assert "[1/2] base" in output and load_json(base_result)["metrics"]["n"] == 6
+    code, output = run_in_process([candidate], tmp_path / "out", limit=6)
+    assert "[1/1] cand" in output
+    test_file = gsm8k_dir / "test.jsonl"  # other data under the same config file: measured again
+    test_file.write_text(test_file.read_text() + test_file.read_text().splitlines(keepends=True)[0])
+    code, output = run_in_process([candidate], tmp_path / "out", limit=6)
+    assert "[1/2] base" in output
 
 
 def test_a_baseline_measured_on_other_questions_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
@@ -482,3 +488,24 @@ def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
                              base)
     assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
                                     "minimum 0.9500")
+
+
+def test_one_run_at_a_time_per_output_dir_and_no_stale_summary_speaks_for_a_run(tmp_path: Path,
+                                                                                 gsm8k_dir: Path) -> None:
+    import fcntl
+
+    from quantgate.harness.runner import LOCK_FILE
+
+    out = tmp_path / "out"
+    out.mkdir()
+    config = write_config(tmp_path, "good", gsm8k_dir)
+    with open(out / LOCK_FILE, "w") as other_run:  # another job's run, still going
+        other_run.write("pid 4242\n")
+        other_run.flush()
+        fcntl.flock(other_run, fcntl.LOCK_EX)
+        code, output = run_in_process([config], out)
+    assert code == 3 and "another quantgate run (pid 4242) is writing to it" in output.replace("\n", "")
+    (out / "junit.xml").write_text("<testsuites><testsuite name='yesterday'/></testsuites>")
+    (out / "summary.md").write_text("1 PASS")
+    code, output = run_in_process([tmp_path / "missing.yaml"], out)  # stops at its plan
+    assert code == 3 and not (out / "junit.xml").exists() and not (out / "summary.md").exists()

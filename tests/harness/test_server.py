@@ -15,7 +15,7 @@ import pytest
 
 from quantgate.harness import server as server_mod
 from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command,
-                                      env_diff, group_members, launch)
+                                      env_diff, free_port, group_members, launch, serves_port)
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, pid_alive
 
@@ -133,6 +133,35 @@ def test_model_ids_of_bodies_of_other_shapes_are_none() -> None:
     assert model_ids({"data": [{"id": "a"}, {"object": "model"}]}) == ["a"]
 
 
+def test_a_port_answered_by_another_jobs_server_is_not_taken_for_ours(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """Two jobs with one fixed --port: the other binds it while ours loads. Its /health must not
+    count as ours; ours, failing to bind, is relaunched on another port."""
+    import subprocess
+    import threading
+
+    port = free_port("127.0.0.1")
+    other = _fake(gsm8k_dir, port=port)
+    foreign: list[subprocess.Popen] = []
+    timer = threading.Timer(0.5, lambda: foreign.append(subprocess.Popen(other.with_port(port),
+                                                                          stdout=subprocess.DEVNULL,
+                                                                          stderr=subprocess.DEVNULL)))
+    timer.start()
+    try:
+        server = launch(_fake(gsm8k_dir, "--startup-delay", "2", port=port), tmp_path / "server.log",
+                        startup_timeout_s=60)
+        try:
+            assert server.port != port and serves_port(server.process.pid, server.port) is True
+            assert not server.foreign_listener
+        finally:
+            server.stop()
+    finally:
+        timer.join()
+        for process in foreign:
+            process.kill()
+            process.wait()
+    assert "already in use" in (tmp_path / "server.log").read_text().lower()
+
+
 def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
     cmd = _fake(gsm8k_dir, "--startup-delay", "60")
     started = time.monotonic()
@@ -213,3 +242,16 @@ def test_the_api_key_is_found_in_every_spelling_and_never_printed(args: list[str
     command = build_command("builtin", "m", ["--served_model_name", "served", *args], env)
     assert command.api_key == "k1" and command.served_model == "served"
     assert "k1" not in command.shell(8000, redact=True) and "k1" not in " ".join(redact_api_key(command.argv))
+
+
+def test_teardown_escalates_before_a_ci_agent_kills_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness.server import TEARDOWN_GRACE_S, teardown_grace_s
+
+    monkeypatch.delenv("BUILDKITE_CANCEL_GRACE_PERIOD", raising=False)
+    assert teardown_grace_s() == TEARDOWN_GRACE_S
+    monkeypatch.setenv("BUILDKITE_CANCEL_GRACE_PERIOD", "10")  # Buildkite's default: SIGKILL at 5 s, not 10
+    assert teardown_grace_s() == 5.0
+    monkeypatch.setenv("BUILDKITE_CANCEL_GRACE_PERIOD", "60")
+    assert teardown_grace_s() == TEARDOWN_GRACE_S
+    monkeypatch.setenv("BUILDKITE_CANCEL_GRACE_PERIOD", "junk")
+    assert teardown_grace_s() == TEARDOWN_GRACE_S

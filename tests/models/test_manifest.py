@@ -67,5 +67,5 @@ def test_build_variants_pins_and_detects_changes(tmp_path, capsys) -> None:
 
     entry["variants"][names[1]]["files"]["model.safetensors"] = "0" * 64
     path.write_text(json.dumps({"models": {"base": entry}}))
-    assert build_variants.build(path, tmp_path) == 1
+    assert build_variants.build(path, tmp_path) == build_variants.EXIT_MISMATCH == 3
     assert f"{names[1]}/model.safetensors: sha256" in capsys.readouterr().err
