@@ -117,9 +117,19 @@ class Expect(_Block):
 
 
 class Requires(_Block):
+    """What GPU machine a config needs (any key means at least one GPU); a CPU config has none."""
+
     gpus: int = Field(0, ge=0)
-    device: str | None = None
+    device: str | None = None  # part of the GPU's name as nvidia-smi gives it: h100, a100, h200
     min_compute_capability: str | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _gpu_name(cls, value: str | None) -> str | None:
+        if value is not None and value.strip().lower() in ("cpu", "cuda", "gpu", ""):
+            raise ValueError(f"names a GPU model as nvidia-smi lists it (h100, a100, ...), got {value!r}; a config "
+                             "for any machine has no requires:")
+        return value
 
     @field_validator("min_compute_capability", mode="before")
     @classmethod
@@ -258,6 +268,7 @@ _VLLM_ONLY_KEYS = {
     "fewshot_as_multiturn", "system_instruction",
 }
 _OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra"}
+_GATE_ONLY_KEYS = set(GateSpec.model_fields) - _OWN_KEYS  # alpha, beta, recovery ...: read under gate: only
 
 
 def load_config(path: Path | str, engine: Engine | None = None) -> EvalConfig:
@@ -355,6 +366,8 @@ class _Loader:
             if key in _ENGINE_OPTION_KEYS:
                 flag = _ENGINE_OPTION_KEYS[key][0]
                 self.warn([key], f"kept, but engine {engine} has no {flag}: it applies with engine: vllm")
+            elif key in _GATE_ONLY_KEYS:
+                self.error([key], f"belongs under gate: (gate: {{{key}: ...}}); at the top level nothing reads it")
             elif key in _VLLM_ONLY_KEYS:
                 self.warn([key], "a vLLM harness key quantgate does not use; kept as-is")
             else:
@@ -569,6 +582,9 @@ class _Loader:
                            "or gate: {mode: ...} with its inputs")
                 return config.gate
         where = ["gate", "mode"] if "gate" in self.data else []
+        if isinstance(given, dict) and "rtol" in given and "rtol" in self.data:
+            self.warn(["gate", "rtol"], f"set twice: gate.rtol ({given['rtol']}) is used, the top-level rtol "
+                      f"({self.data['rtol']}) is not; keep one")
         if mode == "absolute" and config.accuracy_threshold is None:
             self.error(where, "mode absolute needs accuracy_threshold (passes iff measured >= threshold - tolerance)")
         if mode in ("relative", "hypothesis", "wilson") and config.reference is None:

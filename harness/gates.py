@@ -250,7 +250,7 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     passed = not (p_worse < alpha)
     text = (f"paired: exact McNemar on {len(common)} common questions; flips: {losses} right->wrong "
             f"(baseline right, candidate wrong), {wins} wrong->right; both right {both}; "
-            f"p(candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {p_worse:.4g} "
+            f"one-sided p-value (candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {p_worse:.4g} "
             f"{'<' if not passed else '>='} alpha {alpha:g} -> {_verdict(passed)} (two-sided p = {p_two_sided:.4g})")
     # only_candidate/only_baseline stay in result.json (its keys are only ever added); always 0 now.
     return passed, {"n_common": len(common), "flips_right_to_wrong": losses, "flips_wrong_to_right": wins,

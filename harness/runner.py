@@ -31,7 +31,8 @@ from quantgate.engine.serve_args import EXIT_USAGE as SERVE_EXIT_USAGE
 
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
-from .config import ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, load_config
+from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
+                     load_config)
 from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval,
                        sha256_file)
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
@@ -49,6 +50,8 @@ _STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
 
 
 LOCK_FILE = ".quantgate-run.lock"
+# How vLLM and quantgate serve refuse a request longer than --max-model-len (the code, the words).
+_CONTEXT_TOO_SHORT = ("context_length_exceeded", "maximum context length")
 
 
 class ArtifactsUnwritable(OSError):
@@ -258,11 +261,14 @@ class PlanError(Exception):
         self.messages = messages
 
 
-def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped] | None = None) -> list[PlannedConfig]:
+def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped] | None = None,
+         warnings: list[str] | None = None) -> list[PlannedConfig]:
     """Load and check every config; add or reuse baselines; order baselines first. With
-    `options.skip_unmet`, configs this machine cannot run go to `skipped` instead."""
+    `options.skip_unmet`, configs this machine cannot run go to `skipped` instead; `warnings`
+    gets lint's warnings (an unknown key is kept, not used: a typo must not pass unsaid)."""
     problems: list[str] = []
     skipped = [] if skipped is None else skipped
+    warnings = [] if warnings is None else warnings
     try:
         files = expand_paths(paths)
     except ConfigError as exc:
@@ -271,10 +277,11 @@ def plan(paths: Sequence[str | Path], options: RunOptions, skipped: list[Skipped
         raise PlanError([f"no config files in {', '.join(map(str, paths))}"])
     configs: list[EvalConfig] = []
     for path in files:
-        try:
-            configs.append(load_config(path, options.engine))  # type: ignore[arg-type]
-        except ConfigError as exc:
-            problems.append(str(exc))
+        inspection = inspect_config(path, options.engine)  # type: ignore[arg-type]
+        problems += [str(e) for e in inspection.errors]
+        warnings += [str(w) for w in inspection.warnings]
+        if not inspection.errors:
+            configs.append(inspection.config)
     problems += [str(e) for e in check_unique_names(configs)]
     if problems:
         raise PlanError(problems)
@@ -680,6 +687,10 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
         else:
             record.reason = f"evaluation incomplete: {outcome.error}; {answered}; a failed request is never " \
                             "scored as a wrong answer"
+            if any(marker in outcome.error for marker in _CONTEXT_TOO_SHORT):  # the same prompts fail again
+                record.usage_error = True
+                record.reason += ("; a prompt and max_tokens exceed the server's context: raise --max-model-len in "
+                                  "server_args, or lower max_tokens or num_fewshot")
         return
     status = server.poll()
     if status is not None:  # what answered after that was not this server: another on its port?
@@ -715,14 +726,16 @@ def _gate_line(gate: GateOutcome) -> str:
     numbers = gate.numbers
     metric = numbers.get("metric")
     if gate.mode == "wilson":
+        needed = numbers.get("measured_threshold")
         line = (f"{metric} {numbers['measured']:.4f} (Wilson lower bound {numbers['wilson_lower_bound']:.4f}) "
-                f"vs threshold {numbers['threshold']:.4f}")
+                f"vs threshold {numbers['threshold']:.4f}; " + (
+                    f"measured accuracy needed {needed:.4f}" if needed is not None else "no accuracy passes at this n"))
     elif gate.mode == "recovery":
         line = (f"{metric} ratio {numbers['recovery_ratio']:.4f} ({numbers['measured']:.4f} / baseline "
                 f"{numbers['baseline_measured']:.4f}) vs recovery minimum {numbers['recovery']:.4f}")
     elif gate.mode == "paired":
         line = (f"{metric} flips {numbers['flips_right_to_wrong']} right->wrong, {numbers['flips_wrong_to_right']} "
-                f"wrong->right; p(candidate worse) {numbers['p_value_worse']:.4g} vs alpha {numbers['alpha']:g}")
+                f"wrong->right; one-sided p-value {numbers['p_value_worse']:.4g} vs alpha {numbers['alpha']:g}")
     else:
         line = f"{metric} {numbers['measured']:.4f} vs threshold {numbers['threshold']:.4f}"
     if numbers.get("invalid_rate_passed") is False:
@@ -759,7 +772,8 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             if unwritable:
                 raise PlanError(unwritable)
             held.enter_context(_output_dir_lock(options))
-            items = plan(paths, options, skipped)
+            warnings: list[str] = []
+            items = plan(paths, options, skipped, warnings)
             if skipped and not items:
                 raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
                                  for s in skipped])
@@ -773,6 +787,8 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
         except OSError as exc:  # the output directory cannot be made (a full disk)
             display.note(f"error: {options.output_dir}: {exc}; free space or pass another --output-dir")
             return EXIT_ERROR
+        for warning in warnings:
+            display.note(f"warning: {warning}")
         for skip in skipped:
             display.note(f"  SKIPPED {skip.name}: {skip.reason} (--skip-unmet-requires)")
         try:

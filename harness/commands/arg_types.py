@@ -25,14 +25,15 @@ def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
 positive_int = int_at_least(1)
 
 
-def probability(value: str) -> float:
-    """A significance level: strictly between 0 and 1."""
+def significance(value: str) -> float:
+    """A one-sided test's significance level: above 0 and below 0.5, as a config's gate.alpha."""
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0.0 < number < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (e.g. 0.05), got {value}")
+    if not 0.0 < number < 0.5:
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 0.5 (e.g. 0.05), got {value}: at 0.5 or above a "
+                                         "run exactly as good as its baseline fails at least half the time")
     return number
 
 

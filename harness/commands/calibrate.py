@@ -112,7 +112,8 @@ def _commit(where: Path) -> str | None:
 
 def _measured_on(record: RunRecord) -> str:
     platform = (record.kernels or {}).get("platform") or {}
-    device = " ".join(str(v) for v in (platform.get("device"), platform.get("name"), platform.get("capability")) if v)
+    parts = (platform.get("device"), platform.get("name"), platform.get("capability"))
+    device = " ".join(dict.fromkeys(str(v) for v in parts if v))  # a CPU's name is "cpu" too
     args = record.config.get("server_args", [])
     backends = [f"{flag} {value}" for flag, value in zip(args, args[1:]) if flag in ("--linear-backend", "--moe-backend")]
     return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])

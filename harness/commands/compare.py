@@ -16,7 +16,7 @@ from typing import Any
 
 from ..gates import GateInputError, check_same_targets, correct_by_id, paired
 from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, SAMPLES_FILE, load_result, load_samples
-from .arg_types import probability
+from .arg_types import significance
 
 _SHOWN = 10
 
@@ -24,7 +24,7 @@ _SHOWN = 10
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", type=Path, help="the baseline's result.json or run directory")
     parser.add_argument("cand", type=Path, help="the candidate's result.json or run directory")
-    parser.add_argument("--alpha", type=probability, default=0.05, help="significance level (default 0.05)")
+    parser.add_argument("--alpha", type=significance, default=0.05, help="significance level (default 0.05)")
     parser.epilog = ("exit status: 0 the candidate is not significantly worse, 1 it is, 3 an input is missing or "
                      "the two runs cannot be paired (different questions or targets)")
 
@@ -57,6 +57,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         base, base_samples = _load(args.base, "base")
         cand, cand_samples = _load(args.cand, "candidate")
+        metrics = [(r.get("metrics") or {}).get("metric") for r in (base, cand)]
+        if None not in metrics and metrics[0] != metrics[1]:  # `correct` is read under each run's own metric
+            raise GateInputError(f"base {args.base} gated {metrics[0]} and candidate {args.cand} {metrics[1]}: their "
+                                 "per-question results are not comparable; compare runs of the same metric")
         base_who, cand_who = f"base {_samples_file(args.base)}", f"candidate {_samples_file(args.cand)}"
         base_ok, cand_ok = correct_by_id(base_samples, base_who), correct_by_id(cand_samples, cand_who)
         check_same_targets(cand_samples, base_samples, cand_who, base_who)

@@ -54,6 +54,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
     p.add_argument("--error-status", type=int, default=500)
     p.add_argument("--retry-after", type=float, default=None, help="the errors carry this Retry-After header")
+    p.add_argument("--error-message", default="injected failure", help="the errors' message")
     p.add_argument("--malformed", choices=sorted(MALFORMED), default=None,
                    help="after --error-after N answers, answer 200 with this broken body instead of an error")
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
@@ -206,7 +207,7 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                     self._send(200, MALFORMED[args.malformed](self.path == "/v1/chat/completions"))
                     return
                 retry_after = {"Retry-After": str(args.retry_after)} if args.retry_after is not None else None
-                self._send(args.error_status, {"error": {"message": "injected failure", "type": "server_error"}},
+                self._send(args.error_status, {"error": {"message": args.error_message, "type": "server_error"}},
                            retry_after)
                 return
             time.sleep(args.latency)

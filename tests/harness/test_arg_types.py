@@ -14,8 +14,9 @@ from quantgate.harness.cli import main as cli_main
     (["run", "c.yaml", "--limit", "0"], "--limit: must be at least 1, got 0"),
     (["repro", "c.yaml", "--limit", "-3"], "--limit: must be at least 1, got -3"),
     (["calibrate", "c.yaml", "--runs", "1"], "--runs: must be at least 2, got 1: one run has no run-to-run spread"),
-    (["compare", "a", "b", "--alpha", "3"], "--alpha: must be between 0 and 1"),
-    (["compare", "a", "b", "--alpha", "0"], "--alpha: must be between 0 and 1"),
+    (["compare", "a", "b", "--alpha", "3"], "--alpha: must be above 0 and below 0.5"),
+    (["compare", "a", "b", "--alpha", "0"], "--alpha: must be above 0 and below 0.5"),
+    (["compare", "a", "b", "--alpha", "0.9"], "--alpha: must be above 0 and below 0.5"),  # as gate.alpha
 ])
 def test_bad_values_exit_3_naming_the_flag(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
     assert cli_main(argv) == 3

@@ -95,3 +95,11 @@ def test_a_baseline_that_errors_stops_calibrate_with_the_runners_exit_code(
     assert cli(["calibrate", str(cand), "--runs", "2", "--limit", "4", "--output-dir", str(out_dir)]) == 2
     assert "error: baseline base measured nothing (server " in capsys.readouterr().err
     assert not (out_dir / "run-1").exists() and not (out_dir / "calibration.json").exists()
+
+
+def test_measured_on_names_a_cpu_once() -> None:
+    from quantgate.harness.commands.calibrate import _measured_on
+
+    record = RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
+                       kernels={"platform": {"device": "cpu", "name": "cpu", "capability": None}})
+    assert _measured_on(record) == "cpu, engine builtin"

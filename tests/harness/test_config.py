@@ -340,3 +340,22 @@ def test_expand_paths_files_lists_directories(tmp_path: Path) -> None:
     assert expand_paths([listing, tmp_path / "d", a]) == [a, b]
     with pytest.raises(ConfigError, match="no such file"):
         expand_paths([tmp_path / "absent.yaml"])
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("alpha: 0.1\n", 3, "alpha: belongs under gate: (gate: {alpha: ...}); at the top level nothing reads it"),
+    ("max_invalid_rate: 0.1\n", 3, "max_invalid_rate: belongs under gate:"),
+    ("requires: {device: cpu}\n", 3, "requires.device: names a GPU model as nvidia-smi lists it"),
+])
+def test_keys_a_beginner_misplaces_are_errors_not_silently_ignored(tmp_path: Path, text: str, line: int,
+                                                                    message: str) -> None:
+    [error] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + text)).errors
+    assert error.line == line and message in str(error)
+
+
+def test_an_rtol_set_twice_warns_which_one_is_used(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\nreference: {value: 0.8}\nrtol: 0.5\ngate: {mode: relative, rtol: 0.01}\n")
+    report = inspect_config(path)
+    assert report.errors == [] and report.config.effective_rtol == 0.01
+    [warning] = report.warnings
+    assert "gate.rtol (0.01) is used, the top-level rtol (0.5) is not" in str(warning)

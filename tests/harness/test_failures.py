@@ -200,3 +200,13 @@ def test_retry_after_is_honoured_before_a_retry(tmp_path: Path, gsm8k_dir: Path)
     assert code == 2 and "429" in result["reason"], output
     # three attempts, each 429 waits its 1.5 s Retry-After (lm-eval's own backoff alone waits 2 s in all)
     assert result["timings"]["eval_s"] >= 3 * 1.5
+
+
+def test_a_prompt_longer_than_the_servers_context_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
+    message = "This model's maximum context length is 512 tokens. However, you requested 940 tokens"
+    config = write_config(tmp_path, "short", gsm8k_dir, {"error_after": 0, "error_status": 400,
+                                                         "error_message": message}, max_concurrency=1, num_questions=2)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "short" / "result.json")
+    assert code == 3 and result["verdict"] == "ERROR" and result["usage_error"] is True, output
+    assert "raise --max-model-len in server_args" in result["reason"]

@@ -158,6 +158,11 @@ def test_compare_pairs_only_the_same_questions_read_as_the_gate_reads_them(
     (nameless / "result.json").write_text(json.dumps(data))
     assert cli(["compare", str(base), str(nameless / "result.json")]) == 0
     assert f"cand: {nameless / 'result.json'} (PASS)" in capsys.readouterr().out
+    data["metrics"]["metric"] = "exact_match,flexible-extract"
+    (nameless / "result.json").write_text(json.dumps(data))
+    assert cli(["compare", str(base), str(nameless / "result.json")]) == 3
+    assert "their per-question results are not comparable" in capsys.readouterr().err
+    del data["metrics"]["metric"]
     del data["verdict"]  # a hand-made result: still compared, never a traceback
     (nameless / "result.json").write_text(json.dumps(data))
     assert cli(["compare", str(base), str(nameless / "result.json")]) == 0

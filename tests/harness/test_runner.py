@@ -467,7 +467,8 @@ def test_an_internal_error_is_recorded_and_the_next_config_still_runs(tmp_path: 
 
 def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
     wilson = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n"), {"value": 0.72, "n": 100})
-    assert _gate_line(wilson) == "exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold 0.6946"
+    assert _gate_line(wilson).startswith("exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold "
+                                         "0.6946; measured accuracy needed 0.7")
     hyp = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"), {"value": 0.5, "n": 1319})
     assert _gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
     invalid = gate_config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
@@ -483,7 +484,7 @@ def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
     base = Baseline("base", {"value": 1.0, "n": 20}, rows)
     paired = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 0.7, "n": 20}, worse, base)
     assert _gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
-                                  "p(candidate worse) 0.01562 vs alpha 0.05")
+                                  "one-sided p-value 0.01562 vs alpha 0.05")
     recovery = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 0.7, "n": 20}, None,
                              base)
     assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
@@ -509,3 +510,9 @@ def test_one_run_at_a_time_per_output_dir_and_no_stale_summary_speaks_for_a_run(
     (out / "summary.md").write_text("1 PASS")
     code, output = run_in_process([tmp_path / "missing.yaml"], out)  # stops at its plan
     assert code == 3 and not (out / "junit.xml").exists() and not (out / "summary.md").exists()
+
+
+def test_run_says_what_lint_warns_of(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "typo", gsm8k_dir, num_question=4)  # kept, unused: never silently
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 0 and "warning:" in output and "did you mean 'num_questions'?" in output.replace("\n", "")
