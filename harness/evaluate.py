@@ -86,6 +86,11 @@ class EvalOutcome:
     dataset_sha256: dict[str, str] = field(default_factory=dict)
 
 
+def dataset_hashes(test: Path | None, train: Path | None) -> dict[str, str]:
+    """sha256 of the data files by role (two files may share a name in different folders)."""
+    return {role: sha256_file(path) for role, path in (("test", test), ("train", train)) if path is not None}
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -438,7 +443,7 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
     """Evaluate the server at `settings.base_url`; never raises for request or server failures."""
     task_file = write_task_yaml(settings)
     check_metric(task_file, settings.metric)
-    dataset_sha = {p.name: sha256_file(p) for p in (settings.test_file, settings.train_file) if p is not None}
+    dataset_sha = dataset_hashes(settings.test_file, settings.train_file)
     from lm_eval import evaluate
     from lm_eval.defaults import DEFAULT_OTHER_SEED
     from lm_eval.tasks import TaskManager

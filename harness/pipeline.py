@@ -261,9 +261,9 @@ def agents_for(config: EvalConfig) -> dict[str, str]:
     sets for every capability it reaches (an H100 agent: sm80, sm89 and sm90). Without it a
     triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried."""
     requires = config.requires
-    if requires.gpus == 0:
+    if requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None:
         return {"queue": "cpu"}
-    agents = {"queue": "gpu", "gpus": str(requires.gpus)}
+    agents = {"queue": "gpu", "gpus": str(max(requires.gpus, 1))}  # any requires: needs a GPU, as the runner
     if requires.device:
         agents["device"] = requires.device
     if requires.min_compute_capability:

@@ -33,14 +33,15 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config)
-from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, installed_task_yaml, run_eval,
-                       sha256_file)
+from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, dataset_hashes, installed_task_yaml,
+                       run_eval)
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
-from .server import (AttachedServer, LaunchedServer, Server, ServerCommand, ServerCommandError, ServerStartError,
+from .server import (INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S, AttachedServer, LaunchedServer, Server, ServerCommand,
+                     ServerCommandError, ServerStartError,
                      api_key_of, attach, auth_headers, build_command, redact_api_key, redact_env)
 
 DEFAULT_OUTPUT_DIR = Path("results")
@@ -52,6 +53,10 @@ _STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
 LOCK_FILE = ".quantgate-run.lock"
 # How vLLM and quantgate serve refuse a request longer than --max-model-len (the code, the words).
 _CONTEXT_TOO_SHORT = ("context_length_exceeded", "maximum context length")
+
+
+class OutputDirUnwritable(Exception):
+    """The output directory cannot be made or locked (a full disk): exit 2, may pass next time."""
 
 
 class ArtifactsUnwritable(OSError):
@@ -482,8 +487,8 @@ def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) ->
     fresh = (data.get("config") or {}).get("sha256") == base.sha256 and \
         (data.get("evaluation") or {}).get("limit", "missing") == limit
     measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
-    same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == {
-        p.name: sha256_file(p) for p in (base.dataset.test, base.dataset.train) if p is not None and p.is_file()}
+    same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == dataset_hashes(
+        base.dataset.test, base.dataset.train)
     usable = fresh and measured and same_data and (mode != "paired" or samples is not None)
     return Baseline(base.name, data.get("metrics") or {}, samples) if usable else None
 
@@ -599,6 +604,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             wanted = item.command.preferred_port
             moved = f" (server_args' --port {wanted} was in use)" if wanted is not None and server.port != wanted else ""
             display.note(f"  server ready on port {server.port} after {server.startup_s:.1f} s{moved}")
+            if server.foreign_listener:
+                display.note(f"  warning: port {server.port} is answered by a process outside the server's process "
+                             "tree (a container's proxy?); if not, another job's server may be answering")
         record.timings["server_start_s"] = round(server.startup_s, 3)
         record.versions["engine"] = _engine_version(server, config)
         # vLLM logs some choices at the first request: its log is read once the evaluation is over.
@@ -645,7 +653,7 @@ def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outco
             run_dir: Path, started: float) -> None:
     """Teardown and artifacts, whatever happened before."""
     if server is not None:
-        server.stop()
+        server.stop(INTERRUPTED_GRACE_S if record.interrupted else TEARDOWN_GRACE_S)
         record.server = server.to_dict()
         if record.verdict == ERROR and not record.log_tail:
             record.log_tail = server.log_tail() or None
@@ -766,13 +774,13 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     guard = InterruptGuard()
     records: list[RunRecord] = []
     skipped: list[Skipped] = []
+    warnings: list[str] = []
     with guard.installed(), contextlib.ExitStack() as held:
         try:
             unwritable = output_problems(options)
             if unwritable:
                 raise PlanError(unwritable)
             held.enter_context(_output_dir_lock(options))
-            warnings: list[str] = []
             items = plan(paths, options, skipped, warnings)
             if skipped and not items:
                 raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
@@ -784,11 +792,12 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
         except RunInterrupted as exc:
             display.note(f"interrupted by {exc.signal_name} before any server started")
             return EXIT_ERROR
-        except OSError as exc:  # the output directory cannot be made (a full disk)
-            display.note(f"error: {options.output_dir}: {exc}; free space or pass another --output-dir")
+        except OutputDirUnwritable as exc:  # e.g. a full disk: may pass on the next try
+            display.note(f"error: {exc}")
             return EXIT_ERROR
-        for warning in warnings:
-            display.note(f"warning: {warning}")
+        finally:
+            for warning in warnings:  # also when the plan fails: a typo'd key may be why
+                display.note(f"warning: {warning}")
         for skip in skipped:
             display.note(f"  SKIPPED {skip.name}: {skip.reason} (--skip-unmet-requires)")
         try:
@@ -829,10 +838,16 @@ def _output_dir_lock(options: RunOptions) -> Iterator[None]:
     summary.md, server logs and cached baselines would be overwritten under it. Held, the
     directory's run-wide summaries of an earlier run are removed, so a run that stops at its plan
     (exit 3) leaves none that speak for it."""
+    import errno
     import fcntl
 
-    options.output_dir.mkdir(parents=True, exist_ok=True)
-    with open(options.output_dir / LOCK_FILE, "a+") as lock:
+    try:
+        options.output_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(options.output_dir / LOCK_FILE, "a+")
+    except OSError as exc:
+        raise OutputDirUnwritable(f"--output-dir {options.output_dir}: {exc}; free space or pass another "
+                                  "--output-dir") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -840,13 +855,19 @@ def _output_dir_lock(options: RunOptions) -> Iterator[None]:
             holder = lock.read().strip() or "another process"
             raise PlanError([f"--output-dir {options.output_dir}: another quantgate run ({holder}) is writing to it; "
                              "pass another --output-dir, or wait for that run to end"]) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}\n")
-        lock.flush()
+        except OSError as exc:  # a file system without locks (some network ones): run unlocked
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+                raise OutputDirUnwritable(f"--output-dir {options.output_dir}: cannot lock it ({exc})") from None
+        with contextlib.suppress(OSError):
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()}\n")
+            lock.flush()
         for stale in (options.junit or options.output_dir / "junit.xml",
                       options.markdown or options.output_dir / "summary.md"):
-            stale.unlink(missing_ok=True)
+            if stale.is_file():
+                with contextlib.suppress(OSError):
+                    stale.unlink()
         yield
 
 

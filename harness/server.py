@@ -32,6 +32,10 @@ from .results import write_atomic
 
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
+# After an interrupt: a CI agent that cancels a job SIGKILLs this runner some seconds after its
+# SIGTERM (Buildkite: 9 s by default); the server's SIGKILL must come first, or a hung server
+# outlives the job.
+INTERRUPTED_GRACE_S = 3.0
 FOREIGN_LISTENER_WAIT_S = 30.0
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
@@ -247,10 +251,11 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
-def serves_port(pid: int, port: int) -> bool | None:
-    """Whether `pid` or one of its descendants holds the listening socket of TCP `port`; None
-    where /proc cannot tell. A /health answer on a port proves nothing by itself: another job's
-    server may have bound it first while ours still loads."""
+def listening_sockets(pid: int, port: int) -> tuple[int, int] | None:
+    """(held, all): how many of the listening sockets of TCP `port` `pid` and its descendants
+    hold, and how many there are; None where /proc cannot tell. A /health answer on a port proves
+    nothing by itself: another job's server may have bound it first while ours still loads, or
+    beside ours (SO_REUSEPORT, as vLLM binds), and the kernel then shares the requests."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -261,8 +266,9 @@ def serves_port(pid: int, port: int) -> bool | None:
             # local_address is HEXIP:HEXPORT; state 0A is LISTEN; the inode is the tenth field
             if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
-    if not inodes:
-        return None if not Path("/proc/net/tcp").exists() else False
+    if not Path("/proc/net/tcp").exists():
+        return None
+    held: set[str] = set()
     for member in (pid, *descendants(pid)):
         try:
             fds = os.listdir(f"/proc/{member}/fd")
@@ -270,9 +276,10 @@ def serves_port(pid: int, port: int) -> bool | None:
             continue
         for fd in fds:
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{member}/fd/{fd}")[len("socket:["):-1] in inodes:
-                    return True
-    return False
+                link = os.readlink(f"/proc/{member}/fd/{fd}")
+                if link.startswith("socket:["):
+                    held.add(link[len("socket:["):-1])
+    return len(inodes & held), len(inodes)
 
 
 def _still_running(pid: int, start_time: str) -> bool:
@@ -280,24 +287,14 @@ def _still_running(pid: int, start_time: str) -> bool:
     return fields is not None and fields[0] != "Z" and fields[19] == start_time
 
 
-def teardown_grace_s() -> float:
-    """How long a server gets between SIGTERM and SIGKILL: TEARDOWN_GRACE_S, or half a CI agent's
-    shorter cancel grace period (Buildkite's default is 10 s): the SIGKILL must reach the server
-    before the agent's reaches this runner, or a hung server outlives the job."""
-    try:
-        agent = float(os.environ.get("BUILDKITE_CANCEL_GRACE_PERIOD", "inf"))
-    except ValueError:
-        agent = float("inf")
-    return max(1.0, min(TEARDOWN_GRACE_S, agent / 2))
-
-
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL the server if the runner dies without tearing it down
-    (a server that hangs would ignore a SIGTERM with nobody left to follow it up)."""
+    """In the child, before exec: SIGTERM the server if the runner dies without tearing it down.
+    Not SIGKILL: it reaches the group leader only, and vLLM's API server killed so leaves its
+    engine and worker processes holding the GPU."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -322,7 +319,7 @@ class Server(Protocol):
     def poll(self) -> int | None: ...
     def log_tail(self, lines: int = 40) -> str: ...
     def log_text(self) -> str: ...
-    def stop(self) -> int | None: ...
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -425,10 +422,22 @@ class LaunchedServer:
             if on_wait is not None:
                 on_wait(time.monotonic() - started)
             if _healthy(client, self.base_url):
-                # An answer from a listener outside the server's process tree is most often another
-                # job's server on the same fixed port, while ours still loads and will fail to bind:
-                # wait for that. A wrapper whose listener lives elsewhere (a container's proxy) stays up.
-                owned = serves_port(self.process.pid, self.port) is not False
+                sockets = listening_sockets(self.process.pid, self.port)
+                held, total = sockets if sockets is not None else (1, 1)
+                if 0 < held < total:  # another server shares the port (SO_REUSEPORT): never ours alone
+                    self.stop()
+                    with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                        log.write(f"# quantgate: another process listens on port {self.port} too; relaunching\n")
+                    if attempt < PORT_ATTEMPTS:
+                        return False
+                    raise ServerStartError(f"other processes listened on each port tried ({self.ports_tried}); a "
+                                           "fixed --port in server_args collides with other jobs: drop it",
+                                           exit_status=None, log_tail=self.log_tail(),
+                                           startup_s=time.monotonic() - started)
+                # Held by no process of ours: most often another job's server on the same fixed port
+                # while ours still loads and will fail to bind (then relaunched): wait for that. A
+                # wrapper whose listener lives elsewhere (a container's proxy) stays up, and counts.
+                owned = held == total
                 foreign_since = None if owned else (foreign_since or time.monotonic())
                 if owned or time.monotonic() - foreign_since >= FOREIGN_LISTENER_WAIT_S:
                     if not owned:
@@ -473,14 +482,13 @@ class LaunchedServer:
                 "vllm_command passes it on)", exit_status=None, log_tail=self.log_tail(), startup_s=self.startup_s,
                 refused_config=True)
 
-    def stop(self, grace_s: float | None = None) -> int | None:
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
         that had left the group (a worker that called setsid() survives a group kill); return the
         leader's status. A daemon that double-forked away (its parent gone before this runs) is no
         longer anyone's descendant here, and is not found."""
         if self.process is None:
             return None
-        grace_s = teardown_grace_s() if grace_s is None else grace_s
         pgid = self.process.pid
         # Before any signal: once their parents die, nothing links them to the server. Only while the
         # leader is unreaped is its pid surely still the server's.
@@ -561,7 +569,7 @@ class AttachedServer:
     def log_text(self) -> str:
         return ""
 
-    def stop(self) -> int | None:
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,11 +11,19 @@ else
   export QUANTGATE_RESULTS="${QUANTGATE_RESULTS:-results}"
 fi
 
-# The Python interpreter of the `quantgate` on PATH, if it is a Python entry point.
+# The Python interpreter of the `quantgate` on PATH, if it is a Python entry point: its shebang
+# (`#!/path/python`, `#!/usr/bin/env python3`), or the `exec` line of pip's /bin/sh launcher for
+# interpreter paths too long for a shebang. Empty for anything else (a wrapper script).
 quantgate_python() {
-  local exe
+  local exe line
   exe="$(command -v quantgate 2>/dev/null)" || return 1
-  head -n1 "$exe" | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p'
+  line="$(head -n1 "$exe")"
+  if [[ "$line" == "#!/bin/sh" ]]; then
+    line="#!$(sed -n "s/^'''exec' '\{0,1\}\([^' ]*\).*/\1/p" "$exe" | head -n1)"
+  fi
+  line="${line#\#!}"
+  line="${line#/usr/bin/env }"
+  if [[ "$line" =~ ^[^[:space:]]*python[0-9.]*$ ]]; then command -v "$line"; fi
 }
 
 # Install this checkout (make install: the venv of the Makefile) unless the quantgate on PATH

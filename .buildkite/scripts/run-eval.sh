@@ -22,18 +22,19 @@ ensure_quantgate || exit 2
 if [[ "${engine[1]:-}" != vllm ]] && { [[ "${engine[1]:-}" == builtin ]] || ! grep -Eq '^engine:[[:space:]]*"?vllm' "$config"; }; then
   # Builtin configs: the FP8 variants of the shipped checkpoints are built, not tracked. A
   # manifest they do not reproduce (exit 3) fails the same way on every retry.
-  "${QUANTGATE_PYTHON:-python3}" models/recipes/build_variants.py >&2
+  if [[ -n "${QUANTGATE_PYTHON:-}" ]]; then "$QUANTGATE_PYTHON" models/recipes/build_variants.py >&2; else make models >&2; fi
   built=$?
   if (( built != 0 )); then exit $(( built == 3 ? 3 : 2 )); fi
 fi
 
 out="$QUANTGATE_RESULTS"
 echo "--- :test_tube: quantgate run $config"
-# In the background, so that an agent's cancel (SIGTERM) reaches quantgate, which tears its
-# server down and writes its results, while this script lives on to annotate.
+# In the background, so that this script outlives an agent's cancel (SIGTERM to the job's
+# process group) while quantgate tears its server down and writes its results, then annotates.
+child=
+trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null' TERM INT
 quantgate run "$config" "${engine[@]}" --output-dir "$out" --junit "$out/junit.xml" --markdown "$out/summary.md" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT
 wait "$child"
 status=$?
 while kill -0 "$child" 2>/dev/null; do  # a trapped signal ended `wait` early: the run is still tearing down
@@ -41,6 +42,7 @@ while kill -0 "$child" 2>/dev/null; do  # a trapped signal ended `wait` early: t
   status=$?
 done
 trap - TERM INT
+(( status > 128 )) && status=2  # killed by a signal before its own handler was up: no verdict, retryable
 if $expect_fail; then
   case "$status" in
     1) echo "negative check: the verdict is FAIL, as it must be"; status=0 ;;

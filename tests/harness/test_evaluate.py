@@ -127,7 +127,7 @@ def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, 
     invalid = sum(s["invalid"] for s in outcome.samples) / 16
     assert outcome.metrics["invalid_rate"] == pytest.approx(invalid)
     assert 0 < outcome.server_busy_s <= outcome.eval_s
-    assert set(outcome.dataset_sha256) == {"test.jsonl", "train.jsonl"}
+    assert set(outcome.dataset_sha256) == {"test", "train"}
 
 
 def test_concurrency_one_uses_the_synchronous_path(tmp_path: Path, gsm8k_dir: Path, serve) -> None:

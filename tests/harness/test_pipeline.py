@@ -298,3 +298,13 @@ def test_run_local_reproduces_the_step_exit_status(tmp_path: Path, status: int) 
 def _catalog():
     groups, loose = collect(["eval_configs"])
     return [c for g in groups for c in g.configs] + loose
+
+
+def test_any_requires_key_sends_a_config_to_a_gpu_agent(tmp_path: Path) -> None:
+    """The runner refuses any requires: on a machine without a GPU: a CPU agent would exit 3."""
+    from quantgate.harness.config import load_config
+    from quantgate.harness.pipeline import agents_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nrequires: {device: h100}\n")
+    assert agents_for(load_config(path)) == {"queue": "gpu", "gpus": "1", "device": "h100"}
