@@ -269,6 +269,10 @@ _VLLM_ONLY_KEYS = {
 }
 _OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra"}
 _GATE_ONLY_KEYS = set(GateSpec.model_fields) - _OWN_KEYS  # alpha, beta, recovery ...: read under gate: only
+_GATE_KEYS_READ: dict[str, set[str]] = {  # per mode, besides max_invalid_rate, which every mode reads
+    "absolute": set(), "relative": {"rtol"}, "hypothesis": {"alpha", "beta"}, "wilson": {"alpha", "rtol"},
+    "paired": {"alpha"}, "recovery": {"recovery"},
+}
 
 
 def load_config(path: Path | str, engine: Engine | None = None) -> EvalConfig:
@@ -592,6 +596,11 @@ class _Loader:
         if mode in ("paired", "recovery") and config.baseline is None:
             self.error(where, f"mode {mode} needs baseline: the config name or results file to compare against")
         self._warn_gate_cannot_decide(config, mode)
+        if isinstance(given, dict):
+            for key in sorted(set(given) - {"mode", "max_invalid_rate"} - _GATE_KEYS_READ[mode]):
+                self.warn(["gate", key], f"not read by mode {mode} (it reads "
+                          f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
+                          "remove it, or set the mode that uses it")
         if "release" in config.tags and mode not in STATISTICAL_GATES:
             self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
                        f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")

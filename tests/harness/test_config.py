@@ -359,3 +359,13 @@ def test_an_rtol_set_twice_warns_which_one_is_used(tmp_path: Path) -> None:
     assert report.errors == [] and report.config.effective_rtol == 0.01
     [warning] = report.warnings
     assert "gate.rtol (0.01) is used, the top-level rtol (0.5) is not" in str(warning)
+
+
+def test_gate_keys_the_mode_does_not_read_are_warned_about(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ngate: {mode: absolute, alpha: 0.1, recovery: 0.5}\n")
+    report = inspect_config(path)
+    assert report.errors == [] and [w.field for w in report.warnings] == ["gate.alpha", "gate.recovery"]
+    assert "not read by mode absolute" in str(report.warnings[0])
+    quiet = write(tmp_path, "model_name: m\nreference: {value: 0.8}\ngate: {mode: wilson, alpha: 0.1, rtol: 0.05, "
+                            "max_invalid_rate: 0.1}\n", "quiet.yaml")
+    assert inspect_config(quiet).warnings == []
