@@ -235,9 +235,9 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     only_baseline = sum(1 for q in baseline if q not in candidate)
     if only_candidate or only_baseline:
         raise GateInputMismatch(f"gate paired: the candidate and the baseline answered different questions: "
-                             f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
-                             f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
-                             "the same num_questions and --limit")
+                                f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
+                                f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
+                                "the same num_questions and --limit")
     if not candidate:
         raise GateInputError("gate paired: the candidate and the baseline have no per-question results")
     common = list(candidate)
@@ -265,8 +265,8 @@ def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *
         raise GateInputError(f"gate recovery: the baseline scored {baseline_measured}; a ratio against it is undefined")
     if n != baseline_n:
         raise GateInputMismatch(f"gate recovery: this run evaluated {n} questions and the baseline {baseline_n}: a ratio "
-                             "of accuracies on different questions is no recovery; evaluate both with the same "
-                             "num_questions and --limit")
+                                "of accuracies on different questions is no recovery; evaluate both with the same "
+                                "num_questions and --limit")
     ratio = measured / baseline_measured
     passed = ratio >= minimum - EPSILON
     measured_threshold = baseline_measured * minimum
@@ -321,14 +321,14 @@ def correct_by_id(samples: Sequence[Mapping[str, Any]], who: str) -> dict[str, b
     for row_number, row in enumerate(samples, start=1):
         if "id" not in row or "correct" not in row:
             raise GateInputMismatch(f"{who}: row {row_number}: per-sample rows need 'id' and 'correct', "
-                                 f"got keys {sorted(row)}")
+                                    f"got keys {sorted(row)}")
         key, correct = str(row["id"]), row["correct"]
         if not isinstance(correct, bool):
             raise GateInputMismatch(f"{who}: row {row_number} (question id {key!r}): 'correct' must be true or false, "
-                                 f"got {correct!r}; samples.jsonl as `quantgate run` writes it has booleans")
+                                    f"got {correct!r}; samples.jsonl as `quantgate run` writes it has booleans")
         if key in out:
             raise GateInputMismatch(f"{who}: row {row_number}: question id {key!r} appears twice; each question "
-                                 "must be answered once (were two samples.jsonl files joined?)")
+                                    "must be answered once (were two samples.jsonl files joined?)")
         out[key] = correct
     return out
 
@@ -342,5 +342,5 @@ def check_same_targets(candidate: Sequence[Mapping[str, Any]], baseline: Sequenc
               if "id" in row and "target" in row and str(row["id"]) in gold and gold[str(row["id"])] != row["target"]]
     if differ:
         raise GateInputMismatch(f"{candidate_who} and {baseline_who} have different targets for {len(differ)} question "
-                             f"id(s) (first: {differ[0]!r}): they evaluated different data sets; evaluate both on "
-                             "the same dataset")
+                                f"id(s) (first: {differ[0]!r}): they evaluated different data sets; evaluate both on "
+                                "the same dataset")
