@@ -100,7 +100,11 @@ def _check(src, q_dir, scheme: Scheme, scale_name: str, static: bool, seed: int)
                 x = torch.randn(9, cfg.hidden_size, generator=gen)
                 weights, ids = select_experts(torch.randn(9, cfg.num_experts, generator=gen), cfg.top_k, True)
                 expected = _reference_experts(name, q_dir, scheme, scale_name, cfg.num_experts)(x, ids, weights)
-                assert _rel_err(layer(x, weights, ids), expected) < 1e-5, name
+                # The experts quantize their intermediate activation (silu(gate) * up) to FP8 inside the
+                # layer: a 1e-7 difference of summation order can move one value across an FP8 rounding
+                # boundary (seeds 4160615089 and 1528795584: 4e-4 and 8e-4, at the tree of session 10
+                # too). A wrong scale, layout or gate/up order is O(1).
+                assert _rel_err(layer(x, weights, ids), expected) < 1e-2, name
     ref = _reference(src, q_dir, scheme, scale_name, static)
     cfg = loaded.model_config
     kv = KVCache(cfg, num_slots=1, max_len=256, dtype=torch.float32, device=torch.device("cpu"))
