@@ -560,6 +560,9 @@ class _Loader:
         problem = builtin_flags_problem(config)
         if problem:
             self.warn(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
+        if config.vllm_command is not None and config.engine == "builtin":
+            self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
+                      "to run this command, or remove it")
 
     def _server_arg_path(self, arg_index: int) -> list[str | int]:
         origin = self.origin.get("server_args", ["server_args"])

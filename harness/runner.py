@@ -454,6 +454,18 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
             item.baseline_cached = Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(path))
         except (OSError, ValueError) as exc:
             problems.append(f"{config.source}: baseline {path}: {exc}")
+            return
+        # Known before any server starts: a baseline of another question count cannot be compared.
+        wanted = options.limit if options.limit is not None else config.num_questions
+        if config.dataset is not None:  # a test set shorter than the limit is evaluated whole
+            with contextlib.suppress(OSError):
+                available = sum(1 for line in config.dataset.test.read_text().splitlines() if line.strip())
+                wanted = available if wanted is None else min(wanted, available)
+        measured = (data.get("metrics") or {}).get("n")
+        if wanted is not None and isinstance(measured, int) and measured != wanted:
+            problems.append(f"{config.source}: baseline {path} evaluated {measured} questions, this run would evaluate "
+                            f"{wanted}: gate {config.gate.mode} compares the same questions; evaluate both with the "
+                            "same num_questions and --limit")
         return
     base = by_source.get(path)
     if base is None:

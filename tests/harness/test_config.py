@@ -369,3 +369,10 @@ def test_gate_keys_the_mode_does_not_read_are_warned_about(tmp_path: Path) -> No
     quiet = write(tmp_path, "model_name: m\nreference: {value: 0.8}\ngate: {mode: wilson, alpha: 0.1, rtol: 0.05, "
                             "max_invalid_rate: 0.1}\n", "quiet.yaml")
     assert inspect_config(quiet).warnings == []
+
+
+def test_a_vllm_command_the_builtin_engine_never_runs_is_warned_about(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nvllm_command: my-vllm serve\n")
+    [warning] = inspect_config(path).warnings
+    assert warning.line == 3 and "not used: engine builtin runs `quantgate serve`" in str(warning)
+    assert inspect_config(path, "vllm").warnings == []

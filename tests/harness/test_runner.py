@@ -516,3 +516,18 @@ def test_run_says_what_lint_warns_of(tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "typo", gsm8k_dir, num_question=4)  # kept, unused: never silently
     code, output = run_in_process([config], tmp_path / "out")
     assert code == 0 and "warning:" in output and "did you mean 'num_questions'?" in output.replace("\n", "")
+
+
+def test_a_results_file_baseline_of_other_questions_is_refused_before_any_server_starts(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_questions=4)
+    assert run_in_process([base], tmp_path / "first")[0] == 0
+    baseline = tmp_path / "first" / "base" / "result.json"
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, baseline=str(baseline), num_questions=6,
+                             gate={"mode": "recovery"}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 3 and "evaluated 4 questions, this run would evaluate 6" in output.replace("\n", "")
+    assert not (tmp_path / "out" / "cand").exists()
+    same = write_config(tmp_path, "same", gsm8k_dir, baseline=str(baseline), num_questions=4,
+                        gate={"mode": "recovery"}, accuracy_threshold=None)
+    assert run_in_process([same], tmp_path / "out")[0] == 0
