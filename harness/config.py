@@ -680,6 +680,16 @@ class _Loader:
         return None
 
 
+def count_test_questions(config: EvalConfig) -> int | None:
+    """How many questions the config's local test file holds; None for a task's own data."""
+    if config.dataset is None:
+        return None
+    try:
+        return sum(1 for line in config.dataset.test.read_text().splitlines() if line.strip())
+    except OSError:
+        return None
+
+
 def _default_mode(config: EvalConfig) -> GateMode | None:
     """gen-2 files gate absolutely, gen-1 files relatively: as vLLM's own harnesses do."""
     if config.accuracy_threshold is not None:

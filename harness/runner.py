@@ -32,7 +32,7 @@ from quantgate.engine.serve_args import EXIT_USAGE as SERVE_EXIT_USAGE
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
-                     load_config)
+                     load_config, count_test_questions)
 from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, dataset_hashes, installed_task_yaml,
                        run_eval)
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
@@ -457,10 +457,9 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
             return
         # Known before any server starts: a baseline of another question count cannot be compared.
         wanted = options.limit if options.limit is not None else config.num_questions
-        if config.dataset is not None:  # a test set shorter than the limit is evaluated whole
-            with contextlib.suppress(OSError):
-                available = sum(1 for line in config.dataset.test.read_text().splitlines() if line.strip())
-                wanted = available if wanted is None else min(wanted, available)
+        available = count_test_questions(config)  # a test set shorter than the limit is evaluated whole
+        if available is not None:
+            wanted = available if wanted is None else min(wanted, available)
         measured = (data.get("metrics") or {}).get("n")
         if wanted is not None and isinstance(measured, int) and measured != wanted:
             problems.append(f"{config.source}: baseline {path} evaluated {measured} questions, this run would evaluate "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import ENGINES
-from ..config import LIST_SUFFIX, EvalConfig
+from ..config import LIST_SUFFIX, EvalConfig, count_test_questions
 from ..gates import absolute, hypothesis, relative, wilson
 from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
@@ -119,16 +119,6 @@ def _measured_on(record: RunRecord) -> str:
     return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])
 
 
-def _test_questions(config: EvalConfig) -> int | None:
-    """How many questions the config's local test file holds; None for a task's own data."""
-    if config.dataset is None:
-        return None
-    try:
-        return sum(1 for line in config.dataset.test.read_text().splitlines() if line.strip())
-    except OSError:
-        return None
-
-
 def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = None) -> dict[str, Any]:
     """Statistics over the runs, the `reference:` block they support, and the thresholds it gives
     under the config's gate settings; `limit`: calibrate's --limit (a proposal measured on fewer
@@ -156,7 +146,7 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
             "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "alpha": gate.alpha,
             "beta": gate.beta, "thresholds": thresholds, "gate_mode": gate.mode,
             "gate_threshold": own.get(gate.mode), "config_num_questions": config.num_questions, "limit": limit,
-            "test_questions": _test_questions(config)}
+            "test_questions": count_test_questions(config)}
 
 
 def format_proposal(p: dict[str, Any]) -> str:
