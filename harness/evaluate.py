@@ -320,7 +320,8 @@ def _choice_texts(out: Any, chat: bool) -> list[str]:
         index = choice.get("index", position) if isinstance(choice, dict) else None
         if not isinstance(index, int) or not 0 <= index < len(choices) or texts[index] is not None:
             raise MalformedResponse(f"the server answered 200 with choice indices that are not 0..{len(choices) - 1}")
-        text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+        message = choice.get("message")
+        text = (message.get("content") if isinstance(message, dict) else None) if chat else choice.get("text")
         if text is None and choice.get("finish_reason") == "length":
             text = ""
         if not isinstance(text, str):

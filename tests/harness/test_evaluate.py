@@ -215,3 +215,13 @@ def test_retry_after_is_read_for_429_and_503_only_and_bounded() -> None:
     for bad in ("nan", "inf", "-3", "Wed, 21 Oct 2026 07:28:00 GMT", ""):  # nan used to sleep forever
         assert 0.0 <= _retry_after_s(429, {"Retry-After": bad}) <= RETRY_AFTER_MAX_S
     assert _retry_after_s(429, None) == 0.0
+
+
+@pytest.mark.parametrize("body, chat", [({"choices": [{"index": 0, "message": "not an object"}]}, True),
+                                        ({"choices": [{"index": 3, "text": "x"}]}, False),
+                                        (["a list"], False)])
+def test_a_body_of_the_wrong_shape_is_a_malformed_response_not_a_crash(body, chat) -> None:
+    from quantgate.harness.evaluate import MalformedResponse, _choice_texts
+
+    with pytest.raises(MalformedResponse, match="the server answered 200"):
+        _choice_texts(body, chat)
