@@ -49,8 +49,8 @@ def main(out: Path) -> None:
             ref = x.double() @ w_ref.t()
             copies = [w8.pack_weight(wq) for _ in range(bench_linear._copies(k * n, l2))]
             workspace = torch.zeros(w8.workspace_size(n), dtype=torch.int32, device="cuda")
-            for cvt in (False, True):
-                w8.fp8_convert_device = lambda device, cvt=cvt: cvt
+            for cvt in (0, 2, 4):
+                w8.GEMV_CVT = cvt
                 for cfg in (None, *w8.candidates_for(1), *EXTRA):
                     def call(p, cfg=cfg):
                         return w8.w8a16_gemm(x, p, scale, groupwise=groupwise, workspace=workspace, config=cfg)
@@ -66,12 +66,12 @@ def main(out: Path) -> None:
     print("K x N scheme cvt | tuner us x_bf16 bw | best us x_bf16 bw config | max err")
     for k, n in SHAPES:
         for scheme in ("block", "channel"):
-            for cvt in (False, True):
+            for cvt in (0, 2, 4):
                 sel = [r for r in rows if (r["k"], r["n"], r["scheme"], r["cvt"]) == (k, n, scheme, cvt)]
                 tuner = next(r for r in sel if r["config"] == "tuner")
                 best = min((r for r in sel if r["config"] != "tuner"), key=lambda r: r["us"])
                 short = best["config"].replace("W8A16Config(block_m=1, ", "").replace(", tma=False, prefetch=0)", "")
-                print(f"{k}x{n} {scheme:7s} {cvt!s:5s} | {tuner['us']:6.2f} {tuner['x_bf16']:.3f} "
+                print(f"{k}x{n} {scheme:7s} {cvt} | {tuner['us']:6.2f} {tuner['x_bf16']:.3f} "
                       f"{tuner['copy_bw_frac']:.3f} | {best['us']:6.2f} {best['x_bf16']:.3f} {best['copy_bw_frac']:.3f} "
                       f"{short} | {max(r['err'] for r in sel):.2e}")
     for key, (nr, ns) in sorted(regs.items()):
