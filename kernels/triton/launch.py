@@ -46,12 +46,6 @@ def tma_device(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-@functools.cache
-def fp8_convert_device(device: torch.device) -> bool:
-    """Whether `device` has the FP8 -> f16x2 conversion instruction (compute capability 8.9+)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 def aligned(ptr: int) -> bool:
     """Whether Triton would specialize a pointer argument as 16-byte aligned."""
     return ptr % 16 == 0

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .launch import DirectLaunch, aligned, cdiv, fp8_convert_device, tma_device
+from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options, prefetch_l2
 from .gemm_epilogue import bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
 from .tuning import Autotuner, m_bucket
@@ -50,7 +50,6 @@ PLANE_K = GROUP_K // 4
 # typical FP8 weight scales (1e-5 .. 1e-2) stay normal fp16 numbers.
 SCALE_SHIFT = {torch.bfloat16: 0, torch.float16: 10}
 _X_EXP = 64  # activation pre-scale exponent on the bf16 and float32 paths
-GEMV_CVT = 2  # GEMV planes converted by the conversion instruction where the GPU has it (experiment)
 
 
 @dataclass(frozen=True)
@@ -166,39 +165,6 @@ def _plane(packed, P: tl.constexpr, OUT: tl.constexpr):
             return half.to(tl.int16).to(tl.float16, bitcast=True)
 
 
-@triton.jit
-def _low_planes_by_cvt(packed):
-    """Bytes 0 and 1 of each int32 as exact float32 values, by the e4m3x2 -> f16x2 conversion
-    instruction (sm_89+)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b16 lo, hi, a0, a1;
-        .reg .b32 pa;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e4m3x2 pa, lo;
-        mov.b32 {a0, a1}, pa;
-        cvt.f32.f16 $0, a0;
-        cvt.f32.f16 $1, a1;
-        }""",
-        "=r,=r,r", [packed], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-
-
-@triton.jit
-def _high_planes_by_cvt(packed):
-    """Bytes 2 and 3 of each int32 as exact float32 values (see _low_planes_by_cvt)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b16 lo, hi, a0, a1;
-        .reg .b32 pa;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e4m3x2 pa, hi;
-        mov.b32 {a0, a1}, pa;
-        cvt.f32.f16 $0, a0;
-        cvt.f32.f16 $1, a1;
-        }""",
-        "=r,=r,r", [packed], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-
-
 @triton.jit(do_not_specialize=["split_k"])
 def _w8a16_gemv_kernel(
     x_ptr, w_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
@@ -208,8 +174,6 @@ def _w8a16_gemv_kernel(
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,  # K tiles per load: chunks of [32 * TILES, BLOCK_N] int32
     PDL: tl.constexpr,
-    CVT: tl.constexpr,  # planes converted by the conversion instruction (exact values): 0, 2 (bytes 0-1) or 4;
-    # the others by moving bits (x 2^-120)
 ):
     """One activation row: float32 FMAs into a [32 * TILES, BLOCK_N] accumulator laid out like
     a weight chunk, reduced over its rows once at the end. The next chunk's load is issued
@@ -241,20 +205,12 @@ def _w8a16_gemv_kernel(
             s = tl.load(s_ptrs, mask=live[:, None], other=0.0).to(tl.float32)
         # One FMA per weight into `t`; the block scales multiply the four planes' sum once.
         t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)
-        if CVT >= 2:
-            low = _low_planes_by_cvt(packed)
-        if CVT == 4:
-            high = _high_planes_by_cvt(packed)
         for p in tl.static_range(4):
             if EVEN_K:
                 x = tl.load(x_ptrs + p * 32, mask=live, other=0.0)
             else:
                 x = tl.load(x_ptrs + p * 32, mask=live & ((kt + tile) * 128 + p * 32 + rj % 32 < K), other=0.0)
-            if p < CVT:  # exact weights: the activations take the 2^-120 instead
-                w = low[p] if p < 2 else high[p - 2]
-                t += (x.to(tl.float32) * (X_MUL * 2.0 ** -120))[:, None] * w
-            else:
-                t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
+            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)
         if GROUPWISE:
             acc += t * s
         else:
@@ -409,15 +365,14 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     # is fresh, so aligned with N-element rows.
     pointers = tuple(aligned(t.data_ptr()) for t in (x, packed, scale, bias_arg, partial, counters))
     spec = (cfg, x.dtype, groupwise, bias is not None, split_k > 1, n, k, options["PDL"], *pointers)
-    if cfg.block_m == 1:  # float32 weights: exact by the conversion instruction, else x 2^-120
+    if cfg.block_m == 1:  # float32 weights, 2^-120
         stride_sg = scale.stride(0) if groupwise else 0
-        cvt = GEMV_CVT if fp8_convert_device(x.device) else 0
         _gemv_launch(
-            (*spec, stride_sg, cvt), (n_tiles, split_k),
+            (*spec, stride_sg), (n_tiles, split_k),
             (x, packed, scale, out, bias_arg, partial, counters, n, k, split_k, stride_sg),
             X_MUL=float(2.0 ** _X_EXP), S_MUL=float(2.0 ** (120 - _X_EXP - shift)), GROUPWISE=groupwise,
             HAS_BIAS=bias is not None, SPLIT=split_k > 1, EVEN_K=k % GROUP_K == 0, BLOCK_N=cfg.block_n,
-            TILES=cfg.tiles, CVT=cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+            TILES=cfg.tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
         return
     if x.dtype == torch.bfloat16:
         out_kind, w_exp, x_exp = 1, 120, _X_EXP
