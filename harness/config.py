@@ -19,9 +19,9 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from quantgate.engine.serve_args import usage_problem
 
@@ -57,10 +57,24 @@ class ConfigError(ValueError):
 # The schema
 
 
+def _number(value: Any) -> Any:
+    # pydantic reads true as 1: `num_questions: true` would evaluate one question.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()} (YAML reads true/false as booleans)")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_number)]
+Float = Annotated[float, BeforeValidator(_number)]
+_INT64_MAX = 2**63 - 1  # the engines' seed range (OpenAI's `seed` is an int64)
+# Finite numbers only: an infinite timeout or temperature passes every bound and fails mid-run.
+_SCHEMA = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
 class _Block(BaseModel):
     """Our own nested blocks reject unknown keys: a typo there would silently disable a check."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _SCHEMA
 
 
 class DatasetSpec(_Block):
@@ -73,11 +87,11 @@ class DatasetSpec(_Block):
 
 class GateSpec(_Block):
     mode: GateMode = "absolute"
-    alpha: float = Field(0.05, gt=0)
-    beta: float = Field(0.2, gt=0)
-    rtol: float | None = Field(None, ge=0, lt=1)  # None: the config's top-level `rtol`
-    recovery: float = Field(0.95, gt=0)
-    max_invalid_rate: float | None = Field(None, ge=0, le=1)
+    alpha: Float = Field(0.05, gt=0)
+    beta: Float = Field(0.2, gt=0)
+    rtol: Float | None = Field(None, ge=0, lt=1)  # None: the config's top-level `rtol`
+    recovery: Float = Field(0.95, gt=0, le=1)  # a fraction of the baseline's accuracy
+    max_invalid_rate: Float | None = Field(None, ge=0, le=1)
 
     @field_validator("alpha", "beta")
     @classmethod
@@ -95,12 +109,12 @@ class GateSpec(_Block):
 class Reference(BaseModel):
     """A measured reference and its provenance; extra provenance keys are kept."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    value: float = Field(ge=0, le=1)
-    stdev: float | None = Field(None, ge=0)
-    runs: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    value: Float = Field(ge=0, le=1)
+    stdev: Float | None = Field(None, ge=0)
+    runs: Int | None = Field(None, ge=1)
+    n: Int | None = Field(None, ge=1)
     measured_on: str | None = None
     date: str | None = None
     commit: str | None = None
@@ -119,7 +133,7 @@ class Expect(_Block):
 class Requires(_Block):
     """What GPU machine a config needs (any key means at least one GPU); a CPU config has none."""
 
-    gpus: int = Field(0, ge=0)
+    gpus: Int = Field(0, ge=0)
     device: str | None = None  # part of the GPU's name as nvidia-smi gives it: h100, a100, h200
     min_compute_capability: str | None = None
 
@@ -146,7 +160,7 @@ class Requires(_Block):
 class EvalConfig(BaseModel):
     """One eval config, every default applied and every path absolute."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _SCHEMA
 
     name: str = Field(min_length=1)
     source: Path
@@ -158,20 +172,20 @@ class EvalConfig(BaseModel):
     task: str = "gsm8k"
     dataset: DatasetSpec | None = None
     metric: str = DEFAULT_METRIC
-    num_questions: int | None = Field(None, ge=1)
-    num_fewshot: int = Field(5, ge=0)
-    max_tokens: int = Field(256, ge=1)
-    max_concurrency: int | None = Field(None, ge=1)
-    seed: int | None = None
-    temperature: float | None = Field(None, ge=0)
+    num_questions: Int | None = Field(None, ge=1)
+    num_fewshot: Int = Field(5, ge=0)
+    max_tokens: Int = Field(256, ge=1)
+    max_concurrency: Int | None = Field(None, ge=1)
+    seed: Int | None = Field(None, ge=-_INT64_MAX - 1, le=_INT64_MAX)
+    temperature: Float | None = Field(None, ge=0)
     use_chat_completions: bool = False
     gen_prefix: str | None = None
-    request_timeout_seconds: float | None = Field(None, gt=0)
-    startup_max_wait_seconds: float = Field(1200, gt=0)
+    request_timeout_seconds: Float | None = Field(None, gt=0)
+    startup_max_wait_seconds: Float = Field(1200, gt=0)
     gate: GateSpec = Field(default_factory=GateSpec)
-    accuracy_threshold: float | None = Field(None, ge=0, le=1)
-    tolerance: float = Field(0.08, ge=0, le=1)
-    rtol: float = Field(0.08, ge=0, lt=1)
+    accuracy_threshold: Float | None = Field(None, ge=0, le=1)
+    tolerance: Float = Field(0.08, ge=0, le=1)
+    rtol: Float = Field(0.08, ge=0, lt=1)
     reference: Reference | None = None
     baseline: str | None = None
     baseline_path: Path | None = None  # the baseline's config or results file, when one was found
@@ -195,11 +209,29 @@ class EvalConfig(BaseModel):
             return value
         raise ValueError(f"expected a string of arguments (split like a shell) or a list, got {type(value).__name__}")
 
+    @field_validator("name")
+    @classmethod
+    def _file_name(cls, value: str) -> str:
+        # The name is a directory under --output-dir and a junit test id.
+        if value in (".", "..") or any(c in value for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError(f"names the config's folder under --output-dir, so it cannot be '.', '..' or hold '/', "
+                             f"'\\' or control characters, got {value!r}; use letters, digits, '-', '_' and '.'")
+        return value
+
     @field_validator("env", mode="before")
     @classmethod
     def _env_text(cls, value: Any) -> Any:
         if isinstance(value, dict):
             return {str(k): _scalar_text(v) for k, v in value.items()}
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not name or "=" in name or "\0" in name or "\0" in text:
+                raise ValueError(f"{name!r}: environment variable names cannot be empty or hold '=' and neither names "
+                                 "nor values can hold NUL characters; the server could not be started with it")
         return value
 
     @field_validator("tags", mode="before")
@@ -301,6 +333,9 @@ def inspect_config(path: Path | str, engine: Engine | None = None) -> Inspection
     except IsADirectoryError:
         report.errors.append(ConfigError(path, 0, "", "is a directory, not a config file"))
         return report
+    except OSError as exc:  # unreadable, a name too long, a loop of links
+        report.errors.append(ConfigError(path, 0, "", f"cannot be read: {exc.strerror or exc}"))
+        return report
     except YamlSyntaxError as exc:
         report.errors.append(ConfigError(path, exc.line, "", exc.message))
         return report
@@ -323,6 +358,7 @@ class _Loader:
         self.engine_override = engine
         self.data: dict[str, Any] = doc.data
         self.origin: dict[str, KeyPath] = {}  # EvalConfig field -> YAML key path it came from
+        self.arg_origin: dict[int, KeyPath] = {}  # server_args index -> the option key that added it
 
     def error(self, key_path: KeyPath, message: str, *, value: bool = False) -> None:
         line = self.doc.value_line(key_path) if value else self.doc.line(key_path)
@@ -460,11 +496,16 @@ class _Loader:
                 extra[key] = value
                 continue
             if _has_flag(args, flag):
-                continue  # server_args says it explicitly
+                self.warn([key], f"not used: server_args already give {flag}, which wins; keep one")
+                continue
+            self.arg_origin[len(args) + len(added)] = [key]
             if takes_value:
                 if value is not None:
                     added += [flag, str(value)]
-            elif value is True or str(value).lower() == "true":
+                    self.arg_origin[len(args) + len(added) - 1] = [key]
+            elif _switch(value) is None:
+                self.error([key], f"expected true or false (or yes/no, on/off, 1/0), got {_short(value)}", value=True)
+            elif _switch(value):
                 added.append(flag)
             self.origin.setdefault("server_args", [key])
         if added:
@@ -519,8 +560,10 @@ class _Loader:
         self._check_expect(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
+        metric = self._check_task(config)
         baseline_path = self._resolve_baseline(config)
-        return config.model_copy(update={"gate": gate, "dataset": dataset, "baseline_path": baseline_path})
+        return config.model_copy(update={"gate": gate, "dataset": dataset, "baseline_path": baseline_path,
+                                          "metric": metric})
 
     def _at(self, field_name: str, *rest: str | int) -> list[str | int]:
         return list(self.origin.get(field_name, [field_name])) + list(rest)
@@ -549,7 +592,7 @@ class _Loader:
                 self.error(where, problem.message, value=True)
         seen: dict[str, str] = {}
         for flag, value, arg_index in _backend_flags(config.server_args):
-            if flag in seen and seen[flag] != value:
+            if flag in seen and backends.canonical(seen[flag]) != backends.canonical(value):
                 self.error(self._server_arg_path(arg_index), f"{flag} given twice ({seen[flag]}, {value})", value=True)
             seen[flag] = value
 
@@ -557,14 +600,31 @@ class _Loader:
         """The built-in engine's own parser on server_args. A warning, not an error: vLLM's own
         files name no engine and must load unchanged; `quantgate run` refuses such a config
         before any server starts (builtin_flags_problem), with exit 3."""
+        for index, arg in enumerate(config.server_args):
+            if arg.startswith("-") and any(c.isspace() for c in arg.partition("=")[0]):
+                self.error(self._server_arg_path(index), f"{arg!r} is one list item holding several arguments: give "
+                           f"each its own item ({', '.join(map(repr, arg.split()))}), or write server_args as one "
+                           "string", value=True)
+        flags: dict[str, str] = {}
+        for arg in config.server_args:
+            flag = arg.partition("=")[0].replace("_", "-")
+            if flag.startswith("--") and flag not in ("--linear-backend", "--moe-backend"):
+                if flag in flags:
+                    self.warn(self._at("server_args"), f"{flag} given twice: for most flags the server keeps only "
+                              "the last value; remove one")
+                flags[flag] = arg
         problem = builtin_flags_problem(config)
         if problem:
-            self.warn(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
+            # vLLM's own files name no engine and must load; a file that chose builtin is wrong.
+            report = self.error if "engine" in self.data and self.engine_override is None else self.warn
+            report(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
                       "to run this command, or remove it")
 
     def _server_arg_path(self, arg_index: int) -> list[str | int]:
+        if arg_index in self.arg_origin:
+            return list(self.arg_origin[arg_index])
         origin = self.origin.get("server_args", ["server_args"])
         if origin == ["server_args"] and isinstance(self.data.get("server_args"), list):
             return ["server_args", arg_index]
@@ -632,6 +692,24 @@ class _Loader:
                       f"sqrt(p (1 - p)) = 0): {consequence}; measure the reference on more questions "
                       "(`quantgate calibrate`) or gate absolute")
 
+    def _check_task(self, config: EvalConfig) -> str:
+        """The metric as the installed lm-eval task reports it; few-shot data."""
+        from .evaluate import EvalSetupError, check_metric, installed_task_yaml
+
+        if config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None:
+            self.error(["dataset"], f"num_fewshot is {config.num_fewshot}: few-shot examples come from the train "
+                       "file; add dataset.train or set num_fewshot: 0")
+        try:
+            task_yaml = installed_task_yaml(config.task)
+        except EvalSetupError as exc:
+            self.error(self._at("task"), str(exc), value=True)
+            return config.metric
+        try:
+            return check_metric(task_yaml, config.metric)
+        except EvalSetupError as exc:
+            self.error(self._at("metric"), str(exc), value=True)
+            return config.metric
+
     def _check_dataset(self, config: EvalConfig) -> DatasetSpec | None:
         if config.dataset is None:
             return None
@@ -668,6 +746,10 @@ class _Loader:
                 candidate = candidate / "result.json"
             if not candidate.is_file():
                 self.error(["baseline"], f"no such file: {candidate} (paths are relative to the config file)",
+                           value=True)
+                return None
+            if candidate == self.path.resolve():
+                self.error(["baseline"], "is this config itself: name the config or results file to compare against",
                            value=True)
                 return None
             return candidate
@@ -720,8 +802,9 @@ def builtin_flags_problem(config: EvalConfig) -> str | None:
     Backend values are left to the backend check, whose messages name the engines."""
     if config.engine != "builtin":
         return None
-    skip = {i for _, _, i in _backend_flags(config.server_args, strict=True)}
-    skip |= {i + 1 for i in skip if "=" not in config.server_args[i]}
+    found = _backend_flags(config.server_args, strict=True)
+    skip = {i for _, _, i in found}
+    skip |= {i + 1 for _, value, i in found if value is not None and "=" not in config.server_args[i]}
     problem = usage_problem([a for i, a in enumerate(config.server_args) if i not in skip])
     return f"quantgate serve (engine builtin) refuses these flags: {problem}" if problem else None
 
@@ -745,6 +828,14 @@ def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str,
         if value is not None or strict:
             found.append((flag, value, i))
     return found
+
+
+def _switch(value: Any) -> bool | None:
+    """A switch key's value: YAML 1.2 reads yes/on as text, vLLM's PyYAML as true. None: neither."""
+    text = str(value).strip().lower()
+    if value is None or text in ("false", "no", "off", "0"):
+        return False
+    return True if text in ("true", "yes", "on", "1") else None
 
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
@@ -776,20 +867,23 @@ def expand_paths(paths: Iterable[Path | str]) -> list[Path]:
     """Config files named by `paths`: YAML files as given, `*.txt` list files expanded
     (entries relative to the list file), directories searched recursively for YAML.
     Order is kept and duplicates dropped. A missing path or listed file is a ConfigError."""
-    found: dict[Path, None] = {}
+    found: dict[Path, Path] = {}  # resolved -> as first named: one file named two ways runs once
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            for child in sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file()):
-                found.setdefault(child, None)
-        elif path.suffix == LIST_SUFFIX:
-            for child in read_list_file(path):
-                found.setdefault(child, None)
-        elif path.is_file():
-            found.setdefault(path, None)
-        else:
-            raise ConfigError(path, 0, "", "no such file or directory")
-    return list(found)
+        try:
+            if path.is_dir():
+                children = sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file())
+            elif path.suffix == LIST_SUFFIX:
+                children = read_list_file(path)
+            elif path.is_file():
+                children = [path]
+            else:
+                raise ConfigError(path, 0, "", "no such file or directory")
+            for child in children:
+                found.setdefault(child.resolve(), child)
+        except OSError as exc:
+            raise ConfigError(path, 0, "", f"cannot be read: {exc.strerror or exc}") from None
+    return list(found.values())
 
 
 def read_list_file(path: Path | str) -> list[Path]:
@@ -806,7 +900,7 @@ def list_file_entries(path: Path | str, _seen: frozenset[Path] = frozenset()) ->
     """Like read_list_file, but returns every problem instead of raising the first."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except FileNotFoundError:
         return [], [ConfigError(path, 0, "", "no such list file")]
     except UnicodeDecodeError:

@@ -152,15 +152,34 @@ def write_task_yaml(settings: EvalSettings) -> Path:
     return path
 
 
-def check_metric(task_yaml: Path, metric: str) -> None:
-    """`metric` is `<metric>,<filter>` of the task; fail before any server starts if it is not."""
-    task_cfg = yaml.safe_load(task_yaml.read_text())
+class _TaskNames(yaml.SafeLoader):
+    """Reads a task YAML's plain keys; lm-eval's own tags (`!function utils.process_results`)
+    become None, as only the metric and filter names are read."""
+
+
+_TaskNames.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def check_metric(task_yaml: Path, metric: str) -> str:
+    """`metric` as the task reports it (`<metric>,<filter>`); fail before any server starts if
+    the task does not. A bare metric name (vLLM's gen-1 files: `exact_match`) stands for the
+    task's one filter of it."""
+    try:
+        task_cfg = yaml.load(task_yaml.read_text(), Loader=_TaskNames)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        raise EvalSetupError(f"task YAML {task_yaml} cannot be read ({exc.__class__.__name__})") from None
+    if not isinstance(task_cfg, dict) or "metric_list" not in task_cfg:
+        return metric  # a group or an include: lm-eval reports its metrics at run time
     names = [m["metric"] for m in task_cfg.get("metric_list", [])]
     filters = [f["name"] for f in task_cfg.get("filter_list", [])] or ["none"]
     known = [f"{m},{f}" for m in names for f in filters]
-    if metric not in known:
-        raise EvalSetupError(f"metric {metric!r} is not reported by task {task_cfg.get('task')!r}; "
-                             f"choose one of: {', '.join(known)}")
+    if metric in known:
+        return metric
+    bare = [k for k in known if k.partition(",")[0] == metric]
+    if "," not in metric and len(bare) == 1:
+        return bare[0]
+    raise EvalSetupError(f"metric {metric!r} is not reported by task {task_cfg.get('task')!r}; "
+                         f"choose one of: {', '.join(known)}")
 
 
 # ---------------------------------------------------------------------------- recording model

@@ -137,6 +137,11 @@ def artifact_path_problems(targets: Sequence[tuple[str, Path | None, bool]]) -> 
     for flag, path, is_dir in targets:
         if path is None:
             continue
+        try:
+            path.exists()
+        except OSError as exc:  # a name too long, a loop of links
+            problems.append(f"{flag} {path}: {exc.strerror or exc}; pass another path")
+            continue
         if path.exists() and path.is_dir() != is_dir:
             kind = "a file" if is_dir else "a folder"
             problems.append(f"{flag} {path} is {kind}; pass a {'folder' if is_dir else 'file'} path")

@@ -33,8 +33,7 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions)
-from .evaluate import (EvalOutcome, EvalSettings, EvalSetupError, check_metric, dataset_hashes, installed_task_yaml,
-                       run_eval)
+from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       artifact_path_problems,
@@ -429,15 +428,6 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
         except ServerCommandError as exc:
             problems.append(f"{config.source}: {exc}")
             return None
-    try:
-        check_metric(installed_task_yaml(config.task), config.metric)
-    except EvalSetupError as exc:
-        problems.append(f"{config.source}: {exc}")
-        return None
-    if config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None:
-        problems.append(f"{config.source}: dataset.train: num_fewshot is {config.num_fewshot}: few-shot examples "
-                        "come from the train file; add it or set num_fewshot: 0")
-        return None
     return PlannedConfig(config=config, model=model, command=command, records=shared)
 
 

@@ -54,27 +54,30 @@ def _in_file_order(problems: list[ConfigError]) -> list[ConfigError]:
 def lint(paths: list[str], engine: str | None = None) -> tuple[list[ConfigError], list[ConfigError], int]:
     """(errors, warnings, number of configs checked) for `paths`."""
     errors: list[ConfigError] = []
-    configs_files: dict[Path, None] = {}
+    configs_files: dict[Path, Path] = {}  # resolved -> as first named: one file named two ways is one config
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            for child in sorted(path.rglob("*")):
-                if child.is_file() and child.suffix in CONFIG_SUFFIXES:
-                    configs_files.setdefault(child, None)
-                elif child.is_file() and child.suffix == LIST_SUFFIX:
-                    errors += list_file_entries(child)[1]
-        elif path.suffix == LIST_SUFFIX:
-            entries, problems = list_file_entries(path)
-            errors += problems
-            for entry in entries:
-                configs_files.setdefault(entry, None)
-        elif path.exists():
-            configs_files.setdefault(path, None)
-        else:
-            errors.append(ConfigError(path, 0, "", "no such file or directory"))
+        try:
+            if path.is_dir():
+                for child in sorted(path.rglob("*")):
+                    if child.is_file() and child.suffix in CONFIG_SUFFIXES:
+                        configs_files.setdefault(child.resolve(), child)
+                    elif child.is_file() and child.suffix == LIST_SUFFIX:
+                        errors += list_file_entries(child)[1]
+            elif path.suffix == LIST_SUFFIX:
+                entries, problems = list_file_entries(path)
+                errors += problems
+                for entry in entries:
+                    configs_files.setdefault(entry.resolve(), entry)
+            elif path.exists():
+                configs_files.setdefault(path.resolve(), path)
+            else:
+                errors.append(ConfigError(path, 0, "", "no such file or directory"))
+        except OSError as exc:  # a name too long, a loop of links
+            errors.append(ConfigError(path, 0, "", f"cannot be read: {exc.strerror or exc}"))
     warnings: list[ConfigError] = []
     configs: list[EvalConfig] = []
-    for path in configs_files:
+    for path in configs_files.values():
         report = inspect_config(path, engine)  # type: ignore[arg-type]
         errors += report.errors
         warnings += report.warnings

@@ -41,12 +41,24 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_INVALID
+    if not paths:
+        print(f"no config files (*.yaml, *.yml) in {' '.join(args.paths)}", file=sys.stderr)
+        return EXIT_INVALID
     status = EXIT_OK
     changed = manual = unreadable = 0
     for path in paths:
-        text = path.read_text(encoding="utf-8")
         try:
+            original = path.read_bytes().decode("utf-8")
+            # Migrated as LF text without a BOM; written back in the file's own style.
+            bom, body = original.startswith("\ufeff"), original.removeprefix("\ufeff")
+            crlf = "\r\n" in body
+            text = body.replace("\r\n", "\n")
             result = migrate_text(text, path)
+        except UnicodeDecodeError as exc:
+            print(ConfigError(path, 0, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})"), file=sys.stderr)
+            status = EXIT_INVALID
+            unreadable += 1
+            continue
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             status = EXIT_INVALID
@@ -62,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
             continue
         changed += 1
         if args.write:
-            path.write_text(result.text, encoding="utf-8")
+            migrated = result.text.replace("\n", "\r\n") if crlf else result.text
+            path.write_bytes((("\ufeff" if bom else "") + migrated).encode("utf-8"))
             print(f"migrated {path}", file=sys.stderr)
         else:
             sys.stdout.writelines(difflib.unified_diff(
@@ -107,7 +120,8 @@ def migrate_text(text: str, path: Path) -> Migration:
         raise ConfigError(path, exc.line, "", exc.message) from None
     root = doc.root
     if not isinstance(root, CommentedMap):
-        return Migration(text)
+        kind = "an empty file" if root is None else "a list" if isinstance(root, list) else f"the value {root!r}"
+        raise ConfigError(path, 1, "", f"a config must be a mapping of keys to values, got {kind}")
     out = Migration(text)
     changed = False
     for env_key in _ENV_KEYS:

@@ -79,7 +79,7 @@ def test_gen1_config_maps_to_a_relative_gate() -> None:
 
 def test_gen1_with_another_task_and_metric_loads_and_gates_what_it_lists() -> None:
     config = load_config(GEN1 / "gpt-oss-120b.yaml", engine="vllm")
-    assert (config.task, config.metric, config.reference.value) == ("aime25", "exact_match", 0.80)
+    assert (config.task, config.metric, config.reference.value) == ("aime25", "exact_match,none", 0.80)
     assert config.server_args == ["--max-model-len", "131072", "--trust-remote-code"]
     assert set(config.extra) == {"batch_size", "gen_kwargs", "apply_chat_template"}
 
@@ -280,12 +280,13 @@ def test_baseline_resolves_to_a_sibling_config(tmp_path: Path) -> None:
 def test_dataset_paths_are_absolute_and_hash_checked(tmp_path: Path) -> None:
     data = write(tmp_path, '{"question": "1+1?", "answer": "#### 2"}\n', "data/test.jsonl")
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
-    text = f"model_name: m\naccuracy_threshold: 0.5\ndataset:\n  test: data/test.jsonl\n  sha256: {{test: {digest}}}\n"
+    text = (f"model_name: m\naccuracy_threshold: 0.5\nnum_fewshot: 0\ndataset:\n  test: data/test.jsonl\n"
+            f"  sha256: {{test: {digest}}}\n")
     config = load_config(write(tmp_path, text))
     assert config.dataset.test == data.resolve() and config.dataset.train is None
     data.write_text('{"question": "changed", "answer": "#### 3"}\n')
     [error] = inspect_config(tmp_path / "cfg.yaml").errors
-    assert (error.line, error.field) == (5, "dataset.sha256.test") and "expected" in error.message
+    assert (error.line, error.field) == (6, "dataset.sha256.test") and "expected" in error.message
 
 
 def test_missing_dataset_file_is_an_error(tmp_path: Path) -> None:
@@ -376,3 +377,115 @@ def test_a_vllm_command_the_builtin_engine_never_runs_is_warned_about(tmp_path: 
     [warning] = inspect_config(path).warnings
     assert warning.line == 3 and "not used: engine builtin runs `quantgate serve`" in str(warning)
     assert inspect_config(path, "vllm").warnings == []
+
+
+# -- values a run would only trip over mid-way ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["name: ../escaped", "name: '.'", "name: a/b", "name: \"a\\tb\""])
+def test_a_name_that_is_not_one_folder_is_an_error(tmp_path: Path, key: str) -> None:
+    [error] = inspect_config(write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\n{key}\n")).errors
+    assert error.field == "name" and "--output-dir" in error.message
+
+
+@pytest.mark.parametrize("text, field", [
+    ("request_timeout_seconds: .inf\n", "request_timeout_seconds"),
+    ("temperature: .inf\n", "temperature"),
+    ("startup_max_wait_seconds: .nan\n", "startup_max_wait_seconds"),
+    ("seed: 99999999999999999999999\n", "seed"),
+    ("env: {'A=B': '1'}\n", "env"),
+    ("gate: {mode: recovery, recovery: 5}\nbaseline: b.json\n", "gate.recovery"),
+])
+def test_values_every_request_or_the_server_start_would_refuse_are_errors(tmp_path: Path, text: str,
+                                                                          field: str) -> None:
+    write(tmp_path, "{}", "b.json")
+    errors = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + text)).errors
+    assert [e.field for e in errors] == [field]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("num_questions: true\n", "num_questions"), ("accuracy_threshold: true\n", "accuracy_threshold"),
+    ("seed: false\n", "seed"), ("requires: {gpus: true}\n", "requires.gpus"),
+    ("reference: {value: 0.5, n: true}\n", "reference.n"), ("limit: true\n", "limit"),
+])
+def test_a_boolean_where_a_number_belongs_is_an_error(tmp_path: Path, text: str, field: str) -> None:
+    base = "model_name: m\n" + ("" if text.startswith("accuracy") else "accuracy_threshold: 0.5\n")
+    [error] = inspect_config(write(tmp_path, base + text)).errors
+    assert error.field == field and "expected a number, got" in error.message
+
+
+@pytest.mark.parametrize("value, flags", [("yes", ["--enforce-eager"]), ("on", ["--enforce-eager"]),
+                                          ("'1'", ["--enforce-eager"]), ("no", []), ("off", [])])
+def test_yaml_1_1_switch_words_turn_engine_switches_on_and_off(tmp_path: Path, value: str, flags: list[str]) -> None:
+    config = load_config(write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\nenforce_eager: {value}\n"))
+    assert config.server_args == flags
+
+
+def test_a_switch_value_that_is_neither_on_nor_off_is_an_error(tmp_path: Path) -> None:
+    [error] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nenforce_eager: maybe\n")).errors
+    assert (error.line, error.field) == (3, "enforce_eager") and "'maybe'" in error.message
+
+
+def test_what_run_refuses_at_plan_time_lint_refuses_too(tmp_path: Path) -> None:
+    write(tmp_path, '{"question": "1+1?", "answer": "#### 2"}\n', "test.jsonl")
+    cases = {
+        "metric: exact_match,strict-mach\n": "metric",
+        "task: gsm8kk\n": "task",
+        "dataset: {test: test.jsonl}\n": "dataset",  # five few-shot examples, no train file
+        "baseline: cfg.yaml\ngate: {mode: paired}\n": "baseline",  # itself
+        "engine: builtin\nserver_args: [--no-such-flag]\n": "server_args",
+    }
+    for text, field in cases.items():
+        errors = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + text)).errors
+        assert [e.field for e in errors] == [field], text
+
+
+def test_a_flag_the_builtin_engine_refuses_only_warns_in_a_file_that_names_no_engine(tmp_path: Path) -> None:
+    report = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: [--no-such-flag]\n"))
+    assert report.errors == [] and "will refuse" in report.warnings[0].message
+
+
+def test_a_bare_gen1_metric_name_becomes_the_tasks_one_filter_of_it(tmp_path: Path) -> None:
+    text = "model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - {name: exact_match, value: 0.5}\n"
+    [error] = inspect_config(write(tmp_path, text)).errors  # gsm8k has two filters of exact_match
+    assert error.field == "tasks[0].metrics[0].name" and "exact_match,strict-match" in error.message
+
+
+def test_server_args_mistakes_are_located_and_named(tmp_path: Path) -> None:
+    def check(text: str) -> tuple[list[str], list[str]]:
+        report = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + text))
+        return [str(e) for e in report.errors], [str(w) for w in report.warnings]
+
+    errors, _ = check("server_args: [--linear-backend, emulation, --linear-backend, EMULATION]\n")
+    assert errors == []  # one backend in two spellings
+    errors, _ = check("server_args: ['--linear-backend emulation']\n")
+    assert len(errors) == 1 and "one list item holding several arguments" in errors[0]
+    errors, warnings = check("server_args: [--linear-backend, --max-model-len, '1280']\n")
+    assert any("--linear-backend needs a value" in e for e in errors) and not any("1280" in w for w in warnings)
+    _, warnings = check("server_args: [--max-model-len, '1280', --max-model-len, '64']\n")
+    assert any("--max-model-len given twice" in w for w in warnings)
+    _, warnings = check("server_args: [--max-model-len, '1280']\nmax_model_len: 4096\n")
+    assert any(w.startswith(f"{tmp_path / 'cfg.yaml'}:4: max_model_len: not used") for w in warnings)
+    errors, _ = check("server_args: [--max-model-len, '1280']\n\n\nmoe_backend: marlinn\n")
+    assert len(errors) == 1 and errors[0].startswith(f"{tmp_path / 'cfg.yaml'}:6: moe_backend:")
+
+
+def test_one_file_named_two_ways_is_one_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "base.yaml")
+    listing = write(tmp_path, "../base.yaml\n", "sub/l.txt")
+    monkeypatch.chdir(tmp_path)
+    assert expand_paths([listing, "base.yaml", config]) == [listing.parent / "../base.yaml"]
+
+
+def test_a_path_too_long_to_open_is_a_config_error(tmp_path: Path) -> None:
+    long = tmp_path / ("a" * 300 + ".yaml")
+    with pytest.raises(ConfigError, match="cannot be read: File name too long"):
+        expand_paths([long])
+    assert "File name too long" in errors_of(long)[0]
+
+
+def test_a_list_file_may_start_with_a_bom(tmp_path: Path) -> None:
+    config = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "a.yaml")
+    listing = tmp_path / "l.txt"
+    listing.write_bytes("\ufeffa.yaml\n".encode())
+    assert read_list_file(listing) == [config]

@@ -119,3 +119,18 @@ def test_a_gate_that_can_decide_does_not_warn(tmp_path: Path, capsys: pytest.Cap
     config.write_text("model_name: m\naccuracy_threshold: 0.09\nreference: {value: 1.0}\n")  # gated absolute
     assert main(["lint", str(config)]) == 0
     assert "0 warning(s)" in capsys.readouterr().err
+
+
+def test_one_file_named_two_ways_is_linted_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "base.yaml").write_text(GOOD)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "l.txt").write_text("../base.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["lint", "sub/l.txt", "base.yaml", str(tmp_path / "base.yaml")]) == 0
+    assert "1 config(s): 0 error(s)" in capsys.readouterr().err
+
+
+def test_a_path_too_long_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", str(tmp_path / ("a" * 300 + ".yaml"))]) == 3
+    assert "cannot be read: File name too long" in capsys.readouterr().out

@@ -119,3 +119,29 @@ def test_it_says_when_there_is_nothing_to_migrate_and_what_a_migrated_file_still
     err = capsys.readouterr().err
     assert "note: the migrated --linear-backend deep_gemm" in err and "set `engine: vllm`" in err
     assert "2 config(s): migrated 1" in err
+
+
+def test_line_endings_and_bom_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(("\ufeff" + COMMENTED.replace("\n", "\r\n")).encode())
+    assert main(["migrate", "--write", str(path)]) == 0
+    written = path.read_bytes().decode()
+    assert written.startswith("\ufeff# Qwen3") and "\r\n" in written and "\n" not in written.replace("\r\n", "")
+    assert "--linear-backend marlin" in written and "VLLM_TEST_FORCE_FP8_MARLIN" not in written
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"model_name: \xff\n", "not UTF-8 text"),
+    (b"- a\n- b\n", "a config must be a mapping of keys to values, got a list"),
+])
+def test_what_lint_refuses_migrate_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes,
+                                           message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    assert main(["migrate", str(path)]) == 3
+    assert message in capsys.readouterr().err
+
+
+def test_a_folder_without_configs_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["migrate", str(tmp_path)]) == 3
+    assert "no config files" in capsys.readouterr().err
