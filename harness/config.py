@@ -597,9 +597,10 @@ class _Loader:
             seen[flag] = value
 
     def _check_server_flags(self, config: EvalConfig) -> None:
-        """The built-in engine's own parser on server_args. A warning, not an error: vLLM's own
-        files name no engine and must load unchanged; `quantgate run` refuses such a config
-        before any server starts (builtin_flags_problem), with exit 3."""
+        """server_args as arguments: one per list item, flags given once, and the built-in
+        engine's own parser on them. Flags it refuses are an error in a file that chose the
+        builtin engine and a warning in one that names no engine (vLLM's own files must load
+        unchanged); `quantgate run` refuses both before any server starts, with exit 3."""
         for index, arg in enumerate(config.server_args):
             if arg.startswith("-") and any(c.isspace() for c in arg.partition("=")[0]):
                 self.error(self._server_arg_path(index), f"{arg!r} is one list item holding several arguments: give "
