@@ -15,8 +15,7 @@ from tokenizers.decoders import DecodeStream
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer | None, prompt_ids: list[int], stop: list[str]) -> None:
         self.tokenizer = tokenizer
-        # The prompt's tail gives the decoder context (e.g. a leading-space marker).
-        self.stream = DecodeStream(ids=prompt_ids[-8:], skip_special_tokens=True) if tokenizer else None
+        self.stream = DecodeStream(ids=_context(tokenizer, prompt_ids), skip_special_tokens=True) if tokenizer else None
         self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""
@@ -42,3 +41,13 @@ class IncrementalDetokenizer:
         end = len(self.text) if finished else max(self.emitted, len(self.text) - self.hold)
         new, self.emitted = self.text[self.emitted : end], end
         return new
+
+
+def _context(tokenizer: Tokenizer, prompt_ids: list[int]) -> list[int]:
+    """The prompt's tail gives the decoder context (e.g. a leading-space marker). It must end on a
+    whole character: DecodeStream takes a context whose text ends in U+FFFD as no context, and
+    its first output would then hold the context's text, i.e. prompt text (and stop matches in it)."""
+    ids = prompt_ids[-8:]
+    while ids and tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd"):
+        ids = ids[:-1]
+    return ids

@@ -20,6 +20,9 @@ from pydantic_core import PydanticCustomError
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI allows 5 on completions, 20 on chat
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Every stop string is searched for after every token on the one engine thread, so a request's
+# stop list costs all running requests time. OpenAI allows 4; lm-eval sends a handful.
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
 
 
 
@@ -176,6 +179,12 @@ class _SamplingRequest(_Strict):
         stops = [value] if isinstance(value, str) else list(value or [])
         if any(s == "" for s in stops):
             raise _unsupported("stop strings must not be empty")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise _unsupported(f"stop has {len(stops)} strings; send at most {MAX_STOP_STRINGS}")
+        longest = max(stops, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise _unsupported(f"a stop string has {len(longest)} characters; send stop strings of at most "
+                               f"{MAX_STOP_CHARS}")
         return stops
 
     @property

@@ -42,7 +42,11 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    sorted_p = sorted_p.masked_fill(mass_before >= top_p[:, None], 0.0)
+    drop = mass_before >= top_p[:, None]
+    # A top_p below float32's range (1e-300) is 0 here and would drop every token, and the row's
+    # failed draw would fail the whole batch's step: the most likely token always stays.
+    drop[:, 0] = False
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
 
 
@@ -54,7 +58,7 @@ def _logprobs(logits: torch.Tensor, chosen: list[int], wanted: list[int | None])
     index = torch.tensor(rows, device=logits.device)
     lp = torch.log_softmax(logits[index], dim=-1)
     picked = lp.gather(1, torch.tensor([chosen[i] for i in rows], device=logits.device)[:, None])[:, 0].tolist()
-    k = max(wanted[i] for i in rows)
+    k = min(max(wanted[i] for i in rows), lp.shape[-1])  # a vocabulary under 20 tokens has fewer alternatives
     top_vals, top_ids = (t.tolist() for t in lp.topk(k, dim=-1)) if k else ([[]] * len(rows), [[]] * len(rows))
     for j, i in enumerate(rows):
         n = wanted[i]

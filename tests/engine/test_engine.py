@@ -114,12 +114,15 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(dense_engi
     assert _tokens(run_to_completion(dense_engine)["other"]) != alone
 
 
-def test_tiny_top_p_samples_the_most_likely_token(dense_engine):
+@pytest.mark.parametrize("top_p", [1e-6, 1e-300])  # 1e-300: 0 in float32
+def test_tiny_top_p_samples_the_most_likely_token_and_spares_the_batch(dense_engine, top_p):
     dense_engine.add_request("g", [7, 8, 9], _greedy(8, ignore_eos=True))
     greedy = _tokens(run_to_completion(dense_engine)["g"])
-    dense_engine.add_request("p", [7, 8, 9], SamplingParams(max_tokens=8, temperature=1.5, top_p=1e-6,
+    dense_engine.add_request("p", [7, 8, 9], SamplingParams(max_tokens=8, temperature=1.5, top_p=top_p,
                                                             ignore_eos=True))
-    assert _tokens(run_to_completion(dense_engine)["p"]) == greedy
+    dense_engine.add_request("n", [1, 2], SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
+    outs = run_to_completion(dense_engine)
+    assert _tokens(outs["p"]) == greedy and len(_tokens(outs["n"])) == 8
 
 
 def test_tiny_temperatures_are_greedy_and_do_not_fail_the_batch(dense_engine):

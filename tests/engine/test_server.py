@@ -549,6 +549,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "x", "stop": [""]}, 400, "stop"),
     ({"prompt": "x", "stop": 5}, 400, "stop"),
+    ({"prompt": "x", "stop": [f"zq{i:06d}" for i in range(300_000)]}, 400, "stop"),
+    ({"prompt": "x", "stop": ["y" * 1025]}, 400, "stop"),
     ({"prompt": "x", "echo": "yes"}, 400, "echo"),
     ({"prompt": "x", "stream": 1}, 400, "stream"),
     ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),

@@ -1,0 +1,45 @@
+"""The sampler on hand-made logits: a row's parameters must never fail the other rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantgate.engine.detokenizer import IncrementalDetokenizer
+from quantgate.engine.sampler import sample
+from quantgate.engine.sampling_params import SamplingParams
+from quantgate.engine.sequence import Sequence
+
+
+def _seq(params: SamplingParams, seed: int = 0) -> Sequence:
+    generator = None if params.greedy else torch.Generator().manual_seed(seed)
+    return Sequence("r", [1], params, 4, frozenset(), generator, IncrementalDetokenizer(None, [1], []))
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 5e-324, 1e-46])  # all 0.0 in float32
+def test_a_top_p_below_float32_samples_the_argmax_and_spares_the_batch(top_p: float) -> None:
+    logits = torch.randn(4, 960, generator=torch.Generator().manual_seed(0))
+    seqs = [_seq(SamplingParams(temperature=1.0, top_p=top_p)), _seq(SamplingParams(temperature=1.0, top_p=0.9)),
+            _seq(SamplingParams(temperature=1.0)), _seq(SamplingParams(temperature=0.0))]
+    tokens, _ = sample(logits, seqs)
+    argmax = logits.argmax(dim=-1).tolist()
+    assert tokens[0] == argmax[0] and tokens[3] == argmax[3]
+    top = logits[1].softmax(-1).sort(descending=True)
+    nucleus = top.indices[: int((top.values.cumsum(-1) < 0.9).sum()) + 1].tolist()
+    assert tokens[1] in nucleus and 0 <= tokens[2] < 960
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 2.0, 1e39, float("inf")])  # 1e39 and inf: inf in float32
+def test_extreme_temperatures_draw_valid_tokens(temperature: float) -> None:
+    logits = torch.randn(2, 960, generator=torch.Generator().manual_seed(1))
+    seqs = [_seq(SamplingParams(temperature=temperature, top_p=0.5)), _seq(SamplingParams(temperature=1.0))]
+    tokens, _ = sample(logits, seqs)
+    assert all(0 <= t < 960 for t in tokens)
+
+
+def test_more_logprobs_than_the_vocabulary_lists_every_token() -> None:
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(2))
+    seqs = [_seq(SamplingParams(temperature=0.0, logprobs=20)), _seq(SamplingParams(temperature=0.0, logprobs=3))]
+    tokens, logprobs = sample(logits, seqs)
+    assert tokens == logits.argmax(dim=-1).tolist()
+    assert [len(top) for _, top in logprobs] == [8, 3]
