@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import reprlib
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -229,19 +231,37 @@ def write_samples(run_dir: Path, samples: Sequence[dict[str, Any]]) -> Path:
 
 
 def load_result(path: Path) -> dict[str, Any]:
-    """A result.json (or the run directory holding one)."""
+    """A result.json (or the run directory holding one); ValueError for one that is not a
+    result.json this quantgate can read (its message leaves naming the file to the caller, as
+    json's own errors do)."""
     if path.is_dir() and not (path / RESULT_FILE).is_file():
         runs = sorted(p.parent.name for p in path.glob(f"*/{RESULT_FILE}"))
         if runs:  # a whole run's --output-dir: one folder per config
-            raise ValueError(f"{path} holds one run directory per config; pass one of them: "
+            raise ValueError("this folder holds one run directory per config; pass one of them: "
                              + ", ".join(str(path / name) for name in runs[:5]) + (", ..." if len(runs) > 5 else ""))
     path = path / RESULT_FILE if path.is_dir() else path
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "schema_version" not in data:
-        raise ValueError(f"{path} is not a quantgate result.json (no schema_version)")
-    if data["schema_version"] > SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {data['schema_version']}; this quantgate reads up to "
+        raise ValueError("not a quantgate result.json (no schema_version)")
+    version = data["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"schema_version must be an integer, got {version!r}; it is not a result.json "
+                         "quantgate wrote: write it again with `quantgate run`")
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"schema_version {version}; this quantgate reads up to "
                          f"{SCHEMA_VERSION}: upgrade quantgate")
+    # What readers (report, compare, cached baselines) rely on, checked once here: a hand-made or
+    # foreign file is one clear message, not a KeyError or TypeError deep in one of them.
+    objects = ("config", "metrics", "gate", "expect", "evaluation", "dataset", "timings")
+    for key, kind, required in (("name", str, True), ("verdict", str, True), ("reason", str, False),
+                                ("started_at", str, False), *((key, dict, False) for key in objects)):
+        if data.get(key) is None and not required:
+            continue
+        if not isinstance(data.get(key), kind):
+            what = "a string" if kind is str else "an object (or null)"
+            got = "it is missing" if key not in data else f"got {reprlib.repr(data[key])}"
+            raise ValueError(f"{key!r} must be {what}, {got}; it is not a result.json quantgate wrote: "
+                             "write it again with `quantgate run`")
     return data
 
 
@@ -251,7 +271,17 @@ def load_samples(result_path: Path) -> list[dict[str, Any]] | None:
     path = run_dir / SAMPLES_FILE
     if not path.is_file():
         return None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    # Split at newlines only, as editors number lines: splitlines() also splits at U+2028 and
+    # \x0c, which a JSON string may hold raw.
+    for number, line in enumerate(path.read_text().split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:  # parsed alone, every line would be "line 1"
+            raise ValueError(f"line {number} column {exc.colno}: {exc.msg}") from None
+    return rows
 
 
 # ---------------------------------------------------------------------------- summaries
@@ -297,12 +327,25 @@ def _count(value: Any) -> int | None:
     return int(value)
 
 
+def _markdown_cell(value: Any) -> Any:
+    """A `|` in a name or reason would end its cell early and a line break its row: the rendered
+    table would drop what follows."""
+    if not isinstance(value, str):
+        return value
+    return re.sub(r"\r\n|\r|\n", "<br>", value.replace("|", "\\|"))
+
+
 def markdown_table(frame) -> str:
     """A pandas frame as a GitHub markdown table, missing values as '-'."""
+    import pandas as pd
+
     if not len(frame):
         return "(no runs)"
     cleaned = frame.astype(object).where(frame.notna(), None)
-    return cleaned.to_markdown(index=False, floatfmt=".4f", missingval="-")
+    # Built cell by cell as objects: pandas' map would infer dtypes again (20 -> 20.0, None -> NaN).
+    escaped = pd.DataFrame([[_markdown_cell(v) for v in row] for row in cleaned.to_numpy()], columns=frame.columns,
+                           dtype=object)
+    return escaped.to_markdown(index=False, floatfmt=".4f", missingval="-")
 
 
 def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = ()) -> str:
@@ -330,6 +373,20 @@ def write_summary(records: Sequence[RunRecord], path: Path, skipped: Sequence[Sk
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, summary_markdown(records, skipped))
     return path
+
+
+# XML 1.0 has no way to write these, escaped or not: one of them (the ESC of a coloured server
+# log, a NUL in a reason) makes the whole junit.xml unreadable to CI.
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+# Terminal escapes (colours, cursor moves) of a server's log: CSI and OSC sequences, and the
+# two-character ones.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def _xml_text(text: str) -> str:
+    """`text` as XML 1.0 can hold it: terminal escapes removed, other forbidden characters shown
+    as U+FFFD so that something visibly stood there."""
+    return _NOT_XML.sub("\ufffd", _ANSI.sub("", text))
 
 
 def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgate",
@@ -363,6 +420,10 @@ def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgat
             ET.SubElement(case, "error", message=rec.reason, type=kind).text = "\n\n".join(body)
         elif rec.gate and rec.gate.get("explanation"):
             ET.SubElement(case, "system-out").text = rec.gate["explanation"]
+    for element in root.iter():  # every string that went in: names, reasons, explanations, log tails
+        element.attrib = {key: _xml_text(value) for key, value in element.attrib.items()}
+        if element.text:
+            element.text = _xml_text(element.text)
     ET.indent(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")

@@ -720,7 +720,7 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     if check is not None and not check.passed:
         failed.append(f"kernel check failed: {check.message}")
     if failed:
-        record.verdict, record.reason = FAIL, " | ".join(failed)
+        record.verdict, record.reason = FAIL, "; ".join(failed)
         if check is not None and not check.passed and gate.passed:
             record.reason += (" (accuracy passed, but the backend under test did not run)" if check.mismatches
                               else " (accuracy passed, but nothing proves which kernel ran)")
@@ -770,6 +770,23 @@ def output_problems(options: RunOptions) -> list[str]:
                                    ("--markdown", options.markdown, False)])
 
 
+def _run_folder_problems(items: Sequence[PlannedConfig], options: RunOptions) -> list[str]:
+    """A config whose run folder (`<output-dir>/<name>`) is the path of a file the run writes
+    beside the folders would take its place: that file, or the run folder, could not be written."""
+    run_files = {(options.junit or options.output_dir / "junit.xml").resolve(): "junit report (--junit)",
+                 (options.markdown or options.output_dir / "summary.md").resolve(): "summary (--markdown)",
+                 (options.output_dir / LOCK_FILE).resolve(): "lock file"}
+    problems = []
+    for item in items:
+        run_dir = (options.output_dir / item.config.name).resolve()
+        if run_dir in run_files:
+            problems.append(str(ConfigError(
+                item.config.source, 0, "name", f"{item.config.name!r} names its run folder {run_dir}, which is the "
+                f"path of this run's {run_files[run_dir]}: one of the two could not be written; give the config "
+                "another name")))
+    return problems
+
+
 def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Display | None = None) -> int:
     display = display or Display()
     guard = InterruptGuard()
@@ -783,6 +800,9 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
                 raise PlanError(unwritable)
             held.enter_context(_output_dir_lock(options))
             items = plan(paths, options, skipped, warnings)
+            clashes = _run_folder_problems(items, options)
+            if clashes:
+                raise PlanError(clashes)
             if skipped and not items:
                 raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
                                  for s in skipped])

@@ -34,8 +34,7 @@ def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         result = load_result(path)
     except (OSError, ValueError) as exc:
         raise GateInputError(f"{role} {path}: {exc}") from None
-    result.setdefault("name", str(path))  # a hand-made or truncated result.json: its path names it
-    if result.get("verdict") == "ERROR":
+    if result["verdict"] == "ERROR":
         raise GateInputError(f"{role} {path}: that run ended in ERROR ({result.get('reason')}), so it has no answers "
                              "to compare; compare runs that reached a verdict")
     try:
@@ -72,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         metrics = result.get("metrics") or {}
         value = metrics.get("value")
         shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
-        print(f"{role}: {result['name']} ({result.get('verdict', 'no verdict')}): {metrics.get('metric')} {shown} "
+        print(f"{role}: {result['name']} ({result['verdict']}): {metrics.get('metric')} {shown} "
               f"(n {metrics.get('n')})")
     print(explanation)
     by_id = {str(row["id"]): row for row in cand_samples}

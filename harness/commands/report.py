@@ -56,10 +56,20 @@ def report_frame(results: list[dict[str, Any]]):
     return frame.sort_values(["started_at", "config"], kind="stable").reset_index(drop=True)
 
 
+# Lines told apart in a legend: tab20's colours, each solid, dotted and dash-dot (dashed is the
+# threshold's). Past that many configs a legend is a wall no one reads: the lines take one colour
+# map's colours, and the table names the configs.
+_LINE_STYLES = ("-", ":", "-.")
+_LEGEND_ROWS = 25  # per column: the legend is beside the plot, about as tall as it
+_LEGEND_ROW_IN = 0.18  # inches per legend row at fontsize "small"
+_LEGEND_CHAR_IN = 0.07  # inches per character of a label, and 0.8 for the line sample and gaps
+
+
 def trend_figure(frame):
     """Measured value per config over time; verdicts as marker colours, thresholds dashed. An
     ERROR run has no value, so it is a cross at the foot of the chart in its config's colour: a
-    night that broke stays visible."""
+    night that broke stays visible. The legend sits beside the plot, in columns, and the figure
+    grows with it."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on CI machines
@@ -71,27 +81,41 @@ def trend_figure(frame):
     data = timed.dropna(subset=["measured"])
     errors = timed[timed["verdict"] == "ERROR"]
     colors = {"PASS": "tab:green", "FAIL": "tab:red", "ERROR": "tab:orange"}
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    line_colors: dict[str, str] = {}
+    names = sorted(set(data["config"]))
+    looks = [(color, style) for style in _LINE_STYLES for color in matplotlib.colormaps["tab20"].colors]
+    legend = len(names) <= len(looks)
+    if not legend:
+        looks = [(matplotlib.colormaps["turbo"](i / (len(names) - 1)), "-") for i in range(len(names))]
+    look = dict(zip(names, looks))
+    error_label = f"ERROR, no measurement ({len(errors)})"
+    labels = names + [error_label] * bool(len(errors))
+    columns = -(-len(labels) // _LEGEND_ROWS) if legend and labels else 0
+    legend_rows = -(-len(labels) // columns) if columns else 0
+    # The plot keeps its 9 x 4.5 inches: the figure grows by the legend beside it.
+    legend_width = columns * (0.8 + _LEGEND_CHAR_IN * max(map(len, labels), default=0))
+    fig, ax = plt.subplots(figsize=(9 + legend_width, max(4.5, 1.0 + _LEGEND_ROW_IN * legend_rows)),
+                           layout="constrained")
     for name, rows in data.groupby("config", sort=True):
-        line, = ax.plot(rows["when"], rows["measured"], marker="", label=name)
-        line_colors[name] = line.get_color()
+        color, style = look[name]
+        ax.plot(rows["when"], rows["measured"], color=color, linestyle=style, label=name)
         ax.scatter(rows["when"], rows["measured"], c=[colors.get(v, "gray") for v in rows["verdict"]], zorder=3)
         if rows["threshold"].notna().any():
-            ax.plot(rows["when"], rows["threshold"], linestyle="--", marker="_", markersize=14,
-                    color=line.get_color(), alpha=0.6)
+            ax.plot(rows["when"], rows["threshold"], linestyle="--", marker="_", markersize=14, color=color, alpha=0.6)
     if len(errors):
         on_time_axis = transforms.blended_transform_factory(ax.transData, ax.transAxes)
         ax.scatter(errors["when"], [0.03] * len(errors), transform=on_time_axis, marker="x", s=60,
-                   color=[line_colors.get(name, "gray") for name in errors["config"]], zorder=3, clip_on=False,
-                   label=f"ERROR, no measurement ({len(errors)}; cross in the config's colour)")
+                   color=[look.get(name, ("gray",))[0] for name in errors["config"]], zorder=3, clip_on=False,
+                   label=error_label)
     ax.set_ylabel("measured (gated metric)")
-    ax.set_title("quantgate: measured accuracy per config over time (dashed: gate threshold)")
+    ax.set_title("quantgate: measured accuracy per config over time\n(dashed: gate threshold; x at the foot: an ERROR, "
+                 "in its config's colour)", fontsize="medium")
     ax.grid(alpha=0.3)
-    if len(timed):
-        ax.legend(fontsize="small", loc="best")
+    if columns:
+        fig.legend(loc="outside right upper", fontsize="small", ncols=columns)
+    elif not legend:
+        ax.text(0.99, 0.98, f"{len(names)} configs: too many for a legend; the table names them",
+                transform=ax.transAxes, ha="right", va="top", fontsize="small")
     fig.autofmt_xdate()
-    fig.tight_layout()
     return fig
 
 

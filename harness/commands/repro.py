@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     unmet = None if args.run else unmet_requirements(item.config, local_gpus())
     if unmet:
         print(f"# note: this machine does not meet the config's requires: ({unmet}); run these where it does")
-    print(_script(item, port, eval_cmd, task_file))
+    print(_script(item, port, eval_cmd, task_file, options))
     if not args.run:
         return EXIT_PASS
     return _run(item, run_dir, eval_cmd)
@@ -71,7 +71,7 @@ def _eval_env(config: EvalConfig, api_key: str | None) -> dict[str, str]:
     return {**(OFFLINE_ENV if config.dataset is not None else {}), **({"OPENAI_API_KEY": api_key} if api_key else {})}
 
 
-def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path) -> str:
+def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path, options: RunOptions) -> str:
     config, command = item.config, item.command
     assert command is not None
     url = f"http://{command.host}:{port}"
@@ -91,12 +91,16 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
         f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",
         "#    with the config's local dataset; offline):" if config.dataset else "#    as installed):",
         f"{env} {shlex.join(eval_cmd)}".strip(),
-        *_through_quantgate(config, url),
+        *_through_quantgate(config, url, options),
     ])
 
 
-def _through_quantgate(config: EvalConfig, url: str) -> list[str]:
-    run = f"quantgate run {shlex.quote(str(config.source))}"
+def _through_quantgate(config: EvalConfig, url: str, options: RunOptions) -> list[str]:
+    # The same evaluation: without them, quantgate would evaluate every question, or start the
+    # config's own engine.
+    run = shlex.join(["quantgate", "run", str(config.source),
+                      *(["--engine", options.engine] if options.engine else []),
+                      *(["--limit", str(options.limit)] if options.limit is not None else [])])
     if config.engine == "vllm" and (config.expect.linear_kernel or config.expect.moe_kernel):
         return ["# or through quantgate; but against that running vLLM server the kernel check (expect:) cannot be",
                 "# made (vLLM has no /v1/kernels, and quantgate reads the kernel choices only from the log of a",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgba
 
 from quantgate.harness.cli import main as cli
 from quantgate.harness.commands.report import find_results, report_frame, trend_figure
@@ -52,6 +53,42 @@ def test_report_tables_csv_and_trend_chart(tmp_path: Path, capsys: pytest.Captur
     ax = trend_figure(report_frame(find_results([archive])[0])).axes[0]
     crosses = [c for c in ax.collections if c.get_label().startswith("ERROR")]
     assert len(crosses) == 1 and len(crosses[0].get_offsets()) == 1  # the night tiny-fp8 broke is drawn
+
+
+def _trend_frame(configs: int, nights: int = 3) -> pd.DataFrame:
+    rows = [{"started_at": f"2026-11-{night + 1:02d}T03:00:00+00:00", "config": f"tiny-qwen3-fp8-config-{i}",
+             "verdict": "PASS", "measured": 0.8 + 0.001 * i + 0.01 * night, "threshold": 0.7}
+            for night in range(nights) for i in range(configs)]
+    rows[-1].update(verdict="ERROR", measured=None)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("configs", [3, 24, 30, 60])
+def test_trend_chart_legend_is_beside_the_plot_and_every_config_has_its_own_line(configs: int) -> None:
+    """A nightly tier has ~40 configs: a legend inside the axes covered the plot and squashed it,
+    and the 10-colour cycle gave configs 0 and 10 the same line."""
+    fig = trend_figure(_trend_frame(configs))
+    ax = fig.axes[0]
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    fig.canvas.draw()
+    legend, plot = fig.legends[0].get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= plot.x1  # beside the plot, not over it
+    assert legend.x1 <= fig.bbox.x1 and legend.y0 >= 0 and legend.y1 <= fig.bbox.y1  # the figure holds it
+    assert plot.width >= 7 * fig.dpi and plot.height >= 3 * fig.dpi  # and the plot keeps its room
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == configs + 1 and labels[-1].startswith("ERROR")
+    looks = {(to_rgba(line.get_color()), line.get_linestyle()) for line in ax.get_lines()
+             if not line.get_label().startswith("_")}  # threshold lines are unlabelled
+    assert len(looks) == configs and all(style != "--" for _, style in looks)  # dashed is the threshold's
+
+
+def test_trend_chart_of_too_many_configs_for_a_legend_says_so() -> None:
+    fig = trend_figure(_trend_frame(61, nights=2))
+    ax = fig.axes[0]
+    assert not fig.legends and ax.get_legend() is None
+    assert any("61 configs: too many for a legend" in t.get_text() for t in ax.texts)
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert len({to_rgba(line.get_color()) for line in lines}) == 61
 
 
 def test_report_prints_n_as_an_integer_and_empty_for_an_error(tmp_path: Path,
@@ -152,22 +189,42 @@ def test_compare_pairs_only_the_same_questions_read_as_the_gate_reads_them(
         assert cli(["compare", str(base), str(candidate(f"c{index}", cand_rows))]) == 3, message
         err = capsys.readouterr().err
         assert message in err, err
-    nameless = candidate("nameless", rows)
-    data = json.loads((nameless / "result.json").read_text())
-    del data["name"]
-    (nameless / "result.json").write_text(json.dumps(data))
-    assert cli(["compare", str(base), str(nameless / "result.json")]) == 0
-    assert f"cand: {nameless / 'result.json'} (PASS)" in capsys.readouterr().out
+    other = candidate("other-metric", rows)
+    data = json.loads((other / "result.json").read_text())
     data["metrics"]["metric"] = "exact_match,flexible-extract"
-    (nameless / "result.json").write_text(json.dumps(data))
-    assert cli(["compare", str(base), str(nameless / "result.json")]) == 3
+    (other / "result.json").write_text(json.dumps(data))
+    assert cli(["compare", str(base), str(other / "result.json")]) == 3
     assert "their per-question results are not comparable" in capsys.readouterr().err
-    del data["metrics"]["metric"]
-    del data["verdict"]  # a hand-made result: still compared, never a traceback
-    (nameless / "result.json").write_text(json.dumps(data))
-    assert cli(["compare", str(base), str(nameless / "result.json")]) == 0
-    assert "(no verdict)" in capsys.readouterr().out
-    for torn, message in (('{"id": 0, "correct": tr\n', "not JSON lines"), ("[1, 2]\n", "must be a JSON object")):
-        (nameless / "samples.jsonl").write_text(torn)
-        assert cli(["compare", str(base), str(nameless)]) == 3
+    lines = "".join(json.dumps(row) + "\n" for row in rows[:5])
+    for torn, message in ((lines + '{"id": 5, "correct": tr\n', "not JSON lines (line 6 column 22: Expecting value)"),
+                          ("[1, 2]\n", "must be a JSON object")):
+        (other / "samples.jsonl").write_text(torn)
+        assert cli(["compare", str(base), str(other)]) == 3
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change,message", [  # `...`: the key is deleted
+    ({"name": ...}, "'name' must be a string, it is missing"),
+    ({"verdict": ...}, "'verdict' must be a string, it is missing"),
+    ({"schema_version": "1"}, "schema_version must be an integer, got '1'"),
+    ({"schema_version": None}, "schema_version must be an integer, got None"),
+])
+def test_report_and_compare_refuse_a_result_json_of_the_wrong_shape_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, message: str) -> None:
+    """A hand-made or foreign result.json was a KeyError or TypeError traceback (exit 1), and one
+    such file took the whole report down."""
+    good = _result(tmp_path, "good", 1, 0.8, correct=[True] * 20)
+    bad = _result(tmp_path, "bad", 2, 0.8, correct=[True] * 20)
+    data = json.loads((bad / "result.json").read_text())
+    for key, value in change.items():
+        if value is ...:
+            del data[key]
+        else:
+            data[key] = value
+    (bad / "result.json").write_text(json.dumps(data))
+    assert cli(["report", str(tmp_path)]) == 3
+    captured = capsys.readouterr()
+    assert f"error: {bad / 'result.json'}: {message}" in captured.err, captured.err
+    assert "| good " in captured.out and "| bad " not in captured.out  # the others are still reported
+    assert cli(["compare", str(good), str(bad)]) == 3
+    assert f"error: candidate {bad}: {message}" in capsys.readouterr().err

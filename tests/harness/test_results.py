@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -154,10 +155,43 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 def test_a_whole_runs_output_dir_names_its_per_config_folders(tmp_path: Path) -> None:
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "result.json").write_text(json.dumps({"schema_version": 1, "name": name}))
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema_version": 1, "name": name, "verdict": "PASS"}))
     with pytest.raises(ValueError, match=f"holds one run directory per config; pass one of them: {tmp_path / 'a'}, "):
         load_result(tmp_path)
     assert load_result(tmp_path / "b")["name"] == "b"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"name": None}, "'name' must be a string, got None"),
+    ({"verdict": 1}, "'verdict' must be a string, got 1"),
+    ({"schema_version": "1"}, "schema_version must be an integer, got '1'"),
+    ({"schema_version": None}, "schema_version must be an integer, got None"),
+    ({"schema_version": True}, "schema_version must be an integer, got True"),
+    ({"metrics": [0.8]}, "'metrics' must be an object (or null), got [0.8]"),
+    ({"started_at": 20261101}, "'started_at' must be a string, got 20261101"),
+])
+def test_a_result_json_of_the_wrong_shape_is_refused_naming_file_and_key(tmp_path: Path, change: dict,
+                                                                        message: str) -> None:
+    """Readers index these keys: a hand-made or foreign file must be one located message, not a
+    KeyError or TypeError in report or compare."""
+    write_result(tmp_path, _record("x", "PASS"))
+    path = tmp_path / "result.json"
+    data = {**json.loads(path.read_text()), **change}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}.*write it again with `quantgate run`$"):
+        load_result(path)
+    del data["name"]
+    path.write_text(json.dumps({**data, "schema_version": 1}))
+    with pytest.raises(ValueError, match="'name' must be a string, it is missing"):
+        load_result(path)
+
+
+def test_a_torn_samples_line_is_named_by_its_line_number(tmp_path: Path) -> None:
+    write_samples(tmp_path, [{"id": i, "correct": True} for i in range(5)])
+    path = tmp_path / "samples.jsonl"
+    path.write_text(path.read_text() + '\n{"id": 5, "corr')  # a blank line, then a killed writer's half line
+    with pytest.raises(ValueError, match="^line 7 column 11: Unterminated string"):
+        load_samples(tmp_path)
 
 
 def test_samples_jsonl_round_trips(tmp_path: Path) -> None:
@@ -186,6 +220,46 @@ def test_junit_has_one_testcase_per_config(tmp_path: Path) -> None:
     error = cases["broke"].find("error")
     assert error is not None and "server died" in (error.text or "")
     assert cases["stopped"].find("error").get("type") == "Interrupted"
+
+
+def test_junit_is_well_formed_whatever_the_text_holds(tmp_path: Path) -> None:
+    """XML 1.0 cannot hold a coloured server log's escapes, a NUL or a lone surrogate, escaped or
+    not: one of them made the whole file unreadable to CI."""
+    tail = ("\x1b[1;32mINFO\x1b[0m starting\nLoading weights: 50%|##  | 1/2 \r\n"
+            "\x1b[1;31mERROR\x1b[0m CUDA out of memory <alloc & free> \"x\"\x00\n\x1b]0;title\x07done \udc80\ufffe")
+    records = [
+        _record("died\x0b", "ERROR", reason="server did not start: \x08status 1", log_tail=tail),
+        _record("weak", "FAIL", reason="gate failed\x1b[0m", gate={"mode": "absolute", "explanation": "0.6\x0c< 0.7"}),
+        _record("ok", "PASS", gate={"mode": "absolute", "explanation": "\x7f0.8 >= 0.7"}),
+    ]
+    path = write_junit(records, tmp_path / "junit.xml", suite="quant\x01gate")
+    root = ET.parse(path).getroot()
+    error = root.find("testsuite/testcase/error")
+    assert error is not None and error.get("message") == "server did not start: \ufffdstatus 1"
+    text = error.text or ""
+    assert "INFO starting" in text and "ERROR CUDA out of memory <alloc & free> \"x\"\ufffd" in text
+    assert "done \ufffd\ufffd" in text and "title" not in text
+    assert [c.get("name") for c in root.iter("testcase")] == ["died\ufffd", "weak", "ok"]
+    assert root.find("testsuite/testcase/failure").get("message") == "gate failed"
+    assert "\x1b" not in path.read_text()
+
+
+def test_summary_table_rows_keep_their_cells_whatever_names_and_reasons_hold() -> None:
+    """A `|` or a line break in a cell ended the cell or the row: GitHub dropped the rest (here,
+    that the kernel check failed too)."""
+    from markdown_it import MarkdownIt
+
+    text = summary_markdown([
+        _record("tiny|fp8", "FAIL", reason="gate absolute failed: x | y\nkernel check failed: z\r\nsee log"),
+        _record("ok", "PASS"),
+    ])
+    table = MarkdownIt("commonmark").enable("table").render(text).split("</table>")[0]
+    header = re.findall(r"<th[^>]*>(.*?)</th>", table)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]]
+    assert [len(row) for row in rows] == [len(header)] * 2
+    failed = dict(zip(header, rows[0]))
+    assert failed["config"] == "tiny|fp8"
+    assert failed["reason"] == "gate absolute failed: x | y<br>kernel check failed: z<br>see log"
 
 
 def test_summary_markdown_tables_every_config_and_details_the_others() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -531,3 +532,42 @@ def test_a_results_file_baseline_of_other_questions_is_refused_before_any_server
     same = write_config(tmp_path, "same", gsm8k_dir, baseline=str(baseline), num_questions=4,
                         gate={"mode": "recovery"}, accuracy_threshold=None)
     assert run_in_process([same], tmp_path / "out")[0] == 0
+
+
+def test_a_failed_gate_and_kernel_check_are_both_in_the_reason_and_its_summary_row(tmp_path: Path,
+                                                                                  gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "both", gsm8k_dir, {"accuracy": 0.3, "linear_backend": "triton"},
+                          accuracy_threshold=0.9, tolerance=0.0, expect={"linear_kernel": "marlin"})
+    code, _ = run_in_process([config], tmp_path / "out")
+    reason = load_json(tmp_path / "out" / "both" / "result.json")["reason"]
+    assert code == 1 and reason.startswith("gate absolute failed: ") and "; kernel check failed: " in reason
+    assert "|" not in reason  # a table's cell separator: the summary table and CI's renderers split on it
+    table = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if line.startswith("|")]
+    cells = [len(re.split(r"(?<!\\)\|", line)) for line in table]
+    assert len(table) == 3 and cells == [cells[0]] * 3 and "kernel check failed" in table[2]
+
+
+@pytest.mark.parametrize("name,flags,what", [
+    ("junit.xml", {}, "junit report (--junit)"),
+    ("summary.md", {}, "summary (--markdown)"),
+    (".quantgate-run.lock", {}, "lock file"),
+    ("ci-junit.xml", {"junit": "out/ci-junit.xml"}, "junit report (--junit)"),
+    ("report.md", {"markdown": "out/report.md"}, "summary (--markdown)"),
+])
+def test_a_config_named_like_a_file_the_run_writes_is_refused_before_any_server_starts(
+        tmp_path: Path, gsm8k_dir: Path, name: str, flags: dict, what: str) -> None:
+    """Its run folder would take that file's path: the junit report or summary was never written."""
+    config = write_config(tmp_path, name, gsm8k_dir)
+    out = tmp_path / "out"
+    code, output = run_in_process([config], out, **{k: tmp_path / v for k, v in flags.items()})
+    assert code == 3, output
+    assert (f"{config}: name: {name!r} names its run folder {out / name}, which is the path of this run's {what}: "
+            "one of the two could not be written; give the config another name") in output.replace("\n", "")
+    assert not (out / name).is_dir()
+
+
+def test_a_config_named_junit_xml_runs_when_the_junit_report_goes_elsewhere(tmp_path: Path, gsm8k_dir: Path) -> None:
+    config = write_config(tmp_path, "junit.xml", gsm8k_dir, {"accuracy": 1.0})
+    code, output = run_in_process([config], tmp_path / "out", junit=tmp_path / "junit.xml")
+    assert code == 0, output
+    assert (tmp_path / "out" / "junit.xml" / "result.json").is_file() and (tmp_path / "junit.xml").is_file()

@@ -60,6 +60,19 @@ def test_repro_of_a_vllm_kernel_check_prints_the_launched_run_not_server_url(tmp
     assert output.rstrip().splitlines()[-1] == f"quantgate run {shlex.quote(str(config))}"
 
 
+def test_repro_passes_limit_and_engine_to_the_printed_quantgate_run(tmp_path: Path, gsm8k_dir: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without them "the same evaluation through quantgate" evaluated every question, or started
+    the config's own engine."""
+    plain = write_config(tmp_path, "plain", gsm8k_dir)
+    checked = write_config(tmp_path, "checked", gsm8k_dir, {"linear_backend": "marlin"},
+                           expect={"linear_kernel": "marlin"})
+    for config, tail in ((plain, " --server-url http://127.0.0.1:8000"), (checked, "")):
+        assert cli(["repro", str(config), "--engine", "vllm", "--limit", "5", "--output-dir", str(tmp_path / "r")]) == 0
+        run = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantgate run ")]
+        assert run == [f"quantgate run {shlex.quote(str(config))} --engine vllm --limit 5{tail}"]
+
+
 def test_repro_prints_commands_for_a_machine_this_one_is_not(tmp_path: Path, gsm8k_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # The developer reproducing a nightly GPU config wants the commands to paste on the GPU box.
