@@ -6,21 +6,25 @@ One command step per config, grouped per list file. Tiers:
 - `pr`: configs tagged `pr` always, and every other config only when a file it depends on
   changed, through Buildkite's agent-applied `if_changed` globs. A config depends on its YAML,
   its model folder and data, the engine, the kernel layer's shared files and the source files
-  of the kernel backends it names (in `server_args` or `expect:`) with all they import. So a change to a kernel runs the configs
-  that exercise that kernel before merge: an optional nightly job is never the only place a
-  crash can show. `select_for_changes` applies the same globs locally.
+  of the kernel backends it names (in `server_args` or `expect:`) or that `auto` can pick on the
+  agents it runs on, with all they import, and what its `baseline:` config depends on. So a
+  change to a kernel runs the configs that exercise that kernel before merge: an optional
+  nightly job is never the only place a crash can show. `select_for_changes` applies the same
+  globs locally.
 
 A config tagged `negative-check` is built to FAIL (e.g. `expect:` names a kernel that does not
 run): its step passes only when the run's verdict is FAIL, so the check it exercises runs in CI
 without turning the build red.
 
 Paths in the pipeline are relative to the repository root (the working directory of a
-Buildkite job), so `pipeline` runs from there.
+Buildkite job), so `pipeline` runs from there. They are globs to Buildkite (`if_changed`,
+`artifact_paths`), so a config name or path holding glob syntax is refused.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import math
 import os
@@ -49,7 +53,17 @@ NEGATIVE_TAG = "negative-check"
 RESULTS_DIR = "results"
 RETRYABLE_EXIT = 2  # SPEC: an error without a verdict (server died, eval incomplete)
 RETRY_LIMIT = 2
+# Buildkite reports a job that handled its cancel or timeout SIGTERM with the exit status the
+# job chose (run-eval.sh: 2) and signal_reason `cancel`: only `none` leaves those unretried.
+RETRY_RULES: tuple[dict[str, Any], ...] = (
+    {"exit_status": RETRYABLE_EXIT, "signal_reason": "none", "limit": RETRY_LIMIT},
+    {"exit_status": -1, "signal_reason": "none", "limit": RETRY_LIMIT},  # the agent was lost
+    {"signal_reason": "agent_stop", "limit": RETRY_LIMIT},  # its host stopped it (a spot instance)
+)
 EVAL_ALLOWANCE_S = 3600  # on top of the config's start-up wait, for the evaluation itself
+# Buildkite's glob syntax (and escape); such a character in a literal path would match other files.
+GLOB_SPECIAL = "*?[]{}\\"
+KEY_MAX = 100  # the schema's maxLength of a step key
 
 # What every step runs through: the CI scripts and the install (pins included).
 CI_GLOBS = (".buildkite/**", "Makefile", "constraints.txt", "pyproject.toml")
@@ -122,19 +136,37 @@ def in_tier(config: EvalConfig, tier: Tier) -> bool:
     return True  # pr: the rest are filtered by if_changed
 
 
-def dependency_globs(config: EvalConfig) -> list[str]:
-    """Repository-relative globs of the files whose change can change this config's verdict."""
-    globs = [_relative(config.source)]
+def dependency_globs(config: EvalConfig, engine: str | None = None) -> list[str]:
+    """Repository-relative globs of the files whose change can change this config's verdict,
+    its baseline config's included; `engine` as in `step_for`."""
+    return _unique(_dependency_globs(config, engine, frozenset()))
+
+
+def _dependency_globs(config: EvalConfig, engine: str | None, seen: frozenset[Path]) -> list[str]:
+    globs = [_literal(config, "the config file's path", _relative(config.source))]
     if config.dataset is not None:
-        globs += [_relative(p) for p in (config.dataset.train, config.dataset.test) if p is not None]
+        globs += [_literal(config, "dataset", _relative(p)) for p in (config.dataset.train, config.dataset.test)
+                  if p is not None]
     if config.baseline_path is not None:
-        globs.append(_relative(config.baseline_path))
+        globs.append(_literal(config, "baseline", _relative(config.baseline_path)))
+    base = baseline_config(config, engine)
+    if base is not None and base.source not in seen:  # a baseline cycle is the runner's error to report
+        globs += _dependency_globs(base, engine, seen | {config.source})
     if config.engine == "vllm":
-        return _unique(globs + list(VLLM_SHARED_GLOBS))
-    globs += _model_globs(config.model_name)
+        return globs + list(VLLM_SHARED_GLOBS)
+    globs += _model_globs(config)
     globs += list(BUILTIN_SHARED_GLOBS)
     globs += kernel_files(config)
-    return _unique(globs)
+    return globs
+
+
+def baseline_config(config: EvalConfig, engine: str | None = None) -> EvalConfig | None:
+    """The `baseline:` config the runner runs in this config's step (before it, into its own
+    results folder): that of a paired or recovery gate, unless the baseline is a results file."""
+    path = config.baseline_path
+    if path is None or path.suffix == ".json" or config.gate.mode not in ("paired", "recovery"):
+        return None
+    return load_config(path, engine)  # type: ignore[arg-type]
 
 
 def exercised_backends(config: EvalConfig) -> set[str]:
@@ -151,25 +183,50 @@ def exercised_backends(config: EvalConfig) -> set[str]:
 
 def kernel_files(config: EvalConfig) -> list[str]:
     """Kernel source files the config exercises: the modules of the kernels of its named
-    backends and everything of quantgate.kernels they import (lazy imports inside functions
-    too). A config on CPU also exercises what `auto` picks there. Kernels it cannot reach stay
-    out, so a change to one backend re-runs only the configs that use it."""
-    from quantgate.kernels import Platform
-    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS, LINEAR_PRIORITY, MOE_PRIORITY
+    backends and of those `auto` can pick on the agents it runs on, their packages, and
+    everything of quantgate.kernels they import (lazy imports inside functions too). Kernels it
+    cannot reach stay out, so a change to one backend re-runs only the configs that use it."""
+    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
+
+    from .backends import canonical
 
     backends = exercised_backends(config)
     kernels = [k for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS) if k.backend in backends]
-    if config.requires.gpus == 0:
-        # The CPU rows also list GPU kernels (so a strict request can say why they refuse);
-        # only those that run on a CPU can be what `auto` picks there.
-        cpu = Platform.hypothetical("cpu")
-        for table in (LINEAR_PRIORITY, MOE_PRIORITY):
-            kernels += [k for device, _, by_scheme in table if device == "cpu" for ks in by_scheme.values()
-                        for k in ks if k.is_supported(cpu)[0]]
+    named = frozenset(flag for flag, value in config.backend_flags().items() if canonical(value) != "auto")
+    on_cpu = agents_for(config)["queue"] == "cpu"
+    kernels += _auto_kernels(None if on_cpu else (config.requires.min_compute_capability or "0.0"), named)
     files: set[str] = set()
     for kernel in kernels:
         files |= _module_closure(kernel.__module__)
     return sorted(files)
+
+
+@cache
+def _auto_kernels(min_capability: str | None, named: frozenset[str]) -> tuple[type, ...]:
+    """The kernels `auto` can pick on a CPU agent (`min_capability` None) or on any GPU agent of
+    at least `min_capability`: those of the priority rows such agents reach that can run there.
+    Every capability counts, not only the minimum: an 8.0 config also lands on 9.0 agents, whose
+    row differs. A layer whose backend is `named` still selects with auto when the checkpoint
+    leaves it unquantized (lm_head, the MoE router), whatever the model."""
+    from quantgate.kernels import Platform, Scheme
+    from quantgate.kernels.registry import LINEAR_PRIORITY, MOE_PRIORITY
+
+    if min_capability is None:
+        platforms = [Platform.hypothetical("cpu")]
+    else:
+        low = tuple(int(part) for part in min_capability.split("."))
+        # Every capability `quantgate kernels --capability` accepts (X from 1 to 20, Y from 0 to 9).
+        platforms = [Platform.hypothetical("cuda", (major, minor)) for major in range(1, 21) for minor in range(10)
+                     if (major, minor) >= low]
+    picks: list[type] = []
+    for flag, table in (("--linear-backend", LINEAR_PRIORITY), ("--moe-backend", MOE_PRIORITY)):
+        for platform in platforms:
+            # The first row of the platform's device that its capability reaches, as selection takes it.
+            by_scheme = next(row for device, minimum, row in table
+                             if device == platform.device and (platform.capability or (0, 0)) >= minimum)
+            schemes = [Scheme.UNQUANTIZED] if flag in named else list(by_scheme)
+            picks += [k for scheme in schemes for k in by_scheme.get(scheme, []) if k.is_supported(platform)[0]]
+    return tuple(dict.fromkeys(picks))
 
 
 def _backend_of_class() -> dict[str, str]:
@@ -180,18 +237,21 @@ def _backend_of_class() -> dict[str, str]:
 
 @cache
 def _module_closure(module: str) -> frozenset[str]:
-    """Repository paths of `module` and of the quantgate.kernels modules it imports, transitively."""
+    """Repository paths of `module` and of the quantgate.kernels modules it imports, transitively,
+    with the packages that hold them (an import runs each package's __init__.py first). The
+    top package is kernels/*.py, which every builtin config depends on already."""
     seen: dict[str, str] = {}
     pending = [module]
     while pending:
         name = pending.pop()
-        if name in seen:
+        if name in seen or not name.startswith(_KERNELS + "."):
             continue
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None or not name.startswith(_KERNELS + "."):
+        if spec is None or spec.origin is None:
             continue
         seen[name] = spec.origin
         pending += _kernel_imports(name, Path(spec.origin))
+        pending.append(name.rpartition(".")[0])
     root = Path(importlib.util.find_spec(_KERNELS).origin or "").parent  # type: ignore[union-attr]
     return frozenset(f"kernels/{Path(origin).relative_to(root).as_posix()}" for origin in seen.values())
 
@@ -220,15 +280,15 @@ def _is_module(name: str) -> bool:
         return False
 
 
-def _model_globs(model_name: str) -> list[str]:
+def _model_globs(config: EvalConfig) -> list[str]:
     """The local model folder under models/, and for an FP8 variant (built by `make models`,
     not tracked) its bf16 source and the recipe that builds it. Hub ids give nothing."""
-    parts = Path(model_name).parts
+    parts = Path(config.model_name).parts
     if "models" not in parts[:-1]:
-        path = Path(model_name)
-        return [f"{_relative(path)}/**"] if path.is_dir() else []
+        path = Path(config.model_name)
+        return [f"{_literal(config, 'model_name', _relative(path))}/**"] if path.is_dir() else []
     name = parts[parts.index("models") + 1]
-    base = re.sub(r"-fp8-.*$", "", name)
+    base = _literal(config, "model_name", re.sub(r"-fp8-.*$", "", name))
     globs = [f"models/{base}/**"]
     if base != name:
         globs += ["models/MANIFEST.json", "models/recipes/**"]
@@ -239,19 +299,24 @@ def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[
     """`engine`: the `--engine` override the configs were loaded with; the step passes it on."""
     path = _relative(config.source)
     options = (["--expect-fail"] if NEGATIVE_TAG in config.tags else []) + (["--engine", engine] if engine else [])
+    # Computed in every tier, so a path Buildkite would misread fails the nightly generation too,
+    # not only a pull request's.
+    dependencies = dependency_globs(config, engine)
+    base = baseline_config(config, engine)
+    runs = [config] if base is None else [config, base]
     step: dict[str, Any] = {
         "label": config.name,
         "key": _key(config.name),
         "command": shlex.join([RUN_EVAL, *options, path]),
         "agents": agents_for(config),
         "timeout_in_minutes": timeout_minutes(config),
-        "retry": {"automatic": [{"exit_status": RETRYABLE_EXIT, "limit": RETRY_LIMIT}]},
-        "artifact_paths": [f"{RESULTS_DIR}/{config.name}/**/*", f"{RESULTS_DIR}/junit.xml",
-                           f"{RESULTS_DIR}/summary.md"],
+        "retry": {"automatic": [dict(rule) for rule in RETRY_RULES]},
+        "artifact_paths": [*(f"{RESULTS_DIR}/{_literal(c, 'name', c.name)}/**/*" for c in runs),
+                           f"{RESULTS_DIR}/junit.xml", f"{RESULTS_DIR}/summary.md"],
         "env": {"QUANTGATE_TIER": tier},
     }
     if tier == "pr" and "pr" not in config.tags:
-        step["if_changed"] = dependency_globs(config)
+        step["if_changed"] = dependencies
     return step
 
 
@@ -356,8 +421,23 @@ def _relative(path: Path) -> str:
 
 
 def _key(name: str) -> str:
-    """Buildkite keys: letters, digits, '-', '_', ':' only."""
-    return re.sub(r"[^A-Za-z0-9_:-]", "-", name)
+    """Buildkite keys: letters, digits, '-', '_', ':' only, at most KEY_MAX characters. A longer
+    one keeps its start and ends in a hash of the whole name, so long names stay apart."""
+    key = re.sub(r"[^A-Za-z0-9_:-]", "-", name)
+    if len(key) <= KEY_MAX:
+        return key
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{key[:KEY_MAX - len(digest) - 1]}-{digest}"
+
+
+def _literal(config: EvalConfig, what: str, text: str) -> str:
+    """`text`, a name or path that goes into a Buildkite glob, when it holds no glob syntax."""
+    special = sorted({c for c in text if c in GLOB_SPECIAL})
+    if special:
+        raise ConfigError(config.source, 0, "", f"{what} {text!r} holds {' '.join(special)}, which Buildkite's "
+                          "if_changed and artifact_paths read as glob syntax (the step would match other files): "
+                          f"rename it without any of {' '.join(GLOB_SPECIAL)}")
+    return text
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -40,7 +40,7 @@ sys.exit(0 if os.path.realpath(h.__file__).startswith(os.path.realpath(".") + os
   command -v quantgate >/dev/null 2>&1 && echo "the quantgate on PATH runs another checkout's code: installing this one" >&2
   make install >&2 || return 1
   # shellcheck disable=SC1091
-  source .venv/bin/activate
-  QUANTGATE_PYTHON="$PWD/.venv/bin/python"
+  source "${VENV:-.venv}/bin/activate"  # the Makefile's VENV
+  QUANTGATE_PYTHON="$(command -v python)"
   export QUANTGATE_PYTHON
 }

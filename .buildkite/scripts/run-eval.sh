@@ -19,10 +19,34 @@ config="${1:?usage: run-eval.sh [--expect-fail] [--engine E] CONFIG}"
 
 source .buildkite/scripts/env.sh
 ensure_quantgate || exit 2
-if [[ "${engine[1]:-}" != vllm ]] && { [[ "${engine[1]:-}" == builtin ]] || ! grep -Eq '^engine:[[:space:]]*"?vllm' "$config"; }; then
-  # Builtin configs: the FP8 variants of the shipped checkpoints are built, not tracked. A
-  # manifest they do not reproduce (exit 3) fails the same way on every retry.
-  if [[ -n "${QUANTGATE_PYTHON:-}" ]]; then "$QUANTGATE_PYTHON" models/recipes/build_variants.py >&2; else make models >&2; fi
+if [[ -z "${QUANTGATE_PYTHON:-}" ]]; then
+  # A wrapper hides its interpreter: the Makefile's venv of this checkout reads the config and
+  # builds the models instead (what `make models` would run).
+  make install >&2 || exit 2
+  QUANTGATE_PYTHON="${VENV:-.venv}/bin/python"  # the Makefile's VENV
+fi
+# The engine and the unique name, as quantgate loads the config (YAML quoting, --engine).
+facts="$("$QUANTGATE_PYTHON" - "$config" "${engine[1]:-}" <<'PY'
+import sys
+from quantgate.harness.config import ConfigError, load_config
+try:
+    config = load_config(sys.argv[1], sys.argv[2] or None)
+except (ConfigError, OSError) as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+print(config.engine)
+print(config.name)
+PY
+)"
+read_status=$?
+# 3: the config is invalid, as `quantgate run` would say; anything else (a broken install) is the agent's.
+if (( read_status != 0 )); then exit $(( read_status == 3 ? 3 : 2 )); fi
+{ IFS= read -r config_engine; IFS= read -r config_name; } <<< "$facts"
+if [[ "$config_engine" == builtin ]]; then
+  # The FP8 variants of the shipped checkpoints are built, not tracked. A manifest they do not
+  # reproduce (exit 3) fails the same way on every retry. Run directly: make would turn the
+  # recipe's 3 into its own 2.
+  "$QUANTGATE_PYTHON" models/recipes/build_variants.py >&2
   built=$?
   if (( built != 0 )); then exit $(( built == 3 ? 3 : 2 )); fi
 fi
@@ -51,5 +75,6 @@ if $expect_fail; then
 fi
 
 echo "--- :memo: annotate"
-.buildkite/scripts/annotate.sh "$out/summary.md" "quantgate-$(basename "$config" .yaml)" "$status"
+# Per config name, unique in a pipeline: two gsm8k.yaml in different folders keep their own.
+.buildkite/scripts/annotate.sh "$out/summary.md" "quantgate-$config_name" "$status"
 exit "$status"

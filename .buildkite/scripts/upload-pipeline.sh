@@ -24,4 +24,6 @@ ensure_quantgate
 generated="$(mktemp --suffix=.yml)"
 trap 'rm -f "$generated"' EXIT
 quantgate pipeline --tier "$tier" "${QUANTGATE_PIPELINE_PATHS:-eval_configs}" > "$generated"
-buildkite-agent pipeline upload --apply-if-changed "$generated"
+# --no-interpolation: the steps are literal (a config name or path may hold `$`) and need no
+# variable of the agent.
+buildkite-agent pipeline upload --apply-if-changed --no-interpolation "$generated"

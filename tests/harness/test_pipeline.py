@@ -7,6 +7,7 @@ import os
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -94,6 +95,14 @@ def test_bootstrap_pipeline_validates() -> None:
     validate(yaml.safe_load((REPO / ".buildkite" / "pipeline.yml").read_text()))
 
 
+def test_bootstrap_retries_a_lost_or_stopped_agent_never_a_cancel() -> None:
+    [step] = yaml.safe_load((REPO / ".buildkite" / "pipeline.yml").read_text())["steps"]
+    rules = step["retry"]["automatic"]
+    assert {"exit_status": -1, "signal_reason": "none", "limit": 2} in rules
+    assert {"signal_reason": "agent_stop", "limit": 2} in rules
+    assert all(rule.get("signal_reason") in ("none", "agent_stop") for rule in rules)
+
+
 # -- steps ----------------------------------------------------------------------------------------------
 
 
@@ -107,7 +116,11 @@ def test_step_shape(capsys: pytest.CaptureFixture[str]) -> None:
     # requires: {gpus: 2, device: h100, min_compute_capability: "8.0"}: the capability as the tag an
     # agent sets for each capability it reaches.
     assert step["agents"] == {"queue": "gpu", "gpus": "2", "device": "h100", "sm80": "true"}
-    assert step["retry"] == {"automatic": [{"exit_status": 2, "limit": 2}]}  # never 1 or 3
+    # Exit 2 and a lost or stopped agent, never 1 or 3, nor a cancel or timeout (which Buildkite
+    # reports with the status run-eval.sh exits with after its SIGTERM: 2, signal_reason cancel).
+    assert step["retry"] == {"automatic": [{"exit_status": 2, "signal_reason": "none", "limit": 2},
+                                           {"exit_status": -1, "signal_reason": "none", "limit": 2},
+                                           {"signal_reason": "agent_stop", "limit": 2}]}
     assert step["timeout_in_minutes"] == 80  # 1200 s start-up + 3600 s evaluation
     assert step["artifact_paths"] == ["results/vllm-Qwen3-30B-A3B-Fp8-AutoFp8-marlin/**/*", "results/junit.xml",
                                       "results/summary.md"]
@@ -139,6 +152,39 @@ def test_clashing_keys_and_empty_inputs_are_errors(capsys: pytest.CaptureFixture
     (tmp_path / "empty").mkdir()
     assert main(["pipeline", str(tmp_path / "empty")]) == 3
     assert "no configs in the given paths" in capsys.readouterr().err
+
+
+def test_long_names_give_short_distinct_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for end in "ab":
+        (tmp_path / f"{end}.yaml").write_text(f"name: {'x' * 119}{end}\nmodel_name: m\naccuracy_threshold: 0.5\n")
+    pipeline = emitted(capsys, "--tier", "nightly", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"))
+    validate(pipeline)  # the schema's maxLength 100
+    keys = [step["key"] for step in pipeline["steps"]]
+    assert len(set(keys)) == 2 and all(len(key) == 100 and key.startswith("x" * 80) for key in keys)
+
+
+@pytest.mark.parametrize("file_name, body, what", [
+    ("cfg[1].yaml", "", "the config file's path"),
+    ("star.yaml", "name: fp8-*\n", "name 'fp8-*'"),
+    ("brace.yaml", "num_fewshot: 0\ndataset: {test: 'q{1,2}.jsonl'}\n", "dataset"),
+])
+def test_glob_syntax_in_names_and_paths_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   file_name: str, body: str, what: str) -> None:
+    # Buildkite reads if_changed and artifact_paths as globs: `cfg[1].yaml` would match cfg1.yaml
+    # and never itself. Refused in every tier, so nightly finds it before a pull request does.
+    (tmp_path / "q{1,2}.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    (tmp_path / file_name).write_text(f"model_name: m\naccuracy_threshold: 0.5\n{body}")
+    assert main(["pipeline", "--tier", "nightly", str(tmp_path / file_name)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(str(tmp_path / file_name)) and what in err and "rename it without" in err
+
+
+def test_dollar_names_stay_literal(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # upload-pipeline.sh uploads with --no-interpolation; the command quotes the path for the job's shell.
+    (tmp_path / "cost$HOME.yaml").write_text('name: "fp8 $HOME"\nmodel_name: m\naccuracy_threshold: 0.5\n')
+    step = emitted(capsys, "--tier", "nightly", str(tmp_path / "cost$HOME.yaml"))["steps"][0]
+    assert step["label"] == "fp8 $HOME" and step["artifact_paths"][0] == "results/fp8 $HOME/**/*"
+    assert shlex.split(step["command"])[-1].endswith("/cost$HOME.yaml")
 
 
 def test_ci_files_rerun_every_pr_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,6 +255,50 @@ def test_dependencies_of_a_builtin_config(tiny_matrix: Path) -> None:
     assert "kernels/moe/triton.py" not in globs and "kernels/linear/triton_block.py" not in globs
 
 
+def test_gpu_configs_depend_on_what_auto_picks_on_every_agent_they_reach(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-auto.yaml"
+    path.write_text("model_name: models/tiny-qwen3-fp8-block-ct\naccuracy_threshold: 0.5\n"
+                    "requires: {gpus: 1, min_compute_capability: '8.0'}\n")
+    globs = set(dependency_globs(load_config(path)))
+    # 8.0's row (marlin), and 9.0's (torch block, triton) on the H100 agents that reach 8.0 too.
+    assert {"kernels/linear/marlin.py", "kernels/linear/torch_scaled_mm.py", "kernels/linear/triton_block.py",
+            "kernels/moe/triton.py", "kernels/linear/unquantized.py"} <= globs
+    # The packages that hold them: an import runs their __init__.py first.
+    assert {"kernels/linear/__init__.py", "kernels/moe/__init__.py", "kernels/triton/__init__.py"} <= globs
+
+
+def test_unquantized_layers_rerun_gpu_configs_that_name_backends(capsys: pytest.CaptureFixture[str]) -> None:
+    # lm_head and the MoE router select with auto whatever --linear-backend says: on a GPU,
+    # UnquantizedLinearKernel (`quantgate kernels --device cuda --capability 9.0 --scheme unquantized`).
+    groups, loose = collect(["eval_configs"])
+    pipeline = build_pipeline(groups, loose, "pr")
+    builtin = {c.name for c in _catalog() if c.engine == "builtin"}
+    for changed in ("kernels/linear/unquantized.py", "kernels/linear/__init__.py"):
+        assert builtin <= set(select_for_changes(pipeline, [changed])), changed
+    assert "tiny-qwen3-fp8-block-ct-marlin" in builtin
+
+
+def test_a_baseline_config_runs_in_the_step(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The runner runs a paired or recovery gate's baseline config first, in the same step.
+    common = "model_name: models/tiny-qwen3-fp8-block-ct\nrequires: {gpus: 1, min_compute_capability: '8.9'}\n"
+    (tmp_path / "base.yaml").write_text(f"{common}accuracy_threshold: 0.5\nserver_args: --linear-backend triton\n")
+    (tmp_path / "cand.yaml").write_text(f"{common}gate: {{mode: paired}}\nbaseline: base\n"
+                                        "server_args: --linear-backend marlin --moe-backend marlin\n")
+    pipeline = emitted(capsys, "--tier", "pr", str(tmp_path / "cand.yaml"))
+    validate(pipeline)
+    [step] = pipeline["steps"]
+    assert step["artifact_paths"][:2] == ["results/cand/**/*", "results/base/**/*"]
+    assert select_for_changes(pipeline, ["kernels/linear/triton_block.py"]) == ["cand"]
+    assert select_for_changes(pipeline, [shlex.split(step["command"])[-1].replace("cand", "base")]) == ["cand"]
+    # A results file is read, not run: nothing of another config.
+    run = tmp_path / "results" / "base"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text("{}")
+    (tmp_path / "cand.yaml").write_text(f"{common}gate: {{mode: paired}}\nbaseline: results/base/result.json\n")
+    [step] = emitted(capsys, "--tier", "pr", str(tmp_path / "cand.yaml"))["steps"]
+    assert step["artifact_paths"][1:] == ["results/junit.xml", "results/summary.md"]
+
+
 def test_kernel_dependencies_follow_imports(tiny_matrix: Path) -> None:
     # The MoE emulation kernel reuses the linear emulation's activation quantization and the
     # shared expert helpers: a change to either re-runs the configs that use it.
@@ -253,8 +343,8 @@ def run_script(args: list[str], bin_dir: Path, **env: str) -> subprocess.Complet
 
 def test_upload_script_pipes_the_tier_into_the_agent(tmp_path: Path) -> None:
     record = tmp_path / "uploaded.yml"
-    fake_tool(tmp_path / "bin", "buildkite-agent", f'[[ "$1 $2 $3" == "pipeline upload --apply-if-changed" ]] '
-              f'&& cp "$4" {record}\n')
+    fake_tool(tmp_path / "bin", "buildkite-agent", f'[[ "$1 $2 $3 $4" == "pipeline upload --apply-if-changed '
+              f'--no-interpolation" ]] && cp "$5" {record}\n')
     proc = run_script([".buildkite/scripts/upload-pipeline.sh"], tmp_path / "bin", BUILDKITE_PULL_REQUEST="123")
     assert proc.returncode == 0, proc.stderr
     uploaded = yaml.safe_load(record.read_text())
@@ -286,13 +376,108 @@ def test_run_local_reproduces_the_step_exit_status(tmp_path: Path, status: int) 
     # is under test here; the real runs are the runner's tests.
     fake_tool(tmp_path / "bin", "quantgate", f'mkdir -p "$4"; echo "verdict {status}" > "$4/summary.md"; '
               f'echo "$@" > "$4/args"; exit {status}\n')
+    fake_venv(tmp_path, tmp_path / "bin")
     results = tmp_path / "results"
     config = "eval_configs/vllm/Qwen3-0.6B-FP8-block-auto.yaml"
-    proc = run_script([".buildkite/scripts/run-local.sh", config], tmp_path / "bin",
+    proc = run_script([".buildkite/scripts/run-local.sh", config], tmp_path / "bin", VENV=str(tmp_path / "venv"),
                       QUANTGATE_RESULTS=str(results), PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
     assert proc.returncode == status, proc.stdout + proc.stderr
     assert (results / "args").read_text().split()[:2] == ["run", config]
     assert f"verdict {status}" in proc.stdout  # annotate.sh printed the summary
+
+
+def fake_venv(tmp_path: Path, bin_dir: Path) -> Path:
+    """The Makefile's venv (VENV, `make install` a stand-in that logs to make.log) whose python is
+    this test's, except that the model build only logs to build.log and exits $FAKE_BUILD_EXIT."""
+    fake_tool(bin_dir, "make", f'echo "$@" >> {tmp_path / "make.log"}\n')
+    (tmp_path / "venv").mkdir()
+    fake_tool(tmp_path / "venv" / "bin", "python", f'if [[ "${{1:-}}" == models/recipes/build_variants.py ]]; then '
+              f'echo build >> {tmp_path / "build.log"}; exit "${{FAKE_BUILD_EXIT:-0}}"; fi\n'
+              f'exec {sys.executable} "$@"\n')
+    return tmp_path / "venv" / "bin" / "python"
+
+
+_FAKE_RUN = """
+import os, pathlib, sys
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--output-dir") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "args").write_text(" ".join(args))
+pathlib.Path(args[args.index("--markdown") + 1]).write_text("verdict\\n")
+sys.exit(int(os.environ.get("FAKE_RUN_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def entry_point(tmp_path: Path) -> Path:
+    """A bin folder with buildkite-agent, which logs to agent.log, and a stand-in `quantgate` entry
+    point run by `#!.../python` as pip writes them, that python being fake_venv's."""
+    bin_dir = tmp_path / "bin"
+    python = fake_venv(tmp_path, bin_dir)
+    fake_tool(bin_dir, "buildkite-agent", f'echo "$@" >> {tmp_path / "agent.log"}; cat > /dev/null\n')
+    quantgate = bin_dir / "quantgate"
+    quantgate.write_text(f"#!{python}{_FAKE_RUN}")
+    quantgate.chmod(0o755)
+    return bin_dir
+
+
+def run_eval(bin_dir: Path, config: Path | str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_script([".buildkite/scripts/run-eval.sh", str(config)], bin_dir, PATH=f"{bin_dir}:/usr/bin:/bin",
+                      QUANTGATE_RESULTS=str(bin_dir.parent / "results"), **env)
+
+
+@pytest.mark.parametrize("build, status", [(0, 0), (3, 3), (1, 2)])
+def test_a_wrapper_quantgate_builds_with_the_venv(tmp_path: Path, build: int, status: int) -> None:
+    # A quantgate wrapper script hides its interpreter: the Makefile's venv reads the config and
+    # builds the models, directly: `make models` exits 2 whatever the build's status.
+    fake_tool(tmp_path / "bin", "quantgate", 'exit 0\n')
+    fake_venv(tmp_path, tmp_path / "bin")
+    proc = run_eval(tmp_path / "bin", "eval_configs/tiny/demo.yaml", VENV=str(tmp_path / "venv"),
+                    FAKE_BUILD_EXIT=str(build))
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert (tmp_path / "make.log").read_text() == "install\n" and (tmp_path / "build.log").read_text() == "build\n"
+
+
+@pytest.mark.parametrize("build, status", [(0, 0), (3, 3), (1, 2)])
+def test_builtin_configs_build_the_models_first(entry_point: Path, build: int, status: int) -> None:
+    # A manifest the build does not reproduce is exit 3, never retried (make would exit 2 for
+    # it); other failures are retryable.
+    proc = run_eval(entry_point, "eval_configs/tiny/demo.yaml", FAKE_BUILD_EXIT=str(build))
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert (entry_point.parent / "build.log").read_text() == "build\n"
+    assert (entry_point.parent / "results" / "args").exists() is (build == 0)
+    assert not (entry_point.parent / "make.log").exists()  # its own interpreter: nothing to install
+
+
+@pytest.mark.parametrize("body", ["engine: 'vllm'\nmodel_name: q\naccuracy_threshold: 0.5\n",
+                                  '"engine": "vllm"\nmodel_name: q\naccuracy_threshold: 0.5\n',
+                                  "{engine: vllm, model_name: q, accuracy_threshold: 0.5}\n"])
+def test_vllm_configs_build_nothing(entry_point: Path, body: str) -> None:
+    # However the YAML spells it: the engine is read by quantgate's loader, not a grep.
+    config = entry_point.parent / "q.yaml"
+    config.write_text(body)
+    proc = run_eval(entry_point, config, FAKE_BUILD_EXIT="3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (entry_point.parent / "build.log").exists()
+
+
+def test_an_invalid_config_exits_3_before_anything_runs(entry_point: Path) -> None:
+    config = entry_point.parent / "bad.yaml"
+    config.write_text("model_name: m\naccuracy_threshold: 2\n")
+    proc = run_eval(entry_point, config)
+    assert proc.returncode == 3 and "accuracy_threshold" in proc.stderr
+    assert not (entry_point.parent / "build.log").exists() and not (entry_point.parent / "results").exists()
+
+
+def test_annotations_are_per_config_name(entry_point: Path) -> None:
+    # Two gsm8k.yaml in different folders: each keeps its own annotation.
+    for name in ("a", "b"):
+        (entry_point.parent / name).mkdir()
+        (entry_point.parent / name / "gsm8k.yaml").write_text(
+            f"name: cfg-{name}\nengine: vllm\nmodel_name: Qwen/Qwen3-0.6B-FP8\naccuracy_threshold: 0.5\n")
+        assert run_eval(entry_point, entry_point.parent / name / "gsm8k.yaml", FAKE_RUN_EXIT="1").returncode == 1
+    contexts = [line.split("--context ")[1] for line in (entry_point.parent / "agent.log").read_text().splitlines()]
+    assert contexts == ["quantgate-cfg-a", "quantgate-cfg-b"]
 
 
 def _catalog():
