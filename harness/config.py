@@ -617,7 +617,8 @@ class _Loader:
         problem = builtin_flags_problem(config)
         if problem:
             # vLLM's own files name no engine and must load; a file that chose builtin is wrong.
-            report = self.error if "engine" in self.data and self.engine_override is None else self.warn
+            explicit = self.engine_override or self.data.get("engine")
+            report = self.error if explicit == "builtin" else self.warn
             report(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
@@ -695,18 +696,18 @@ class _Loader:
 
     def _check_task(self, config: EvalConfig) -> str:
         """The metric as the installed lm-eval task reports it; few-shot data."""
-        from .evaluate import EvalSetupError, check_metric, installed_task_yaml
+        from .evaluate import EvalSetupError, check_metric, task_config
 
         if config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None:
             self.error(["dataset"], f"num_fewshot is {config.num_fewshot}: few-shot examples come from the train "
                        "file; add dataset.train or set num_fewshot: 0")
         try:
-            task_yaml = installed_task_yaml(config.task)
+            _, task_cfg = task_config(config.task)  # what the run rebuilds: a task it cannot is refused now
         except EvalSetupError as exc:
             self.error(self._at("task"), str(exc), value=True)
             return config.metric
         try:
-            return check_metric(task_yaml, config.metric)
+            return check_metric(task_cfg, config.metric)
         except EvalSetupError as exc:
             self.error(self._at("metric"), str(exc), value=True)
             return config.metric

@@ -42,6 +42,10 @@ class EvalSetupError(ValueError):
     """The evaluation cannot be built (task, dataset or metric); a config problem, not retryable."""
 
 
+class DatasetUnreachable(EvalSetupError):
+    """The task's hub dataset could not be fetched: the config's fix (local data) or a retry."""
+
+
 class RequestTimedOut(BaseException):
     """A request got no answer within request_timeout_seconds.
 
@@ -120,18 +124,29 @@ def installed_task_yaml(task: str) -> Path:
     raise EvalSetupError(f"task {task!r} is not an lm-eval task installed under {tasks_dir}; check `task:`")
 
 
-def write_task_yaml(settings: EvalSettings) -> Path:
-    """Write the installed task YAML into the run directory with the dataset (and the config's
-    gen_prefix) replaced."""
-    source = installed_task_yaml(settings.task)
+def task_config(task: str) -> tuple[Path, dict[str, Any]]:
+    """The installed task YAML of `task` and its contents, if quantgate can rebuild it (with
+    local data, a gen_prefix) from that one file; else an EvalSetupError."""
+    source = installed_task_yaml(task)
     try:
         task_cfg = yaml.safe_load(source.read_text())
     except yaml.YAMLError as exc:
-        raise EvalSetupError(f"task {settings.task!r} ({source}) uses lm-eval YAML extensions that cannot be "
-                             f"rebuilt offline ({exc.__class__.__name__}); use a self-contained task such as gsm8k")
+        raise EvalSetupError(f"task {task!r} ({source}) uses lm-eval YAML extensions (such as !function) that "
+                             f"cannot be rebuilt offline ({exc.__class__.__name__}); use a self-contained task such "
+                             "as gsm8k") from None
     if not isinstance(task_cfg, dict) or "include" in task_cfg:
-        raise EvalSetupError(f"task {settings.task!r} ({source}) includes other files; only self-contained task "
+        raise EvalSetupError(f"task {task!r} ({source}) includes other files; only self-contained task "
                              "YAMLs (such as gsm8k) can be rebuilt with local data")
+    if "metric_list" not in task_cfg:
+        raise EvalSetupError(f"task {task!r} ({source}) is a group of tasks, with no metrics of its own; give one "
+                             "self-contained task (such as gsm8k) per config")
+    return source, task_cfg
+
+
+def write_task_yaml(settings: EvalSettings) -> Path:
+    """Write the installed task YAML into the run directory with the dataset (and the config's
+    gen_prefix) replaced."""
+    source, task_cfg = task_config(settings.task)
     if settings.test_file is not None:
         data_files = {task_cfg.get("test_split", "test"): str(settings.test_file.resolve())}
         if settings.train_file is not None:
@@ -152,24 +167,10 @@ def write_task_yaml(settings: EvalSettings) -> Path:
     return path
 
 
-class _TaskNames(yaml.SafeLoader):
-    """Reads a task YAML's plain keys; lm-eval's own tags (`!function utils.process_results`)
-    become None, as only the metric and filter names are read."""
-
-
-_TaskNames.add_multi_constructor("!", lambda loader, suffix, node: None)
-
-
-def check_metric(task_yaml: Path, metric: str) -> str:
-    """`metric` as the task reports it (`<metric>,<filter>`); fail before any server starts if
-    the task does not. A bare metric name (vLLM's gen-1 files: `exact_match`) stands for the
-    task's one filter of it."""
-    try:
-        task_cfg = yaml.load(task_yaml.read_text(), Loader=_TaskNames)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as exc:
-        raise EvalSetupError(f"task YAML {task_yaml} cannot be read ({exc.__class__.__name__})") from None
-    if not isinstance(task_cfg, dict) or "metric_list" not in task_cfg:
-        return metric  # a group or an include: lm-eval reports its metrics at run time
+def check_metric(task_cfg: Mapping[str, Any], metric: str) -> str:
+    """`metric` as the task (`task_config`) reports it (`<metric>,<filter>`); fail before any
+    server starts if it does not. A bare metric name (vLLM's gen-1 files: `exact_match`) stands
+    for the task's one filter of it."""
     names = [m["metric"] for m in task_cfg.get("metric_list", [])]
     filters = [f["name"] for f in task_cfg.get("filter_list", [])] or ["none"]
     known = [f"{m},{f}" for m in names for f in filters]
@@ -462,7 +463,6 @@ def lm_eval_command(settings: EvalSettings, task_file: Path, output_path: Path) 
 def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None) -> EvalOutcome:
     """Evaluate the server at `settings.base_url`; never raises for request or server failures."""
     task_file = write_task_yaml(settings)
-    check_metric(task_file, settings.metric)
     dataset_sha = dataset_hashes(settings.test_file, settings.train_file)
     from lm_eval import evaluate
     from lm_eval.defaults import DEFAULT_OTHER_SEED
@@ -480,7 +480,7 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
         except (OSError, ConnectionError) as exc:  # datasets' ConnectionError is an OSError too
             if settings.test_file is not None:
                 raise
-            raise EvalSetupError(
+            raise DatasetUnreachable(
                 f"task {settings.task}: its dataset could not be loaded from the Hugging Face hub "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). Offline, or with "
                 "the hub unreachable, set `dataset: {train: ..., test: ...}` to local GSM8K-format files "

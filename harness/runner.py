@@ -33,7 +33,7 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions)
-from .evaluate import EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
+from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
 from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
                       artifact_path_problems,
@@ -632,7 +632,10 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.timings["server_start_s"] = round(exc.startup_s, 3)
     except (EvalSetupError, GateInputError, ArtifactsUnwritable) as exc:
         record.reason = str(exc)
-        record.usage_error = isinstance(exc, GateInputMismatch)  # the same inputs would mismatch again
+        # A task that cannot be built or inputs that mismatch would fail the same way again; the
+        # hub may answer the next time.
+        record.usage_error = (isinstance(exc, (EvalSetupError, GateInputMismatch))
+                              and not isinstance(exc, DatasetUnreachable))
     except RunInterrupted as exc:
         record.interrupted = exc.signal_name
         outcome = getattr(exc, "outcome", None) or outcome  # the answers received so far are kept

@@ -77,19 +77,33 @@ def test_gen1_config_maps_to_a_relative_gate() -> None:
     assert config.num_questions == 1000 and config.gate.mode == "relative" and config.effective_rtol == 0.08
 
 
-def test_gen1_with_another_task_and_metric_loads_and_gates_what_it_lists() -> None:
-    config = load_config(GEN1 / "gpt-oss-120b.yaml", engine="vllm")
-    assert (config.task, config.metric, config.reference.value) == ("aime25", "exact_match,none", 0.80)
-    assert config.server_args == ["--max-model-len", "131072", "--trust-remote-code"]
-    assert set(config.extra) == {"batch_size", "gen_kwargs", "apply_chat_template"}
+def test_gen1_with_another_metric_gates_what_it_lists(tmp_path: Path) -> None:
+    text = ("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,flexible-extract', value: 0.7}\n"
+            "max_model_len: 4096\n")
+    config = load_config(write(tmp_path, text), engine="vllm")
+    assert (config.task, config.metric, config.reference.value) == ("gsm8k", "exact_match,flexible-extract", 0.7)
+    assert config.server_args == ["--max-model-len", "4096"]
+
+
+def test_a_task_quantgate_cannot_rebuild_is_refused_at_load_on_its_line() -> None:
+    """aime25's YAML calls Python (`!function`): its run would fail only after the server started."""
+    [error] = inspect_config(GEN1 / "gpt-oss-120b.yaml", engine="vllm").errors
+    assert (error.line, error.field) == (4, "tasks[0].name")
+    assert "'aime25'" in error.message and "!function" in error.message and "gsm8k" in error.message
 
 
 def test_gen1_engine_options_become_flags(tmp_path: Path) -> None:
-    text = ('model_name: "/root/engines/c4"\ntasks:\n- name: "metabench"\n  metrics:\n  - name: "acc,none"\n'
+    text = ('model_name: "/root/engines/c4"\ntasks:\n- name: "gsm8k"\n  metrics:\n  - name: "exact_match,strict-match"\n'
             "    value: 0.65\nlimit: 512\nmax_num_batched_tokens: 128\n")
     config = load_config(write(tmp_path, text), "vllm")
     assert config.server_args == ["--max-num-batched-tokens", "128"]
-    assert (config.task, config.metric, config.num_questions) == ("metabench", "acc,none", 512)
+    assert (config.task, config.metric, config.num_questions) == ("gsm8k", "exact_match,strict-match", 512)
+
+
+def test_a_group_of_tasks_is_refused_at_load(tmp_path: Path) -> None:
+    text = "model_name: m\ntasks:\n- name: metabench\n  metrics:\n  - {name: 'acc,none', value: 0.65}\n"
+    [error] = inspect_config(write(tmp_path, text), engine="vllm").errors
+    assert error.field == "tasks[0].name" and "a group of tasks" in error.message
 
 
 def test_gen1_engine_options_builtin_does_not_take_stay_in_extra() -> None:
@@ -101,9 +115,11 @@ def test_gen1_engine_options_builtin_does_not_take_stay_in_extra() -> None:
 
 def test_moe_refactor_backend_flags_load_for_both_engines() -> None:
     path = GSM8K / "moe-refactor" / "Qwen3-30B-A3B-Fp8-AutoFp8-marlin.yaml"
-    for engine in ("builtin", "vllm"):
-        config = load_config(path, engine=engine)
-        assert config.backend_flags() == {"--linear-backend": "marlin", "--moe-backend": "marlin"}
+    config = load_config(path, engine="vllm")
+    assert config.backend_flags() == {"--linear-backend": "marlin", "--moe-backend": "marlin"}
+    # Both engines have marlin; only the file's -tp 2 is refused once builtin is chosen (as run would).
+    [error] = inspect_config(path, engine="builtin").errors
+    assert error.field == "server_args" and "--tensor-parallel-size 2 is not supported" in error.message
 
 
 def test_legacy_env_is_an_error_with_the_exact_fix() -> None:

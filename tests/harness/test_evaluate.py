@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, compile_templates_once,
-                                        installed_task_yaml, per_question, run_eval, write_task_yaml)
+                                        installed_task_yaml, per_question, run_eval, task_config, write_task_yaml)
 from quantgate.harness.server import LaunchedServer, build_command, launch
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args
@@ -66,7 +66,7 @@ def test_task_yaml_is_the_installed_one_with_only_the_dataset_replaced(tmp_path:
 
 def test_unknown_metric_and_missing_train_file_are_setup_errors(tmp_path: Path, gsm8k_dir: Path) -> None:
     with pytest.raises(EvalSetupError, match="exact_match,flexible-extract"):
-        check_metric(installed_task_yaml("gsm8k"), "exact_match,strict")
+        check_metric(task_config("gsm8k")[1], "exact_match,strict")
     with pytest.raises(EvalSetupError, match="train file"):
         write_task_yaml(_settings(gsm8k_dir, tmp_path, train_file=None))
     with pytest.raises(EvalSetupError, match="not an lm-eval task"):
@@ -99,9 +99,9 @@ def test_a_task_dataset_the_hub_cannot_give_is_a_setup_error_that_says_what_to_d
     # A config without `dataset:` makes lm-eval download the task's; offline that must say so,
     # not end as an internal error. A fresh process, so `datasets` reads the offline switches.
     code = ("import sys; from pathlib import Path; from tests.harness.test_evaluate import _settings; "
-            "from quantgate.harness.evaluate import run_eval, EvalSetupError\n"
+            "from quantgate.harness.evaluate import run_eval, DatasetUnreachable\n"
             "try:\n    run_eval(_settings(Path('.'), Path(sys.argv[1]), test_file=None, train_file=None))\n"
-            "except EvalSetupError as exc:\n    print(exc)")
+            "except DatasetUnreachable as exc:\n    print(exc)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).resolve().parents[2]).stdout

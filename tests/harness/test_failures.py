@@ -210,3 +210,21 @@ def test_a_prompt_longer_than_the_servers_context_is_exit_3_not_a_retry(tmp_path
     result = load_json(tmp_path / "out" / "short" / "result.json")
     assert code == 3 and result["verdict"] == "ERROR" and result["usage_error"] is True, output
     assert "raise --max-model-len in server_args" in result["reason"]
+
+
+@pytest.mark.parametrize("error, code", [("setup", 3), ("hub", 2)])
+def test_an_evaluation_that_cannot_be_built_is_exit_3_but_an_unreachable_hub_is_retried(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, error: str, code: int) -> None:
+    from quantgate.harness import evaluate, runner
+
+    exc = (evaluate.EvalSetupError("task x cannot be rebuilt") if error == "setup"
+           else evaluate.DatasetUnreachable("task x: its dataset could not be loaded from the Hugging Face hub"))
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(runner, "run_eval", fail)
+    config = write_config(tmp_path, "built", gsm8k_dir, {}, num_questions=1)
+    status, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "built" / "result.json")
+    assert status == code and result["verdict"] == "ERROR" and result["usage_error"] is (code == 3), output
