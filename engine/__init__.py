@@ -2,7 +2,8 @@
 
 Python API (DESIGN.md "Engine"): `load_model` -> `LoadedModel`, `LLMEngine` (synchronous
 steps), `AsyncEngine` (a background thread for the server), `SamplingParams`,
-`RequestOutput`. `InvalidRequestError` (a ValueError) marks requests the engine refuses.
+`RequestOutput`. `InvalidRequestError` (a ValueError) marks requests the engine refuses;
+`RequestAborted` ends the stream of a request `AsyncEngine.abort` stopped.
 
 The names load on first use, so the harness can read `serve_args` (the server's flags) without
 importing torch.
@@ -14,7 +15,8 @@ import importlib
 from typing import Any
 
 _HOME = {
-    "AsyncEngine": "async_engine", "EngineDeadError": "async_engine", "LLMEngine": "llm_engine",
+    "AsyncEngine": "async_engine", "EngineDeadError": "async_engine", "RequestAborted": "async_engine",
+    "LLMEngine": "llm_engine",
     "LoadedModel": "loader", "load_model": "loader", "InvalidRequestError": "sampling_params",
     "RequestOutput": "sampling_params", "SamplingParams": "sampling_params",
 }

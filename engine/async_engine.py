@@ -21,13 +21,17 @@ from collections.abc import AsyncIterator, Callable
 import torch
 
 from .llm_engine import LLMEngine
-from .sampling_params import RequestOutput, SamplingParams
+from .sampling_params import InvalidRequestError, RequestOutput, SamplingParams
 
 logger = logging.getLogger("quantgate.engine")
 
 
 class EngineDeadError(RuntimeError):
     """The engine thread has stopped; the server cannot serve requests any more."""
+
+
+class RequestAborted(RuntimeError):
+    """`AsyncEngine.abort` stopped the request; its stream ends with this."""
 
 
 def default_cpu_threads() -> int:
@@ -55,6 +59,8 @@ class AsyncEngine:
         """Incremental outputs of one request; leaving early (client gone) aborts it."""
         if self._stopping or not self._thread.is_alive():
             raise EngineDeadError("the engine has stopped; restart the server")
+        if request_id in self._streams:  # before registering: the running request keeps its stream
+            raise InvalidRequestError(f"request id {request_id!r} is already running; use a new id")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, queue)
@@ -74,7 +80,12 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._submit(lambda: self.engine.abort(request_id))
+        """Stop a request; a consumer still reading its stream gets RequestAborted."""
+        def command() -> None:
+            if self.engine.abort(request_id):
+                self._deliver(request_id, RequestAborted(f"request {request_id!r} was aborted"))
+
+        self._submit(command)
 
     async def reload_weights(self) -> None:
         """Re-read the weights between two steps; requests in flight continue with the new weights."""
@@ -129,17 +140,20 @@ class AsyncEngine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
+            in_step = set(self.engine.request_ids())
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
-                self._fail_all(exc)
+                self._fail_all(exc, in_step)
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for request_id in self.engine.request_ids():
+    def _fail_all(self, exc: Exception, in_step: set[str]) -> None:
+        # A request that finished inside the failed step is gone from the engine, and its last
+        # output with the step's: it is failed too, or its stream would wait forever.
+        for request_id in in_step | set(self.engine.request_ids()):
             self.engine.abort(request_id)
             self._deliver(request_id, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
 

@@ -29,11 +29,12 @@ class KVCacheBudgetError(ValueError):
 def plan_num_slots(cfg: ModelConfig, dtype: torch.dtype, max_model_len: int, max_num_seqs: int,
                    budget_bytes: int) -> int:
     per_slot = cfg.kv_bytes_per_token(dtype) * max_model_len
-    slots = min(max_num_seqs, budget_bytes // per_slot)
+    slots = min(max_num_seqs, budget_bytes // per_slot - 1)  # KVCache allocates a scratch slot too
     if slots < 1:
         raise KVCacheBudgetError(
             f"the KV cache budget of {budget_bytes / 2**20:.0f} MiB cannot hold one sequence of "
-            f"--max-model-len {max_model_len} ({per_slot / 2**20:.1f} MiB); lower --max-model-len or raise the budget"
+            f"--max-model-len {max_model_len} and the cache's scratch slot (2 x {per_slot / 2**20:.1f} MiB); lower "
+            "--max-model-len or raise the budget"
         )
     if slots < max_num_seqs:
         logger.warning(

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from quantgate.engine import AsyncEngine, InvalidRequestError, LLMEngine, SamplingParams, load_model
+from quantgate.engine import AsyncEngine, InvalidRequestError, LLMEngine, RequestAborted, SamplingParams, load_model
 
 
 @pytest.fixture
@@ -94,3 +94,58 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(async_en
 
     assert asyncio.run(main())[-1].finished
     assert async_engine.stats()["kv_slots_used"] == 0
+
+
+def _long() -> SamplingParams:
+    return SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+
+
+def test_abort_ends_the_stream_of_a_request_still_being_read(async_engine):
+    async def main():
+        stream = async_engine.generate("r1", [1, 2, 3], _long())
+        await stream.__anext__()
+        async_engine.abort("r1")
+        with pytest.raises(RequestAborted, match="'r1' was aborted"):
+            await asyncio.wait_for(_drain(stream), timeout=10)
+
+    asyncio.run(main())
+    assert async_engine.stats()["kv_slots_used"] == 0
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+def test_a_duplicate_request_id_is_refused_and_the_first_request_keeps_its_stream(async_engine):
+    async def main():
+        first = asyncio.ensure_future(_collect(async_engine, "dup", [1, 2, 3], SamplingParams(
+            max_tokens=40, temperature=0, ignore_eos=True)))
+        await asyncio.sleep(0)  # the first registers its stream
+        with pytest.raises(InvalidRequestError, match="'dup' is already running"):
+            await _collect(async_engine, "dup", [4, 5], SamplingParams(max_tokens=2))
+        return await asyncio.wait_for(first, timeout=30)
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and sum(len(o.new_token_ids) for o in outs) == 40
+
+
+def test_a_request_that_finished_inside_a_failed_step_is_failed_not_left_waiting(async_engine, monkeypatch):
+    step = async_engine.engine.step
+
+    def finish_then_fail():
+        outputs = step()  # the short request finishes here, then the step fails: its output is lost
+        if any(o.request_id == "short" and o.finished for o in outputs):
+            raise RuntimeError("failed after finishing 'short'")
+        return outputs
+
+    monkeypatch.setattr(async_engine.engine, "step", finish_then_fail)
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(
+            _collect(async_engine, "short", [1, 2], SamplingParams(max_tokens=1, temperature=0)),
+            _collect(async_engine, "long", [3, 4], _long()), return_exceptions=True), timeout=30)
+
+    short, long = asyncio.run(main())
+    assert isinstance(short, RuntimeError) and "failed after finishing 'short'" in str(short)
+    assert isinstance(long, RuntimeError)

@@ -181,14 +181,15 @@ def test_sampling_params_validate_their_ranges(field, value):
 def test_kv_budget_bounds_the_running_sequences(dense_dir):
     loaded = load_model(dense_dir, device="cpu")
     per_seq = loaded.model_config.kv_bytes_per_token(loaded.dtype) * 64
-    engine = LLMEngine(loaded, max_num_seqs=8, max_model_len=64, kv_cache_memory=3 * per_seq)
-    assert engine.kv.num_slots == 3
+    engine = LLMEngine(loaded, max_num_seqs=8, max_model_len=64, kv_cache_memory=4 * per_seq)
+    assert engine.kv.num_slots == 3  # and the scratch slot: four in the budget
+    assert engine.kv.k.nbytes + engine.kv.v.nbytes <= 4 * per_seq
     for i in range(5):
         engine.add_request(str(i), [1, 2, 3], _greedy(5))
     engine.step()
     assert engine.stats()["num_running"] == 3 and engine.stats()["num_waiting"] == 2
     assert len(run_to_completion(engine)) == 5
     with pytest.raises(ValueError, match="cannot hold one sequence"):
-        LLMEngine(loaded, max_model_len=64, kv_cache_memory=per_seq - 1)
+        LLMEngine(loaded, max_model_len=64, kv_cache_memory=2 * per_seq - 1)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLMEngine(loaded, max_model_len=10**6)
