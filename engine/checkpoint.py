@@ -4,7 +4,9 @@ Reads single-file and sharded (`model.safetensors.index.json`) checkpoints lazil
 at a time, so a reload re-reads from disk without holding a second copy of the model. With an
 index, only the files it names are read, each tensor from the file it names; without one, a
 tensor in two files is an error (a stale shard must never win silently). Scales are checked
-as they are read: a NaN, infinite, zero or negative scale would serve wrong numbers.
+as they are read: a NaN, infinite, zero or negative scale would serve wrong numbers, and a
+module with both scale names (`weight_scale` and `weight_scale_inv`) is refused rather than
+one of them silently picked.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+
+from .config import unreadable
 
 INDEX = "model.safetensors.index.json"
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale")
@@ -47,6 +51,8 @@ class Checkpoint:
         if index.is_file():
             try:
                 self._map = dict(json.loads(index.read_text())["weight_map"])
+            except OSError as exc:
+                raise CheckpointError(unreadable(index, exc)) from None
             except (ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"{index}: not a safetensors index ({exc}); fix or remove it") from None
             files = sorted({self.path / name for name in self._map.values()})
@@ -68,8 +74,7 @@ class Checkpoint:
                 handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
             except (SafetensorError, OSError) as exc:
                 self._stack.close()
-                raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); it may be truncated: copy "
-                                      "or download it again") from None
+                raise CheckpointError(_unopenable(file, exc)) from None
             for name in handle.keys():
                 if self._map is not None:
                     if self._map.get(name) == file.name:
@@ -99,6 +104,11 @@ class Checkpoint:
         if entry is None:
             raise CheckpointError(self._missing(name))
         handle, file = entry
+        stem, _, attr = name.rpartition(".")
+        other = _OTHER_SCALE_NAME.get(attr)
+        if other and f"{stem}.{other}" in self._where:  # which one the checkpoint's writer meant is unknowable
+            raise CheckpointError(f"{file}: {stem} has both {attr} and {other}; {_SCALE_NAME_RULE}. config.json "
+                                  f"reads {attr}: remove {stem}.{other} or re-export the checkpoint")
         tensor = handle.get_tensor(name)
         if name.endswith(SCALE_SUFFIXES):
             _check_scale(tensor, f"{file}: {name}")
@@ -112,6 +122,15 @@ class Checkpoint:
             message += (f"; it has {stem}.{other} instead. {_SCALE_NAME_RULE}: the checkpoint's scale names do "
                         "not match its config.json (re-export it, or fix quantization_config)")
         return message
+
+
+def _unopenable(file: Path, exc: Exception) -> str:
+    try:  # safetensors reports any failure to open a file as "No such file or directory"
+        with open(file, "rb"):
+            pass
+    except OSError as os_exc:
+        return unreadable(file, os_exc)
+    return f"{file}: not a readable safetensors file ({exc}); it may be truncated: copy or download it again"
 
 
 def _check_scale(tensor: torch.Tensor, where: str) -> None:

@@ -12,9 +12,11 @@ import argparse
 import asyncio
 import errno
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import uvicorn
 
@@ -92,8 +94,18 @@ def main(args: argparse.Namespace) -> int:
                      EXIT_ERROR)
     try:
         return _serve(args, sock)
+    except KeyboardInterrupt:  # SIGINT; while serving, uvicorn shuts down first and then re-raises it
+        _exit_by_sigint()
     finally:
         sock.close()
+
+
+def _exit_by_sigint() -> NoReturn:
+    """End as a SIGTERM ends the server (uvicorn re-raises it after its shutdown): by the signal, so
+    the exit status says why, without the traceback Python prints for a KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGINT)
+    raise SystemExit(128 + signal.SIGINT)  # the shell's status for it, should SIGINT be blocked here
 
 
 def _serve(args: argparse.Namespace, sock: socket.socket) -> int:

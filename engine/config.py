@@ -9,6 +9,7 @@ FineGrainedFP8 and vLLM) and compressed-tensors (`quant_method: compressed-tenso
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,19 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 class ModelConfigError(ValueError):
     """The checkpoint's config.json describes something this engine cannot load."""
+
+
+def unreadable(path: Path, exc: OSError) -> str:
+    """Why the file `path` of a model folder could not be read, and the fix."""
+    if isinstance(exc, PermissionError):
+        cause = "permission denied: fix its permissions so the user running quantgate can read it"
+    elif path.is_symlink() and not path.exists():
+        cause = f"it is a symbolic link to {os.readlink(path)}, which does not exist: fix or remove the link"
+    elif path.is_dir():
+        cause = "it is a directory, not a file: put the file there"
+    else:
+        cause = f"{exc.strerror or exc}: copy or download it again"
+    return f"{path} cannot be read ({cause})"
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,8 @@ class ModelConfig:
             raise ModelConfigError(f"{path} has no config.json: pass a Hugging Face model folder")
         try:
             raw = json.loads(config_file.read_text())
+        except OSError as exc:
+            raise ModelConfigError(unreadable(config_file, exc)) from None
         except json.JSONDecodeError as exc:
             raise ModelConfigError(f"{config_file} is not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
@@ -143,7 +159,7 @@ class ModelConfig:
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
         if dtype_name not in _DTYPES:
             raise ModelConfigError(f"{source}: dtype {dtype_name!r} is not one of {', '.join(_DTYPES)}")
-        eos = eos_token_ids or _as_ids(raw.get("eos_token_id"))
+        eos = eos_token_ids or _as_ids(raw.get("eos_token_id"), source)
         moe = {}
         if arch == "Qwen3MoeForCausalLM":
             experts = raw.get("num_experts", raw.get("num_local_experts"))
@@ -185,20 +201,29 @@ class ModelConfig:
         )
 
 
-def _as_ids(value) -> tuple[int, ...]:
+def _as_ids(value, source: str) -> tuple[int, ...]:
     if value is None:
         return ()
-    return tuple(value) if isinstance(value, list) else (int(value),)
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelConfigError(f"{source}: eos_token_id must be a token id or a list of token ids, got {value!r}")
+    return tuple(ids)
 
 
 def _generation_eos(path: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id, which takes precedence over config.json's."""
     gen = path / "generation_config.json"
     if not gen.is_file():
         return ()
     try:
-        return _as_ids(json.loads(gen.read_text()).get("eos_token_id"))
+        raw = json.loads(gen.read_text())
+    except OSError as exc:
+        raise ModelConfigError(unreadable(gen, exc)) from None
     except json.JSONDecodeError:
         return ()
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{gen} holds a JSON {type(raw).__name__}, not an object of fields")
+    return _as_ids(raw.get("eos_token_id"), str(gen))
 
 
 def parse_quant_config(qc: dict | None, source: str = "config.json") -> QuantConfig | None:

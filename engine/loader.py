@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,6 +45,8 @@ DTYPE_NAMES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 _ALWAYS_UNQUANTIZED = ("lm_head", ".mlp.gate")  # suffixes: vLLM keeps these unquantized too
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_MODEL_PREFIXES = ("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.")  # this architecture's modules
 # Projections of one input that run as one GEMM (engine module name -> checkpoint modules).
 MERGED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -223,14 +226,38 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, c
         elif isinstance(module, (RMSNorm, nn.Embedding)):
             key = f"{name}.weight"
             _copy_checked(module.weight, take(key), key, check_only)
-    unused = sorted(set(ckpt.names()) - used)
-    if unused and not check_only:
-        logger.warning("%d checkpoint tensors are not used by the model, e.g. %s", len(unused), ", ".join(unused[:5]))
+    foreign = _check_unused(sorted(set(ckpt.names()) - used), ckpt, cfg)
+    if foreign and not check_only:
+        logger.warning("%d checkpoint tensors belong to modules this model does not have and are not used, e.g. %s",
+                       len(foreign), ", ".join(foreign[:5]))
+
+
+def _check_unused(unused: list[str], ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
+    """Refuses the tensors the model would silently drop that config.json should have described (a
+    layer beyond num_hidden_layers, a bias or scale it does not read); returns the foreign rest
+    (another head such as mtp or vision, precomputed rotary buffers), which vLLM skips too."""
+    beyond = [n for n in unused if (m := _LAYER.match(n)) and int(m[1]) >= cfg.num_layers]
+    if beyond:
+        layers = sorted({int(_LAYER.match(n)[1]) for n in beyond})
+        raise CheckpointError(
+            f"{ckpt.path}: the checkpoint has tensors of layers {', '.join(map(str, layers))} (e.g. {beyond[0]}), "
+            f"beyond the {cfg.num_layers} layers config.json's num_hidden_layers gives; a model without layers it was "
+            "trained with computes wrong outputs: fix num_hidden_layers or remove those layers' tensors")
+    ours = [n for n in unused if n.startswith(_MODEL_PREFIXES) and ".rotary_emb." not in n]
+    if ours:
+        raise CheckpointError(
+            f"{ckpt.path}: {len(ours)} tensors of this model's modules are not read by it: {', '.join(ours[:5])}"
+            f"{', ...' if len(ours) > 5 else ''}; config.json does not describe them (attention_bias, "
+            "quantization_config's scheme or activation_scheme, the MoE layers): fix config.json or remove them")
+    return [n for n in unused if n not in ours]
 
 
 def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str, check_only: bool = False) -> None:
     if tuple(tensor.shape) != tuple(param.shape):
         raise CheckpointError(f"{key}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)} (config.json)")
+    if not tensor.dtype.is_floating_point or tensor.dtype.itemsize == 1:  # itemsize 1: the float8 dtypes
+        raise CheckpointError(f"{key}: stored as {tensor.dtype}; embeddings and norms are never quantized and must be "
+                              "float32, bfloat16 or float16: re-export the checkpoint with it in the model dtype")
     if not check_only:
         param.copy_(tensor)
 

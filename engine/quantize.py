@@ -33,7 +33,8 @@ import torch
 from quantgate.kernels import quant
 from quantgate.kernels.schemes import Scheme
 
-from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
+from .checkpoint import FUSED_EXPERT_SUFFIXES, SCALE_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
+from .config import unreadable
 
 EXIT_USAGE = 3
 # Native per-tensor FP8 is vLLM's (AutoFP8) form. transformers (5.x) reads native FP8 only as
@@ -164,21 +165,44 @@ def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise QuantizeError(
             f"SRC {src} is not a Hugging Face model folder: it needs config.json and *.safetensors weights"
         )
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except OSError as exc:
+        raise QuantizeError(f"SRC {unreadable(config_path, exc)}") from None
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"SRC {config_path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise QuantizeError(f"SRC {config_path} holds a JSON {type(config).__name__}, not an object of fields")
     archs = config.get("architectures") or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise QuantizeError(
             f"SRC {src} has architecture {archs or 'unknown'}; quantize supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    if config.get("quantization_config"):  # null or {} is how some exports say "not quantized"
-        method = config["quantization_config"].get("quant_method", "?")
-        raise QuantizeError(f"SRC {src} is already quantized ({method}); start from the bf16 checkpoint")
+    qc = config.get("quantization_config")
+    if qc and not isinstance(qc, dict):
+        raise QuantizeError(f"SRC {config_path}: quantization_config must be an object (or null), got {qc!r}")
+    if qc:  # null or {} is how some exports say "not quantized"
+        raise QuantizeError(f"SRC {src} is already quantized ({qc.get('quant_method', '?')}); start from the bf16 "
+                            "checkpoint")
     # As the engine reads it: the index decides between files, and a tensor in two files without one is an error.
     try:
         with Checkpoint(src) as checkpoint:
+            # config.json can lose its quantization_config: the tensors tell too, before a scale is read as a weight
+            scales = [n for n in checkpoint.names() if n.endswith(SCALE_SUFFIXES)]
+            if scales:
+                raise QuantizeError(f"SRC {src} holds FP8 scales ({scales[0]}): already quantized, though config.json "
+                                    "has no quantization_config; start from the bf16 checkpoint")
             state = {name: checkpoint.get(name) for name in checkpoint.names()}
     except CheckpointError as exc:
         raise QuantizeError(f"SRC {exc}") from None
+    for name, tensor in state.items():
+        if tensor.dtype.itemsize == 1 and tensor.dtype != torch.bool:  # float8 and int8 codes
+            raise QuantizeError(f"SRC {src} holds {name} as {tensor.dtype}: already quantized; start from the bf16 "
+                                "checkpoint")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise QuantizeError(f"SRC {src}: {name} holds {bad} NaN or infinite values, which the FP8 checkpoint "
+                                "would inherit (as NaN or infinite scales): fix or re-export the source checkpoint")
     fused = [n for n in state if n.endswith(FUSED_EXPERT_SUFFIXES)]
     if fused:
         raise QuantizeError(f"SRC {src} {fused_experts_advice(fused[0])}")

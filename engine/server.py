@@ -689,10 +689,13 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         start = time.perf_counter()
         try:
             await engine.reload_weights()
-        except (ValueError, IncompatibleBufferError, SafetensorError) as exc:  # the files no longer fit the model
-            raise APIError(409, f"reload from {loaded.path} failed: {exc}. Weights read before the failure are "
-                           "already in place: restore the checkpoint and reload again, or restart the server for "
-                           "a different model", type="conflict", code="reload_failed") from None
+        except (ValueError, SafetensorError) as exc:  # the files no longer fit the model; checked before any write
+            raise APIError(409, f"reload from {loaded.path} failed: {exc}. The served weights are unchanged: fix "
+                           "the checkpoint and reload again, or restart the server for a different model",
+                           type="conflict", code="reload_failed") from None
+        except IncompatibleBufferError as exc:  # raised after the new weights were written
+            raise APIError(409, f"reload from {loaded.path} failed after the new weights were read: {exc}. Restart "
+                           "the server", type="conflict", code="reload_failed") from None
         return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}
 
     @app.post("/tokenize", response_model=TokenizeResponse)

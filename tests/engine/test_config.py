@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from quantgate.engine.config import ModelConfig, ModelConfigError, parse_quant_config
@@ -67,3 +71,42 @@ def test_unsupported_configs_name_the_field(change, message):
     raw = {k: v for k, v in dict(BASE, **change).items() if v is not None}
     with pytest.raises(ModelConfigError, match=message or "missing required field 'vocab_size'"):
         ModelConfig.from_dict(raw)
+
+
+def deny_reading(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Reading files called `name` fails as it does without read permission (the tests run as root,
+    which chmod 000 does not stop)."""
+    read_text = Path.read_text
+
+    def read(self: Path, *args, **kwargs) -> str:
+        if self.name == name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read)
+
+
+def _folder(path: Path, generation: str) -> Path:
+    (path / "config.json").write_text(json.dumps(dict(BASE, eos_token_id=2)))
+    (path / "generation_config.json").write_text(generation)
+    return path
+
+
+@pytest.mark.parametrize("generation,message", [
+    ('{"eos_token_id": "x"}', "generation_config.json: eos_token_id must be a token id or a list of token ids, got 'x'"),
+    ('{"eos_token_id": [1, "2"]}', "generation_config.json: eos_token_id must be a token id"),
+    ("[1]", "generation_config.json holds a JSON list, not an object of fields"),
+])
+def test_a_bad_generation_config_is_named_not_config_json(tmp_path, generation, message):
+    with pytest.raises(ModelConfigError, match=re.escape(message)):
+        ModelConfig.from_pretrained(_folder(tmp_path, generation))
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json"])
+def test_an_unreadable_file_is_named_with_its_cause(tmp_path, monkeypatch, name):
+    folder = _folder(tmp_path, '{"eos_token_id": 1}')
+    assert ModelConfig.from_pretrained(folder).eos_token_ids == (1,)
+    deny_reading(monkeypatch, name)
+    with pytest.raises(ModelConfigError, match=re.escape(f"{folder / name} cannot be read (permission denied: fix its "
+                                                         "permissions")):
+        ModelConfig.from_pretrained(folder)

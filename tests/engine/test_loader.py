@@ -163,6 +163,19 @@ def _rename(old: str, new: str):
     return edit
 
 
+def _add(key: str, value):
+    def edit(tensors):
+        tensors[key] = value(tensors)
+    return edit
+
+
+def _copy_layer(src: int, dst: int):
+    def edit(tensors):
+        for name in [n for n in tensors if n.startswith(f"model.layers.{src}.")]:
+            tensors[name.replace(f".{src}.", f".{dst}.", 1)] = tensors[name].clone()
+    return edit
+
+
 @pytest.fixture(scope="module")
 def wide_block_dir(tmp_path_factory):
     """Block FP8 with scales of two or more blocks per side (down_proj [2, 3]), so a transposed
@@ -184,11 +197,70 @@ def wide_block_dir(tmp_path_factory):
      "cannot be joined"),
     ("scale name", _rename(f"{DOWN}.weight_scale_inv", f"{DOWN}.weight_scale"),
      f"it has {DOWN}.weight_scale instead. native FP8 names block scales `weight_scale_inv`"),
+    ("both scale names", _add(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale_inv"] * 7),
+     f"{DOWN} has both weight_scale_inv and weight_scale"),
+    ("extra scale", _add(f"{DOWN}.input_scale", lambda t: torch.tensor(0.02)),
+     f"1 tensors of this model's modules are not read by it: {DOWN}.input_scale"),
+    ("extra layer", _copy_layer(1, 2), "the checkpoint has tensors of layers 2 (e.g. model.layers.2."),
+    ("int8 embedding", _set("model.embed_tokens.weight", lambda w: w.to(torch.int8)),
+     "model.embed_tokens.weight: stored as torch.int8; embeddings and norms are never quantized"),
+    ("fp8 norm", _set("model.norm.weight", lambda w: w.to(torch.float8_e4m3fn)),
+     "model.norm.weight: stored as torch.float8_e4m3fn"),
 ])
 def test_a_malformed_block_checkpoint_is_refused_naming_the_tensor(wide_block_dir, tmp_path, case, edit, message):
     q_dir = wide_block_dir
     with pytest.raises(CheckpointError, match=re.escape(message)):
         load_model(_edited(q_dir, tmp_path, case.replace(" ", "-"), edit), device="cpu")
+
+
+def test_a_config_with_fewer_layers_than_the_checkpoint_is_refused(wide_block_dir, tmp_path):
+    fewer = tmp_path / "fewer"
+    shutil.copytree(wide_block_dir, fewer)
+    config = json.loads((fewer / "config.json").read_text())
+    (fewer / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=1)))
+    with pytest.raises(CheckpointError, match=re.escape("the checkpoint has tensors of layers 1 (e.g. model.layers.1.")
+                       + ".*beyond the 1 layers config.json's num_hidden_layers gives"):
+        load_model(fewer, device="cpu")
+
+
+def test_tensors_of_heads_this_architecture_lacks_only_warn(wide_block_dir, tmp_path, caplog):
+    foreign = {"mtp.layers.0.eh_proj.weight": torch.zeros(4, 4), "model.visual.patch_embed.weight": torch.zeros(4),
+               "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)}  # older exports saved this buffer
+    extra = _edited(wide_block_dir, tmp_path, "heads", lambda tensors: tensors.update(foreign))
+    with caplog.at_level(logging.WARNING, logger="quantgate.engine"):
+        load_model(extra, device="cpu")
+    assert "3 checkpoint tensors belong to modules this model does not have" in caplog.text
+    assert all(name in caplog.text for name in foreign)
+
+
+def test_unreadable_checkpoint_files_are_named_with_their_cause(dense_dir, tmp_path, monkeypatch):
+    from quantgate.engine.checkpoint import INDEX
+
+    from .test_config import deny_reading
+
+    def folder(name: str) -> Path:
+        shutil.copytree(dense_dir, tmp_path / name)
+        (tmp_path / name / "model.safetensors").unlink()
+        return tmp_path / name
+
+    dangling = folder("dangling")
+    (dangling / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"{dangling / 'model.safetensors'} cannot be read (it is a symbolic link to {tmp_path / 'gone.safetensors'}, "
+            "which does not exist: fix or remove the link)")):
+        load_model(dangling, device="cpu")
+    directory = folder("directory")
+    (directory / "model.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match=re.escape(f"{directory / 'model.safetensors'} cannot be read (it is a "
+                                                        "directory")):
+        load_model(directory, device="cpu")
+    indexed = tmp_path / "indexed"
+    shutil.copytree(dense_dir, indexed)
+    (indexed / INDEX).write_text(json.dumps({"weight_map": {}}))
+    deny_reading(monkeypatch, INDEX)
+    with pytest.raises(CheckpointError, match=re.escape(f"{indexed / INDEX} cannot be read (permission denied: fix its "
+                                                        "permissions")):
+        load_model(indexed, device="cpu")
 
 
 def test_checkpoint_files_config_and_tokenizer_problems_name_their_file(dense_dir, tmp_path):

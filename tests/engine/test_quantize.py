@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -256,3 +257,49 @@ def test_force_never_deletes_the_source_or_what_is_not_a_model_folder(dense_src,
         assert message in capsys.readouterr().err
     assert (src / "model.safetensors").is_file() and (tmp_path / "notes" / "keep.txt").read_text() == "mine"
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_sources_already_quantized_or_not_finite_exit_3_naming_the_tensor_or_field(dense_src, tmp_path, capsys) -> None:
+    """An FP8 folder whose config.json lost quantization_config would be quantized again (weights
+    ~3000x too large); NaN or inf would give NaN scales; a malformed config.json was a traceback."""
+    from safetensors.torch import save_file
+
+    def variant(name: str, tensors=None, config=None) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(dense_src, folder)
+        if tensors is not None:
+            state = load_file(str(folder / "model.safetensors"))
+            tensors(state)
+            save_file(state, str(folder / "model.safetensors"))
+        if config is not None:
+            (folder / "config.json").write_text(config(json.loads((folder / "config.json").read_text())))
+        return folder
+
+    def refused(src: Path) -> str:
+        assert cli_main(["quantize", str(src), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", "native"]) == 3
+        assert not (tmp_path / "d").exists()
+        return capsys.readouterr().err
+
+    q, o = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.o_proj.weight"
+    fp8 = tmp_path / "fp8"
+    quantize.quantize_checkpoint(dense_src, fp8, "fp8-block", "native")
+    config = json.loads((fp8 / "config.json").read_text())
+    del config["quantization_config"]
+    (fp8 / "config.json").write_text(json.dumps(config))
+    assert re.search(r"holds FP8 scales \(model\.layers\.\d\.\S+\.weight_scale_inv\): already quantized", refused(fp8))
+
+    int8 = variant("int8", tensors=lambda t: t.update({q: t[q].to(torch.int8)}))
+    assert f"holds {q} as torch.int8: already quantized" in refused(int8)
+
+    def poison(name: str, value: float):
+        def edit(t):
+            t[name] = t[name].clone()
+            t[name][3, 5] = value
+        return edit
+
+    assert f"{q} holds 1 NaN or infinite values" in refused(variant("nan", tensors=poison(q, float("nan"))))
+    assert f"{o} holds 1 NaN or infinite values" in refused(variant("inf", tensors=poison(o, float("inf"))))
+    bad_json = variant("json", config=lambda c: "{not json")
+    assert f"SRC {bad_json / 'config.json'} is not valid JSON" in refused(bad_json)
+    qc_list = variant("qc", config=lambda c: json.dumps({**c, "quantization_config": ["x"]}))
+    assert "config.json: quantization_config must be an object (or null), got ['x']" in refused(qc_list)

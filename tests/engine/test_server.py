@@ -389,6 +389,44 @@ def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
         async_engine.shutdown()
 
 
+def test_a_reload_refused_for_the_checkpoint_keeps_serving_the_old_weights(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from quantgate.engine.checkpoint import INDEX
+
+    from .test_config import deny_reading
+
+    model = build_tiny_qwen3(tmp_path / "model")
+    original = (model / "model.safetensors").read_bytes()
+    loaded = load_model(model, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
+    try:
+        with make_client((loaded, async_engine)) as c:
+            before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
+            tensors = load_file(str(model / "model.safetensors"))
+            # new values everywhere (a half-done reload would show), and a layer config.json does not have
+            changed = {name: -t for name, t in tensors.items()}
+            changed.update({n.replace(".1.", ".2.", 1): t for n, t in tensors.items() if n.startswith("model.layers.1.")})
+            save_file(changed, str(model / "model.safetensors"))
+            response = c.post("/v1/reload_weights")
+            assert response.status_code == 409, response.text
+            message = response.json()["error"]["message"]
+            assert "the checkpoint has tensors of layers 2" in message and "The served weights are unchanged" in message
+            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+            (model / "model.safetensors").write_bytes(original)
+            (model / INDEX).write_text(json.dumps({"weight_map": {name: "model.safetensors" for name in tensors}}))
+            deny_reading(monkeypatch, INDEX)
+            response = c.post("/v1/reload_weights")
+            assert response.status_code == 409, response.text
+            assert f"{model / INDEX} cannot be read (permission denied" in response.json()["error"]["message"]
+            monkeypatch.undo()
+            assert c.post("/v1/reload_weights").status_code == 200
+            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+    finally:
+        async_engine.shutdown()
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)"
     found = re.search(r"^" + pattern + r"$", text, re.M)

@@ -115,6 +115,16 @@ def test_load_failures(load_failures, case: str, code: int, pattern: str) -> Non
     assert "ready at" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json"])
+def test_an_unreadable_model_file_is_a_usage_error_naming_it(model_dir: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    from .test_config import deny_reading
+
+    deny_reading(monkeypatch, name)
+    assert cli_main(["serve", str(model_dir), "--device", "cpu", "--port", "0"]) == 3
+    assert f"{model_dir / name} cannot be read (permission denied" in error_line(capsys.readouterr().err)
+
+
 def test_a_kv_budget_the_device_cannot_give_now_is_retryable(model_dir: Path, capsys: pytest.CaptureFixture,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # The budget is a share of the memory free after loading: another process may hold it now.
@@ -139,7 +149,9 @@ class LiveServer:
         self.proc = subprocess.Popen(
             serve_command(str(model_dir), "--port", "0", "--device", "cpu", "--dtype", "float32",
                           "--served-model-name", "tiny", "--api-key", API_KEY, "--max-num-seqs", "4"),
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            # as from a terminal: a test run in a background job would pass SIGINT on ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.url = self._wait_ready()
 
     def _wait_ready(self, timeout: float = 120) -> str:
@@ -156,8 +168,8 @@ class LiveServer:
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics").text
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=30)
         finally:
@@ -290,3 +302,15 @@ def test_sigterm_shuts_down_gracefully(server: LiveServer) -> None:
     # uvicorn finishes its shutdown, then re-raises the signal so the exit status tells why.
     assert server.stop() == -signal.SIGTERM
     assert "Finished server process" in server.log_path.read_text()
+
+
+def test_sigint_shuts_down_as_sigterm_does_without_a_traceback(model_dir: Path, tmp_path: Path) -> None:
+    live = LiveServer(model_dir, tmp_path / "server.log")
+    try:
+        assert live.stop(signal.SIGINT) == -signal.SIGINT
+    finally:
+        if live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+    log = live.log_path.read_text()
+    assert "Finished server process" in log and "Traceback" not in log and "KeyboardInterrupt" not in log, log
