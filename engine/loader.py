@@ -47,6 +47,10 @@ DTYPE_NAMES = {
 _ALWAYS_UNQUANTIZED = ("lm_head", ".mlp.gate")  # suffixes: vLLM keeps these unquantized too
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _MODEL_PREFIXES = ("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.")  # this architecture's modules
+# Scales of an FP8 KV cache (llm-compressor's kv_cache_scheme): this engine keeps the cache in the
+# model dtype, where they mean nothing, as vLLM's does with --kv-cache-dtype auto.
+_KV_CACHE_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale",
+                    "v_proj.output_scale")
 # Projections of one input that run as one GEMM (engine module name -> checkpoint modules).
 MERGED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -228,14 +232,15 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, c
             _copy_checked(module.weight, take(key), key, check_only)
     foreign = _check_unused(sorted(set(ckpt.names()) - used), ckpt, cfg)
     if foreign and not check_only:
-        logger.warning("%d checkpoint tensors belong to modules this model does not have and are not used, e.g. %s",
-                       len(foreign), ", ".join(foreign[:5]))
+        logger.warning("%d checkpoint tensors are not used (other heads, rotary buffers, FP8 KV-cache scales: the "
+                       "cache stays in the model dtype), e.g. %s", len(foreign), ", ".join(foreign[:5]))
 
 
 def _check_unused(unused: list[str], ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
     """Refuses the tensors the model would silently drop that config.json should have described (a
     layer beyond num_hidden_layers, a bias or scale it does not read); returns the foreign rest
-    (another head such as mtp or vision, precomputed rotary buffers), which vLLM skips too."""
+    (another head such as mtp or vision, precomputed rotary buffers, KV-cache scales), which vLLM
+    skips too."""
     beyond = [n for n in unused if (m := _LAYER.match(n)) and int(m[1]) >= cfg.num_layers]
     if beyond:
         layers = sorted({int(_LAYER.match(n)[1]) for n in beyond})
@@ -243,7 +248,8 @@ def _check_unused(unused: list[str], ckpt: Checkpoint, cfg: ModelConfig) -> list
             f"{ckpt.path}: the checkpoint has tensors of layers {', '.join(map(str, layers))} (e.g. {beyond[0]}), "
             f"beyond the {cfg.num_layers} layers config.json's num_hidden_layers gives; a model without layers it was "
             "trained with computes wrong outputs: fix num_hidden_layers or remove those layers' tensors")
-    ours = [n for n in unused if n.startswith(_MODEL_PREFIXES) and ".rotary_emb." not in n]
+    ours = [n for n in unused if n.startswith(_MODEL_PREFIXES) and ".rotary_emb." not in n
+            and not n.endswith(_KV_CACHE_SCALES)]
     if ours:
         raise CheckpointError(
             f"{ckpt.path}: {len(ours)} tensors of this model's modules are not read by it: {', '.join(ours[:5])}"

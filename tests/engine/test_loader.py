@@ -225,11 +225,13 @@ def test_a_config_with_fewer_layers_than_the_checkpoint_is_refused(wide_block_di
 
 def test_tensors_of_heads_this_architecture_lacks_only_warn(wide_block_dir, tmp_path, caplog):
     foreign = {"mtp.layers.0.eh_proj.weight": torch.zeros(4, 4), "model.visual.patch_embed.weight": torch.zeros(4),
-               "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)}  # older exports saved this buffer
+               "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16),  # older exports saved this buffer
+               "model.layers.0.self_attn.k_scale": torch.ones(()),  # an FP8 KV cache's: the cache stays bf16
+               "model.layers.0.self_attn.v_proj.output_scale": torch.ones(())}
     extra = _edited(wide_block_dir, tmp_path, "heads", lambda tensors: tensors.update(foreign))
     with caplog.at_level(logging.WARNING, logger="quantgate.engine"):
         load_model(extra, device="cpu")
-    assert "3 checkpoint tensors belong to modules this model does not have" in caplog.text
+    assert "5 checkpoint tensors are not used (other heads, rotary buffers, FP8 KV-cache scales" in caplog.text
     assert all(name in caplog.text for name in foreign)
 
 
