@@ -47,7 +47,7 @@ class AsyncEngine:
         self._commands: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, _Stream] = {}  # running requests' streams, touched on the engine thread only
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quantgate-engine", daemon=True)
         self._thread.start()
@@ -59,25 +59,21 @@ class AsyncEngine:
         """Incremental outputs of one request; leaving early (client gone) aborts it."""
         if self._stopping or not self._thread.is_alive():
             raise EngineDeadError("the engine has stopped; restart the server")
-        if request_id in self._streams:  # before registering: the running request keeps its stream
-            raise InvalidRequestError(f"request id {request_id!r} is already running; use a new id")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (loop, queue)
-        self._submit(lambda: self._add(request_id, prompt_token_ids, params))
+        # The stream is bound to the id and released on the engine thread, between steps: a
+        # request reusing the id of one that just left never gets that one's outputs or abort.
+        stream: _Stream = (asyncio.get_running_loop(), asyncio.Queue())
+        self._submit(lambda: self._add(request_id, stream, prompt_token_ids, params))
         finished = False
         try:
             while not finished:
-                item = await queue.get()
+                item = await stream[1].get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
                 finished = item.finished
                 yield item
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+            self._submit(lambda: self._release(request_id, stream, finished))
 
     def abort(self, request_id: str) -> None:
         """Stop a request; a consumer still reading its stream gets RequestAborted."""
@@ -118,17 +114,27 @@ class AsyncEngine:
             self._commands.append(command)
         self._wake.set()
 
-    def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _add(self, request_id: str, stream: _Stream, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._streams:  # the running request keeps its stream
+            _put(stream, InvalidRequestError(f"request id {request_id!r} is already running; use a new id"))
+            return
         try:
             self.engine.add_request(request_id, prompt_token_ids, params)
         except Exception as exc:  # e.g. InvalidRequestError: raised in the caller's generate()
-            self._deliver(request_id, exc)
+            _put(stream, exc)
+            return
+        self._streams[request_id] = stream
+
+    def _release(self, request_id: str, stream: _Stream, finished: bool) -> None:
+        if self._streams.get(request_id) is stream:
+            del self._streams[request_id]
+            if not finished:
+                self.engine.abort(request_id)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            loop, queue = stream
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            _put(stream, item)
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -156,6 +162,14 @@ class AsyncEngine:
         for request_id in in_step | set(self.engine.request_ids()):
             self.engine.abort(request_id)
             self._deliver(request_id, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
+
+
+_Stream = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
+
+
+def _put(stream: _Stream, item: RequestOutput | BaseException) -> None:
+    loop, queue = stream
+    loop.call_soon_threadsafe(queue.put_nowait, item)
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:

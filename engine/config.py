@@ -219,8 +219,8 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
         raw = json.loads(gen.read_text())
     except OSError as exc:
         raise ModelConfigError(unreadable(gen, exc)) from None
-    except json.JSONDecodeError:
-        return ()
+    except json.JSONDecodeError as exc:  # its EOS ids would silently be config.json's
+        raise ModelConfigError(f"{gen} is not valid JSON: {exc}; fix it or remove the file") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{gen} holds a JSON {type(raw).__name__}, not an object of fields")
     return _as_ids(raw.get("eos_token_id"), str(gen))

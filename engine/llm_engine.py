@@ -138,6 +138,10 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer, and this model folder has none")
         max_tokens = self.max_model_len - len(prompt) if params.max_tokens is None else params.max_tokens
+        if params.max_tokens is None and max_tokens < 1:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
+                f"{len(prompt)} tokens, which leaves none for the completion. Reduce the length of the prompt.")
         if len(prompt) + max(max_tokens, 1) > self.max_model_len:
             extra = "; a request keeps room for one token after the prompt, even with max_tokens 0" if max_tokens < 1 else ""
             raise InvalidRequestError(

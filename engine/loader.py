@@ -97,11 +97,18 @@ class LoadedModel:
         with Checkpoint(self.path) as ckpt:
             _load_weights(self.model, ckpt, self.model_config, check_only=True)
             _load_weights(self.model, ckpt, self.model_config)
-        for layer in self.kernel_layers().values():
-            layer.process_weights()
+        try:
+            for layer in self.kernel_layers().values():
+                layer.process_weights()
+        except ValueError as exc:  # e.g. scales marlin cannot hold in fp16: after the new weights were written
+            raise WeightsPartlyReloaded(f"{exc}; some layers already hold the new weights") from exc
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("Reloaded weights from %s", self.path)
+
+
+class WeightsPartlyReloaded(RuntimeError):
+    """A reload failed after it overwrote weights: the model serves a mix until restarted."""
 
 
 def load_model(

@@ -34,6 +34,7 @@ from quantgate.kernels import IncompatibleBufferError
 
 from . import AsyncEngine, EngineDeadError, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
 from .chat_template import SPECIAL_TOKENS, ChatTemplate, ChatTemplateError
+from .loader import WeightsPartlyReloaded
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -693,7 +694,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
             raise APIError(409, f"reload from {loaded.path} failed: {exc}. The served weights are unchanged: fix "
                            "the checkpoint and reload again, or restart the server for a different model",
                            type="conflict", code="reload_failed") from None
-        except IncompatibleBufferError as exc:  # raised after the new weights were written
+        except (IncompatibleBufferError, WeightsPartlyReloaded) as exc:  # raised after the new weights were written
             raise APIError(409, f"reload from {loaded.path} failed after the new weights were read: {exc}. Restart "
                            "the server", type="conflict", code="reload_failed") from None
         return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}

@@ -149,3 +149,15 @@ def test_a_request_that_finished_inside_a_failed_step_is_failed_not_left_waiting
     short, long = asyncio.run(main())
     assert isinstance(short, RuntimeError) and "failed after finishing 'short'" in str(short)
     assert isinstance(long, RuntimeError)
+
+
+def test_an_abort_of_a_request_that_left_never_reaches_a_new_request_of_the_same_id(async_engine):
+    async def main():
+        stream = async_engine.generate("x", [1, 2, 3], _long())
+        await stream.__anext__()
+        await stream.aclose()  # the consumer left: its abort is queued for the engine thread
+        return await asyncio.wait_for(_collect(async_engine, "x", [4, 5], SamplingParams(
+            max_tokens=3, temperature=0, ignore_eos=True)), timeout=30)
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and sum(len(o.new_token_ids) for o in outs) == 3

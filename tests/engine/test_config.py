@@ -96,6 +96,7 @@ def _folder(path: Path, generation: str) -> Path:
     ('{"eos_token_id": "x"}', "generation_config.json: eos_token_id must be a token id or a list of token ids, got 'x'"),
     ('{"eos_token_id": [1, "2"]}', "generation_config.json: eos_token_id must be a token id"),
     ("[1]", "generation_config.json holds a JSON list, not an object of fields"),
+    ('{"eos_token_id": [5, 7],}', "generation_config.json is not valid JSON"),  # else config.json's EOS, silently
 ])
 def test_a_bad_generation_config_is_named_not_config_json(tmp_path, generation, message):
     with pytest.raises(ModelConfigError, match=re.escape(message)):

@@ -162,6 +162,7 @@ def test_abort_frees_the_slot(dense_engine):
 @pytest.mark.parametrize("prompt,params,message", [
     ([1] * 250, _greedy(10), "maximum context length is 256 tokens"),
     ([1] * 256, _greedy(0), r"you requested 257 tokens \(256 in the prompt, 0 for the completion; a request keeps room"),
+    ([1] * 262, SamplingParams(max_tokens=None, temperature=0), "your prompt has 262 tokens, which leaves none for the completion"),
     ([], _greedy(), "prompt is empty"),
     ([1, 10**6], _greedy(), "token id 1000000 is out of range"),
 ])

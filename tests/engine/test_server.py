@@ -722,3 +722,26 @@ def test_a_request_cancelled_by_a_forced_quit_still_gets_an_openai_error(content
     else:
         assert body.endswith(b"data: [DONE]\n\n") and b'"code":"server_shutting_down"' in body
         assert sent[-1]["more_body"] is False
+
+
+def test_a_reload_that_fails_after_writing_says_the_weights_are_mixed(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_weights runs after the new weights are written (marlin refusing scales fp16 cannot
+    hold): that 409 must not claim the served weights are unchanged."""
+    model = build_tiny_qwen3(tmp_path / "model")
+    loaded = load_model(model, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
+    layer = next(iter(loaded.kernel_layers().values()))
+
+    def refuse() -> None:
+        raise ValueError("scales do not fit")
+
+    try:
+        with make_client((loaded, async_engine)) as c:
+            monkeypatch.setattr(layer, "process_weights", refuse)
+            response = c.post("/v1/reload_weights")
+            message = response.json()["error"]["message"]
+            assert response.status_code == 409 and "some layers already hold the new weights" in message, message
+            assert "Restart the server" in message and "unchanged" not in message
+    finally:
+        async_engine.shutdown()
