@@ -5,11 +5,14 @@ engine: shapes an OpenAI client relies on, logprobs against a float64 reference,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -362,31 +365,39 @@ def test_reload_weights_keeps_answers(client: TestClient) -> None:
     assert complete(client, prompt="Quinn", max_tokens=5, temperature=0)["choices"][0]["text"] == before
 
 
-def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _served_from_a_folder(tmp_path: Path) -> Iterator[tuple[Path, Any, TestClient]]:
+    """A float32 tiny model served from a folder the test may rewrite before a reload: (folder,
+    loaded model, client)."""
     model = build_tiny_qwen3(tmp_path / "model")
-    original = (model / "model.safetensors").read_bytes()
     loaded = load_model(model, device="cpu", dtype="float32")
     async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
     try:
         with make_client((loaded, async_engine)) as c:
-            before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
-            from transformers import Qwen3Config, Qwen3ForCausalLM
-
-            wider = Qwen3Config.from_pretrained(model)
-            wider.intermediate_size = 192  # same tensor names, other shapes
-            Qwen3ForCausalLM(wider).save_pretrained(tmp_path / "wider")
-            shutil.copy(tmp_path / "wider" / "model.safetensors", model / "model.safetensors")
-            response = c.post("/v1/reload_weights")
-            assert response.status_code == 409, response.text
-            assert "does not match" in response.json()["error"]["message"]
-            (model / "model.safetensors").write_bytes(original[: len(original) // 2])  # a torn copy
-            response = c.post("/v1/reload_weights")
-            assert response.status_code == 409 and response.json()["error"]["code"] == "reload_failed", response.text
-            (model / "model.safetensors").write_bytes(original)
-            assert c.post("/v1/reload_weights").status_code == 200
-            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+            yield model, loaded, c
     finally:
         async_engine.shutdown()
+
+
+def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
+    with _served_from_a_folder(tmp_path) as (model, _, c):
+        original = (model / "model.safetensors").read_bytes()
+        before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        wider = Qwen3Config.from_pretrained(model)
+        wider.intermediate_size = 192  # same tensor names, other shapes
+        Qwen3ForCausalLM(wider).save_pretrained(tmp_path / "wider")
+        shutil.copy(tmp_path / "wider" / "model.safetensors", model / "model.safetensors")
+        response = c.post("/v1/reload_weights")
+        assert response.status_code == 409, response.text
+        assert "does not match" in response.json()["error"]["message"]
+        (model / "model.safetensors").write_bytes(original[: len(original) // 2])  # a torn copy
+        response = c.post("/v1/reload_weights")
+        assert response.status_code == 409 and response.json()["error"]["code"] == "reload_failed", response.text
+        (model / "model.safetensors").write_bytes(original)
+        assert c.post("/v1/reload_weights").status_code == 200
+        assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
 
 
 def test_a_reload_refused_for_the_checkpoint_keeps_serving_the_old_weights(tmp_path: Path,
@@ -397,34 +408,43 @@ def test_a_reload_refused_for_the_checkpoint_keeps_serving_the_old_weights(tmp_p
 
     from .test_config import deny_reading
 
-    model = build_tiny_qwen3(tmp_path / "model")
-    original = (model / "model.safetensors").read_bytes()
-    loaded = load_model(model, device="cpu", dtype="float32")
-    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
-    try:
-        with make_client((loaded, async_engine)) as c:
-            before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
-            tensors = load_file(str(model / "model.safetensors"))
-            # new values everywhere (a half-done reload would show), and a layer config.json does not have
-            changed = {name: -t for name, t in tensors.items()}
-            changed.update({n.replace(".1.", ".2.", 1): t for n, t in tensors.items() if n.startswith("model.layers.1.")})
-            save_file(changed, str(model / "model.safetensors"))
-            response = c.post("/v1/reload_weights")
-            assert response.status_code == 409, response.text
-            message = response.json()["error"]["message"]
-            assert "the checkpoint has tensors of layers 2" in message and "The served weights are unchanged" in message
-            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
-            (model / "model.safetensors").write_bytes(original)
-            (model / INDEX).write_text(json.dumps({"weight_map": {name: "model.safetensors" for name in tensors}}))
-            deny_reading(monkeypatch, INDEX)
-            response = c.post("/v1/reload_weights")
-            assert response.status_code == 409, response.text
-            assert f"{model / INDEX} cannot be read (permission denied" in response.json()["error"]["message"]
-            monkeypatch.undo()
-            assert c.post("/v1/reload_weights").status_code == 200
-            assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
-    finally:
-        async_engine.shutdown()
+    with _served_from_a_folder(tmp_path) as (model, _, c):
+        original = (model / "model.safetensors").read_bytes()
+        before = complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"]
+        tensors = load_file(str(model / "model.safetensors"))
+        # new values everywhere (a half-done reload would show), and a layer config.json does not have
+        changed = {name: -t for name, t in tensors.items()}
+        changed.update({n.replace(".1.", ".2.", 1): t for n, t in tensors.items() if n.startswith("model.layers.1.")})
+        save_file(changed, str(model / "model.safetensors"))
+        response = c.post("/v1/reload_weights")
+        assert response.status_code == 409, response.text
+        message = response.json()["error"]["message"]
+        assert "the checkpoint has tensors of layers 2" in message and "The served weights are unchanged" in message
+        assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+        (model / "model.safetensors").write_bytes(original)
+        (model / INDEX).write_text(json.dumps({"weight_map": {name: "model.safetensors" for name in tensors}}))
+        deny_reading(monkeypatch, INDEX)
+        response = c.post("/v1/reload_weights")
+        assert response.status_code == 409, response.text
+        assert f"{model / INDEX} cannot be read (permission denied" in response.json()["error"]["message"]
+        monkeypatch.undo()
+        assert c.post("/v1/reload_weights").status_code == 200
+        assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
+
+
+def test_a_reload_that_fails_after_writing_says_the_weights_are_mixed(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_weights runs after the new weights are written (marlin refusing scales fp16 cannot
+    hold): that 409 must not claim the served weights are unchanged."""
+    def refuse() -> None:
+        raise ValueError("scales do not fit")
+
+    with _served_from_a_folder(tmp_path) as (_, loaded, c):
+        monkeypatch.setattr(next(iter(loaded.kernel_layers().values())), "process_weights", refuse)
+        response = c.post("/v1/reload_weights")
+        message = response.json()["error"]["message"]
+        assert response.status_code == 409 and "some layers already hold the new weights" in message, message
+        assert "Restart the server" in message and "unchanged" not in message
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
@@ -723,25 +743,3 @@ def test_a_request_cancelled_by_a_forced_quit_still_gets_an_openai_error(content
         assert body.endswith(b"data: [DONE]\n\n") and b'"code":"server_shutting_down"' in body
         assert sent[-1]["more_body"] is False
 
-
-def test_a_reload_that_fails_after_writing_says_the_weights_are_mixed(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """process_weights runs after the new weights are written (marlin refusing scales fp16 cannot
-    hold): that 409 must not claim the served weights are unchanged."""
-    model = build_tiny_qwen3(tmp_path / "model")
-    loaded = load_model(model, device="cpu", dtype="float32")
-    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
-    layer = next(iter(loaded.kernel_layers().values()))
-
-    def refuse() -> None:
-        raise ValueError("scales do not fit")
-
-    try:
-        with make_client((loaded, async_engine)) as c:
-            monkeypatch.setattr(layer, "process_weights", refuse)
-            response = c.post("/v1/reload_weights")
-            message = response.json()["error"]["message"]
-            assert response.status_code == 409 and "some layers already hold the new weights" in message, message
-            assert "Restart the server" in message and "unchanged" not in message
-    finally:
-        async_engine.shutdown()
