@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 from datetime import date
@@ -145,6 +146,7 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
     return {"config": str(config.source), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
             "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "alpha": gate.alpha,
             "beta": gate.beta, "thresholds": thresholds, "gate_mode": gate.mode,
+            "accuracy_threshold": config.accuracy_threshold, "tolerance": config.tolerance,
             "gate_threshold": own.get(gate.mode), "config_num_questions": config.num_questions, "limit": limit,
             "test_questions": count_test_questions(config)}
 
@@ -170,6 +172,12 @@ def format_proposal(p: dict[str, Any]) -> str:
         f"#   run-to-run spread: 3 * stdev = {3 * p['stdev']:.4f} (a gate tighter than this below the mean flakes)",
     ]
     mode, threshold = p["gate_mode"], p["gate_threshold"]
+    if mode == "absolute":  # its threshold is the config's own two numbers; `reference:` is provenance there
+        lines += [f"#   absolute (the config's gate): accuracy_threshold {p['accuracy_threshold']:g} - tolerance "
+                  f"{p['tolerance']:g} = {threshold:.4f}; this gate does not read `reference:`. To gate on this "
+                  f"measurement: accuracy_threshold: {ref['value']}, and a tolerance above the run-to-run spread "
+                  f"and other machines' rounding (one standard error at n {ref['n']}: "
+                  f"{math.sqrt(p['mean'] * (1 - p['mean']) / ref['n']):.4f})"]
     if mode in ("paired", "recovery"):
         lines.append(f"# note: gate {mode} compares each run with its baseline, not with a reference, so the runs "
                      "are not checked against a threshold here (each run's verdict above is that gate's)")

@@ -51,6 +51,11 @@ def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
     text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.02\n", [0.77, 0.80], 1319)
     assert "# WARNING: the lowest run (0.7700) is below the config's absolute threshold (0.7800)" in text
     assert "too noisy" not in _proposal(tmp_path, "accuracy_threshold: 0.8\n", [0.77, 0.80], 1319)
+    # The absolute gate's own threshold, and what to paste to gate on this measurement.
+    text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.04\n", [0.842, 0.842], 500)
+    assert ("#   absolute (the config's gate): accuracy_threshold 0.8 - tolerance 0.04 = 0.7600; this gate does not "
+            "read `reference:`. To gate on this measurement: accuracy_threshold: 0.842") in text
+    assert "(one standard error at n 500: 0.0163)" in text
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     text = _proposal(tmp_path, "baseline: base\ngate: paired\n", [0.10, 0.80], 1319)
     assert "# note: gate paired compares each run with its baseline, not with a reference" in text
