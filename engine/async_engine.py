@@ -49,6 +49,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}  # running requests' streams, touched on the engine thread only
         self._stopping = False
+        self._stopped = False  # the engine thread has ended: commands answer EngineDeadError (_submit)
         self._thread = threading.Thread(target=self._loop, name="quantgate-engine", daemon=True)
         self._thread.start()
 
@@ -78,7 +79,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Stop a request; a consumer still reading its stream gets RequestAborted."""
         def command() -> None:
-            if self.engine.abort(request_id):
+            if not self._stopped and self.engine.abort(request_id):
                 self._deliver(request_id, RequestAborted(f"request {request_id!r} was aborted"))
 
         self._submit(command)
@@ -90,11 +91,13 @@ class AsyncEngine:
 
         def reload() -> None:
             try:
+                if self._stopped:
+                    raise EngineDeadError("the engine has stopped; restart the server")
                 self.engine.loaded.reload_weights()
             except BaseException as exc:  # handed to the caller
-                loop.call_soon_threadsafe(_settle, done, exc)
+                _call_soon(loop, _settle, done, exc)
             else:
-                loop.call_soon_threadsafe(_settle, done, None)
+                _call_soon(loop, _settle, done, None)
 
         self._submit(reload)
         await done
@@ -111,10 +114,16 @@ class AsyncEngine:
 
     def _submit(self, command: Callable[[], None]) -> None:
         with self._lock:
-            self._commands.append(command)
-        self._wake.set()
+            if not self._stopped:
+                self._commands.append(command)
+                self._wake.set()
+                return
+        command()  # stopped: every command only answers, thread-safely (EngineDeadError, or nothing)
 
     def _add(self, request_id: str, stream: _Stream, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if self._stopped:
+            _put(stream, EngineDeadError("the engine has stopped; restart the server"))
+            return
         if request_id in self._streams:  # the running request keeps its stream
             _put(stream, InvalidRequestError(f"request id {request_id!r} is already running; use a new id"))
             return
@@ -126,7 +135,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
 
     def _release(self, request_id: str, stream: _Stream, finished: bool) -> None:
-        if self._streams.get(request_id) is stream:
+        if not self._stopped and self._streams.get(request_id) is stream:
             del self._streams[request_id]
             if not finished:
                 self.engine.abort(request_id)
@@ -137,6 +146,20 @@ class AsyncEngine:
             _put(stream, item)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:  # stopped, or the thread failed: no stream may wait for an answer that never comes
+            with self._lock:
+                self._stopped = True
+                commands, self._commands = self._commands, []
+            for command in commands:
+                command()
+            dead = EngineDeadError("the engine has stopped; restart the server")
+            for request_id in list(self._streams):
+                self._deliver(request_id, dead)
+            self._streams.clear()
+
+    def _serve(self) -> None:
         while not self._stopping:
             with self._lock:
                 commands, self._commands = self._commands, []
@@ -169,7 +192,14 @@ _Stream = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
 
 def _put(stream: _Stream, item: RequestOutput | BaseException) -> None:
     loop, queue = stream
-    loop.call_soon_threadsafe(queue.put_nowait, item)
+    _call_soon(loop, queue.put_nowait, item)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop has closed: its consumer is gone, and must not take the engine thread along
+        pass
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:

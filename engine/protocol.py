@@ -299,7 +299,7 @@ class TokenizeRequest(_Strict):
 
     model: Text | None = None
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = Field(None, validate_default=True)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, validate_default=True)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

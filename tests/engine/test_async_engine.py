@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from quantgate.engine import AsyncEngine, InvalidRequestError, LLMEngine, RequestAborted, SamplingParams, load_model
+from quantgate.engine import (AsyncEngine, EngineDeadError, InvalidRequestError, LLMEngine, RequestAborted,
+                              SamplingParams, load_model)
 
 
 @pytest.fixture
@@ -161,3 +163,35 @@ def test_an_abort_of_a_request_that_left_never_reaches_a_new_request_of_the_same
 
     outs = asyncio.run(main())
     assert outs[-1].finished and sum(len(o.new_token_ids) for o in outs) == 3
+
+
+def test_a_consumer_whose_event_loop_closed_does_not_take_the_engine_thread_along(async_engine, monkeypatch):
+    """Its stream is released on the engine thread, later: a delivery to the closed loop must not
+    raise there, or every other stream would wait forever."""
+    step = async_engine.engine.step
+    monkeypatch.setattr(async_engine.engine, "step", lambda: (time.sleep(0.02), step())[1])
+
+    async def leave_early():
+        stream = async_engine.generate("gone", [1, 2, 3], _long())
+        await stream.__anext__()
+        await stream.aclose()
+
+    asyncio.run(leave_early())  # returns, closing its loop, while "gone" still runs
+    outs = asyncio.run(asyncio.wait_for(_collect(async_engine, "stays", [4, 5], SamplingParams(
+        max_tokens=20, temperature=0, ignore_eos=True)), timeout=30))
+    assert outs[-1].finished and async_engine._thread.is_alive()
+
+
+def test_streams_waiting_when_the_engine_stops_get_an_error_not_silence(async_engine):
+    async def main():
+        stream = async_engine.generate("r", [1, 2, 3], _long())
+        await stream.__anext__()
+        await asyncio.get_running_loop().run_in_executor(None, async_engine.shutdown)
+        with pytest.raises(EngineDeadError, match="the engine has stopped"):
+            await asyncio.wait_for(_drain(stream), timeout=10)
+        with pytest.raises(EngineDeadError):
+            await _collect(async_engine, "late", [1], SamplingParams(max_tokens=1))
+        with pytest.raises(EngineDeadError):
+            await async_engine.reload_weights()
+
+    asyncio.run(main())

@@ -324,6 +324,7 @@ def test_tokenizer_endpoints(client: TestClient, engine) -> None:
     assert_openai_error(client.post("/detokenize", json={"tokens": [VOCAB_SIZE]}), 400, "tokens")
     assert_openai_error(client.post("/tokenize", json={"prompt": "a", "messages": messages}), 400, "messages")
     assert_openai_error(client.post("/tokenize", json={}), 400, "messages")
+    assert_openai_error(client.post("/tokenize", json={"messages": []}), 400, "messages")  # was a 500
     assert_openai_error(client.post("/tokenize", json={"prompt": "a", "model": "x"}), 404, "model")
 
 
