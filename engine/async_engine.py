@@ -29,6 +29,9 @@ logger = logging.getLogger("quantgate.engine")
 class EngineDeadError(RuntimeError):
     """The engine thread has stopped; the server cannot serve requests any more."""
 
+    def __init__(self, message: str = "the engine has stopped; restart the server") -> None:
+        super().__init__(message)
+
 
 class RequestAborted(RuntimeError):
     """`AsyncEngine.abort` stopped the request; its stream ends with this."""
@@ -59,7 +62,7 @@ class AsyncEngine:
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Incremental outputs of one request; leaving early (client gone) aborts it."""
         if self._stopping or not self._thread.is_alive():
-            raise EngineDeadError("the engine has stopped; restart the server")
+            raise EngineDeadError()
         # The stream is bound to the id and released on the engine thread, between steps: a
         # request reusing the id of one that just left never gets that one's outputs or abort.
         stream: _Stream = (asyncio.get_running_loop(), asyncio.Queue())
@@ -92,7 +95,7 @@ class AsyncEngine:
         def reload() -> None:
             try:
                 if self._stopped:
-                    raise EngineDeadError("the engine has stopped; restart the server")
+                    raise EngineDeadError()
                 self.engine.loaded.reload_weights()
             except BaseException as exc:  # handed to the caller
                 _call_soon(loop, _settle, done, exc)
@@ -122,7 +125,7 @@ class AsyncEngine:
 
     def _add(self, request_id: str, stream: _Stream, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if self._stopped:
-            _put(stream, EngineDeadError("the engine has stopped; restart the server"))
+            _put(stream, EngineDeadError())
             return
         if request_id in self._streams:  # the running request keeps its stream
             _put(stream, InvalidRequestError(f"request id {request_id!r} is already running; use a new id"))
@@ -154,9 +157,8 @@ class AsyncEngine:
                 commands, self._commands = self._commands, []
             for command in commands:
                 command()
-            dead = EngineDeadError("the engine has stopped; restart the server")
             for request_id in list(self._streams):
-                self._deliver(request_id, dead)
+                self._deliver(request_id, EngineDeadError())
             self._streams.clear()
 
     def _serve(self) -> None:

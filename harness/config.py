@@ -27,7 +27,7 @@ from quantgate.engine.serve_args import usage_problem
 
 from . import backends
 from .backends import Engine, Layer
-from .legacy import LEGACY_VARS, legacy_names, translate
+from .legacy import LEGACY_VARS, is_on, legacy_names, translate
 from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
@@ -837,7 +837,7 @@ def _switch(value: Any) -> bool | None:
     text = str(value).strip().lower()
     if value is None or text in ("false", "no", "off", "0"):
         return False
-    return True if text in ("true", "yes", "on", "1") else None
+    return True if is_on(value) else None
 
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
