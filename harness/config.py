@@ -932,13 +932,17 @@ def list_file_entries(path: Path | str, _seen: frozenset[Path] = frozenset()) ->
 
 
 def check_unique_names(configs: Sequence[EvalConfig]) -> list[ConfigError]:
-    """`name` is the test id: two configs of one run must not share it."""
+    """`name` is the test id and its run folder: two configs of one run must not share it, nor
+    differ only in case (on macOS's and Windows' file systems, where CI artifacts are often read,
+    the two folders are one)."""
     first: dict[str, EvalConfig] = {}
     errors = []
     for config in configs:
-        other = first.setdefault(config.name, config)
+        other = first.setdefault(config.name.casefold(), config)
         if other is not config:
-            errors.append(ConfigError(config.source, 1, "name", f"{config.name!r} is also the name of "
-                                      f"{other.source}; names are test ids and must be unique"))
+            same = "also" if other.name == config.name else f"in another case {other.name!r},"
+            errors.append(ConfigError(config.source, 1, "name", f"{config.name!r} is {same} the name of "
+                                      f"{other.source}; names are test ids and run folders, and must be unique "
+                                      "(ignoring case)"))
     return errors
 

@@ -64,6 +64,7 @@ EVAL_ALLOWANCE_S = 3600  # on top of the config's start-up wait, for the evaluat
 # Buildkite's glob syntax (and escape); such a character in a literal path would match other files.
 GLOB_SPECIAL = "*?[]{}\\"
 KEY_MAX = 100  # the schema's maxLength of a step key
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 # What every step runs through: the CI scripts and the install (pins included).
 CI_GLOBS = (".buildkite/**", "Makefile", "constraints.txt", "pyproject.toml")
@@ -311,7 +312,7 @@ def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[
         "agents": agents_for(config),
         "timeout_in_minutes": timeout_minutes(config),
         "retry": {"automatic": [dict(rule) for rule in RETRY_RULES]},
-        "artifact_paths": [*(f"{RESULTS_DIR}/{_literal(c, 'name', c.name)}/**/*" for c in runs),
+        "artifact_paths": [*(f"{RESULTS_DIR}/{_artifact_name(c)}/**/*" for c in runs),
                            f"{RESULTS_DIR}/junit.xml", f"{RESULTS_DIR}/summary.md"],
         "env": {"QUANTGATE_TIER": tier},
     }
@@ -424,6 +425,8 @@ def _key(name: str) -> str:
     """Buildkite keys: letters, digits, '-', '_', ':' only, at most KEY_MAX characters. A longer
     one keeps its start and ends in a hash of the whole name, so long names stay apart."""
     key = re.sub(r"[^A-Za-z0-9_:-]", "-", name)
+    if _UUID.fullmatch(key):  # the schema forbids keys that resemble a UUID (Buildkite's own step ids)
+        key = f"config-{key}"
     if len(key) <= KEY_MAX:
         return key
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
@@ -438,6 +441,17 @@ def _literal(config: EvalConfig, what: str, text: str) -> str:
                           "if_changed and artifact_paths read as glob syntax (the step would match other files): "
                           f"rename it without any of {' '.join(GLOB_SPECIAL)}")
     return text
+
+
+def _artifact_name(config: EvalConfig) -> str:
+    """The config's name as part of an artifact path: the agent joins a step's artifact_paths with
+    ';' and splits them there again (buildkite-agent's ArtifactPathDelimiter), so a ';' in a name
+    would upload two wrong patterns and none of the run's files."""
+    if ";" in config.name:
+        raise ConfigError(config.source, 0, "name", f"{config.name!r} holds ';', which the Buildkite agent reads "
+                          "as the separator of artifact paths (the run's files would not be uploaded): rename it "
+                          "without ';'")
+    return _literal(config, "name", config.name)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

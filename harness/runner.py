@@ -776,16 +776,21 @@ def output_problems(options: RunOptions) -> list[str]:
 def _run_folder_problems(items: Sequence[PlannedConfig], options: RunOptions) -> list[str]:
     """A config whose run folder (`<output-dir>/<name>`) is the path of a file the run writes
     beside the folders would take its place: that file, or the run folder, could not be written."""
+    # Compared ignoring case: on a case-insensitive file system (macOS, Windows) `JUNIT.XML` is junit.xml.
     run_files = {(options.junit or options.output_dir / "junit.xml").resolve(): "junit report (--junit)",
                  (options.markdown or options.output_dir / "summary.md").resolve(): "summary (--markdown)",
                  (options.output_dir / LOCK_FILE).resolve(): "lock file"}
+    # Compared ignoring case too: on a case-insensitive file system (macOS, Windows) `JUNIT.XML` is junit.xml.
+    by_folded = {str(path).casefold(): path for path in run_files}
     problems = []
     for item in items:
         run_dir = (options.output_dir / item.config.name).resolve()
-        if run_dir in run_files:
+        path = by_folded.get(str(run_dir).casefold())
+        if path is not None:
+            case = "" if path == run_dir else " (ignoring case, as macOS and Windows file systems do)"
             problems.append(str(ConfigError(
                 item.config.source, 0, "name", f"{item.config.name!r} names its run folder {run_dir}, which is the "
-                f"path of this run's {run_files[run_dir]}: one of the two could not be written; give the config "
+                f"path of this run's {run_files[path]}{case}: one of the two could not be written; give the config "
                 "another name")))
     return problems
 

@@ -327,6 +327,13 @@ def test_name_defaults_to_stem_and_must_be_unique(tmp_path: Path) -> None:
     assert error.field == "name" and "unique" in error.message
 
 
+def test_names_differing_only_in_case_are_one_run_folder_on_macos_and_refused(tmp_path: Path) -> None:
+    a = load_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "x/Gsm8k.yaml"))
+    b = load_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "y/gsm8k.yaml"))
+    [error] = check_unique_names([a, b])
+    assert "'gsm8k' is in another case 'Gsm8k', the name of" in error.message and "ignoring case" in error.message
+
+
 # -- list files and paths -------------------------------------------------------------------------
 
 

@@ -139,7 +139,7 @@ def test_engine_override_reaches_the_step_and_names_are_quoted(capsys: pytest.Ca
     assert step["command"] == (".buildkite/scripts/run-eval.sh --engine vllm "
                                "eval_configs/tiny/tiny-qwen3-fp8-block-ct-marlin.yaml")
     odd = tmp_path / "my cfg;x.yaml"
-    odd.write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    odd.write_text("name: my-cfg\nmodel_name: m\naccuracy_threshold: 0.5\n")  # a ';' in a name is refused
     step = emitted(capsys, "--tier", "nightly", str(odd))["steps"][0]
     assert shlex.split(step["command"])[-1].endswith("/my cfg;x.yaml")  # one argument, not two commands
 
@@ -161,6 +161,22 @@ def test_long_names_give_short_distinct_keys(capsys: pytest.CaptureFixture[str],
     validate(pipeline)  # the schema's maxLength 100
     keys = [step["key"] for step in pipeline["steps"]]
     assert len(set(keys)) == 2 and all(len(key) == 100 and key.startswith("x" * 80) for key in keys)
+
+
+def test_a_uuid_shaped_name_gets_a_key_the_schema_allows(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    name = "123e4567-e89b-12d3-a456-426614174000"
+    (tmp_path / "u.yaml").write_text(f"name: {name}\nmodel_name: m\naccuracy_threshold: 0.5\n")
+    pipeline = emitted(capsys, "--tier", "nightly", str(tmp_path / "u.yaml"))
+    validate(pipeline)  # the key's `not` pattern
+    assert pipeline["steps"][0]["key"] == f"config-{name}"
+
+
+def test_a_semicolon_in_a_name_is_refused_as_the_agents_artifact_path_separator(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("name: fp8;marlin\nmodel_name: m\naccuracy_threshold: 0.5\n")
+    assert main(["pipeline", "--tier", "nightly", str(tmp_path / "s.yaml")]) == 3
+    err = capsys.readouterr().err
+    assert "name: 'fp8;marlin' holds ';', which the Buildkite agent reads as the separator of artifact paths" in err
 
 
 @pytest.mark.parametrize("file_name, body, what", [

@@ -553,6 +553,7 @@ def test_a_failed_gate_and_kernel_check_are_both_in_the_reason_and_its_summary_r
     (".quantgate-run.lock", {}, "lock file"),
     ("ci-junit.xml", {"junit": "out/ci-junit.xml"}, "junit report (--junit)"),
     ("report.md", {"markdown": "out/report.md"}, "summary (--markdown)"),
+    ("JUNIT.XML", {}, "junit report (--junit) (ignoring case, as macOS and Windows file systems do)"),
 ])
 def test_a_config_named_like_a_file_the_run_writes_is_refused_before_any_server_starts(
         tmp_path: Path, gsm8k_dir: Path, name: str, flags: dict, what: str) -> None:
