@@ -33,7 +33,7 @@ from quantgate.kernels import (
 )
 
 from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
-from .config import ModelConfig
+from .config import ModelConfig, unreadable
 from .layers import FusedMoE, KernelLayer, QuantLinear, RMSNorm
 from .model import Qwen3ForCausalLM
 
@@ -338,10 +338,17 @@ def _as_rows(scale: torch.Tensor) -> torch.Tensor:
 
 def _load_tokenizer(path: Path) -> Tokenizer | None:
     file = path / "tokenizer.json"
-    if not file.is_file():
+    if not file.exists() and not file.is_symlink():  # a dangling link is a broken file, not a missing one
         logger.warning("%s has no tokenizer.json: requests must be token ids and outputs have no text", path)
         return None
+    try:  # read here, not by `tokenizers`, whose errors do not tell an unreadable file from a bad one
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CheckpointError(unreadable(file, exc)) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{file} is not UTF-8 text ({exc.reason} at byte {exc.start}): copy it again from the "
+                              "model's source") from None
     try:
-        return Tokenizer.from_file(str(file))
+        return Tokenizer.from_str(text)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
-        raise CheckpointError(f"{file}: not a readable tokenizer ({exc}); copy it again from the model's source") from None
+        raise CheckpointError(f"{file}: not a valid tokenizer.json ({exc}); copy it again from the model's source") from None

@@ -298,7 +298,21 @@ def test_checkpoint_files_config_and_tokenizer_problems_name_their_file(dense_di
     broken_tok = tmp_path / "tok"
     shutil.copytree(q_dir, broken_tok)
     (broken_tok / "tokenizer.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="tokenizer.json: not a readable tokenizer"):
+    with pytest.raises(CheckpointError, match="tokenizer.json: not a valid tokenizer.json .*copy it again"):
+        load_model(broken_tok, device="cpu")
+    # A file that cannot be read is not a bad copy: the message says what to fix instead.
+    (broken_tok / "tokenizer.json").unlink()
+    (broken_tok / "tokenizer.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(CheckpointError, match="tokenizer.json cannot be read .*symbolic link to .*gone.json, which "
+                                              "does not exist: fix or remove the link"):
+        load_model(broken_tok, device="cpu")
+    (broken_tok / "tokenizer.json").unlink()
+    (broken_tok / "tokenizer.json").mkdir()
+    with pytest.raises(CheckpointError, match="it is a directory, not a file"):
+        load_model(broken_tok, device="cpu")
+    (broken_tok / "tokenizer.json").rmdir()
+    (broken_tok / "tokenizer.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(CheckpointError, match="tokenizer.json is not UTF-8 text"):
         load_model(broken_tok, device="cpu")
 
 
