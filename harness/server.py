@@ -287,16 +287,48 @@ def _still_running(pid: int, start_time: str) -> bool:
     return fields is not None and fields[0] != "Z" and fields[19] == start_time
 
 
+def _libc_prctl(option: int, value: int) -> bool:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+# Leaders of the servers this process started that are still up: adopted processes are theirs, not these.
+_LEADERS: set[int] = set()
+
+
+def _adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants (Linux): a daemon a server starts by
+    double-forking (fork, setsid, fork, exit) is then re-parented here, not to init, where teardown
+    can still find and kill it, instead of leaving it holding a GPU or a port for the next job."""
+    if sys.platform.startswith("linux"):
+        _libc_prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _adopted_children(after: str) -> dict[int, list[str]]:
+    """Children of this process, zombies included, that it did not start itself: orphans re-parented
+    here as their subreaper, started after the server whose start time is `after` (clock ticks)."""
+    if not Path("/proc").is_dir():
+        return {}
+    me = os.getpid()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if (fields is not None and int(fields[1]) == me and int(entry.name) not in _LEADERS
+                and int(fields[19]) > int(after)):
+            found[int(entry.name)] = fields
+    return found
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM the server if the runner dies without tearing it down.
     Not SIGKILL: it reaches the group leader only, and vLLM's API server killed so leaves its
     engine and worker processes holding the GPU."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    _libc_prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -340,6 +372,7 @@ class LaunchedServer:
         self.startup_s = 0.0
         self.exit_status: int | None = None
         self.killed_outside_group: list[int] = []  # descendants that had left the group (setsid)
+        self._leader_start: str | None = None  # the leader's start time, once launched
 
     @property
     def base_url(self) -> str:
@@ -383,6 +416,7 @@ class LaunchedServer:
         env = {**os.environ, **self.command.env}
         started = time.monotonic()
         preferred, host = self.command.preferred_port, self.command.host
+        _adopt_orphans()
         with open(self.log_path, "ab") as log, httpx.Client(timeout=2.0) as client:
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 port = free_port(host)
@@ -402,6 +436,8 @@ class LaunchedServer:
                     env=env, start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 )
+                _LEADERS.add(self.process.pid)
+                self._leader_start = (_stat(self.process.pid) or [None] * 20)[19]
                 log.write(f"# quantgate: pid {self.process.pid} (process group {self.process.pid})\n".encode())
                 log.flush()
                 try:
@@ -484,9 +520,9 @@ class LaunchedServer:
 
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
-        that had left the group (a worker that called setsid() survives a group kill); return the
-        leader's status. A daemon that double-forked away (its parent gone before this runs) is no
-        longer anyone's descendant here, and is not found."""
+        that had left the group (a worker that called setsid() survives a group kill), and any
+        daemon that double-forked away from the server (re-parented here, `_adopt_orphans`); return
+        the leader's status."""
         if self.process is None:
             return None
         pgid = self.process.pid
@@ -507,7 +543,9 @@ class LaunchedServer:
                     break
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
+        _LEADERS.discard(pgid)
         self._kill_strays(family, set(group_members(pgid)))
+        self._kill_adopted()
         if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
             try:
                 write_atomic(self.log_path, self.log_text())
@@ -532,6 +570,35 @@ class LaunchedServer:
             log.write(f"# quantgate: SIGKILLed {len(strays)} process(es) the server started that had left its "
                       f"process group (setsid), so the group's teardown missed them: pid(s) "
                       f"{', '.join(map(str, strays))}\n")
+
+    def _kill_adopted(self) -> None:
+        """Kill and reap the orphans of this server re-parented here (`_adopt_orphans`): daemons
+        that double-forked away from it, and its children once their parent died. Only those that
+        were still running are reported; the others were the group's, already killed."""
+        if self._leader_start is None:
+            return
+        adopted = _adopted_children(self._leader_start)
+        running = [pid for pid, fields in adopted.items() if fields[0] != "Z"]
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        left = set(adopted)
+        while left and time.monotonic() < deadline:
+            for pid in list(left):
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue
+                left.discard(pid)
+            if left:
+                time.sleep(0.05)
+        if not running:
+            return
+        self.killed_outside_group += running
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:  # a full disk: result.json says it
+            log.write(f"# quantgate: SIGKILLed {len(running)} process(es) the server started that had left it "
+                      f"(a daemon that double-forked, re-parented to quantgate): pid(s) "
+                      f"{', '.join(map(str, running))}\n")
 
     def to_dict(self) -> dict[str, Any]:
         return {

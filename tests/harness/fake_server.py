@@ -66,6 +66,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
     p.add_argument("--spawn-setsid-child", action="store_true",
                    help="leave a child that ignores SIGTERM in a session of its own, outside the process group")
+    p.add_argument("--spawn-daemon", action="store_true",
+                   help="double-fork a daemon that ignores SIGTERM (fork, setsid, fork, the middle one exits)")
     p.add_argument("--serve-as", default=None, help="serve this name whatever --served-model-name says")
     p.add_argument("--no-models-endpoint", action="store_true", help="404 on /v1/models")
     p.add_argument("--strict-args", action="store_true", help="refuse unknown flags as vLLM's argparse does (exit 2)")
@@ -244,6 +246,13 @@ def main(argv: list[str]) -> int:
                                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"],
                                  start_new_session=True)
         print(f"fake server: setsid child pid {child.pid}", flush=True)
+    if args.spawn_daemon:
+        middle = subprocess.run(
+            [sys.executable, "-c", "import os, signal, time\nos.setsid()\nif os.fork():\n    os._exit(0)\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(os.getpid(), flush=True)\n"
+             "os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\ntime.sleep(3600)"],  # the pipe ends: run() returns
+            stdout=subprocess.PIPE, text=True, check=True)
+        print(f"fake server: daemon pid {middle.stdout.split()[0]}", flush=True)
     if args.validation_error:
         import pydantic
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from quantgate.harness import server as server_mod
-from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command,
+from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command, descendants,
                                       env_diff, free_port, group_members, launch, listening_sockets)
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, pid_alive
@@ -87,6 +87,24 @@ def test_teardown_kills_a_descendant_that_left_the_process_group(tmp_path: Path,
         server.stop(grace_s=0.5)
         if pid_alive(child):  # the test failed: leave nothing behind
             os.kill(child, signal.SIGKILL)
+
+
+def test_teardown_kills_a_daemon_that_double_forked_away_from_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """Its parent exited at once, so it is nobody's descendant: it is found because quantgate is its
+    subreaper, and reaped (no zombie is left either)."""
+    server = launch(_fake(gsm8k_dir, "--spawn-daemon"), tmp_path / "server.log", startup_timeout_s=30)
+    daemon = int((tmp_path / "server.log").read_text().split("daemon pid ")[1].split()[0])
+    try:
+        assert pid_alive(daemon) and daemon not in descendants(server.pgid)
+        server.stop(grace_s=0.5)
+        assert not Path(f"/proc/{daemon}").exists()  # killed and reaped
+        assert server.to_dict()["killed_outside_group"] == [daemon]
+        assert f"(a daemon that double-forked, re-parented to quantgate): pid(s) {daemon}" in \
+            (tmp_path / "server.log").read_text()
+    finally:
+        server.stop(grace_s=0.5)
+        if pid_alive(daemon):  # the test failed: leave nothing behind
+            os.kill(daemon, signal.SIGKILL)
 
 
 def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: Path,
