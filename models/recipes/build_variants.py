@@ -1,7 +1,8 @@
 """Build the FP8 variants of every shipped bf16 model with `quantgate quantize` (`make models`).
 
 For each model in models/MANIFEST.json and each valid (scheme, format) pair, writes
-models/<base>-fp8-<block|channel|tensor>-<native|ct>/. A variant already on disk whose files
+models/<base>-fp8-<block|channel|tensor>-<native|ct>/, then the deliberately broken variants
+of faults.py (models/<variant>-<fault>/, for negative checks). A variant already on disk whose files
 match the manifest is kept; a rebuilt variant must match the manifest byte for byte, and any
 difference fails loudly (the quantizer or a library changed its output). Variants the manifest
 does not pin yet are built and reported, to be recorded with `manifest.py`.
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import faults as faults_lib  # noqa: E402
 import manifest as manifest_lib  # noqa: E402
 
 from quantgate.engine.quantize import QuantizeError, quantize_checkpoint  # noqa: E402
@@ -35,16 +37,23 @@ def build(manifest_path: Path = manifest_lib.MANIFEST_PATH, models_dir: Path = m
         if bad:
             failures += bad
             continue
-        for scheme, fmt in manifest_lib.VARIANTS:
-            name = manifest_lib.variant_name(base, scheme, fmt)
+        builds = [(manifest_lib.variant_name(base, scheme, fmt),
+                   lambda folder, scheme=scheme, fmt=fmt: quantize_checkpoint(base_dir, folder, scheme, fmt, force=True))
+                  for scheme, fmt in manifest_lib.VARIANTS]
+        for fault in faults_lib.FAULTS_OF.get(base, ()):
+            spec = faults_lib.FAULTS[fault]
+            source = models_dir / manifest_lib.variant_name(base, spec.scheme, spec.fmt)  # built just before
+            builds.append((manifest_lib.fault_name(base, fault),
+                           lambda folder, source=source, spec=spec: faults_lib.apply_fault(source, folder, spec)))
+        for name, make in builds:
             folder = models_dir / name
             expected = entry.get("variants", {}).get(name, {}).get("files")
             if expected and folder.is_dir() and not manifest_lib.mismatches(folder, expected):
                 print(f"{name}: up to date")
                 continue
             try:
-                quantize_checkpoint(base_dir, folder, scheme, fmt, force=True)
-            except QuantizeError as exc:
+                make(folder)
+            except (QuantizeError, ValueError, OSError) as exc:
                 failures.append(f"{name}: {exc}")
                 continue
             if not expected:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import faults as faults_lib  # noqa: E402
 import synth_gsm8k  # noqa: E402
 import tokenizer as tokenizer_recipe  # noqa: E402
 
@@ -36,6 +37,11 @@ _FORMAT_SUFFIX = {"native": "native", "compressed-tensors": "ct"}
 
 def variant_name(base: str, scheme: str, fmt: str) -> str:
     return f"{base}-{scheme}-{_FORMAT_SUFFIX[fmt]}"
+
+
+def fault_name(base: str, fault: str) -> str:
+    spec = faults_lib.FAULTS[fault]
+    return f"{variant_name(base, spec.scheme, spec.fmt)}-{fault}"
 
 
 def sha256(path: Path) -> str:
@@ -134,6 +140,13 @@ def refresh(manifest: dict) -> dict:
             vfolder = MODELS_DIR / name
             if vfolder.is_dir():
                 v = variants.setdefault(name, {"scheme": scheme, "format": fmt, "accuracy": None})
+                v["files"] = folder_hashes(vfolder)
+        for fault in faults_lib.FAULTS_OF.get(base, ()):
+            spec, name = faults_lib.FAULTS[fault], fault_name(base, fault)
+            vfolder = MODELS_DIR / name
+            if vfolder.is_dir():
+                v = variants.setdefault(name, {"scheme": spec.scheme, "format": spec.fmt, "accuracy": None})
+                v["fault"] = spec.description
                 v["files"] = folder_hashes(vfolder)
     return manifest
 

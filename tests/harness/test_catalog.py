@@ -173,11 +173,40 @@ def test_negative_checks_are_in_no_list_file() -> None:
         assert not negative & listed, f"{list_file} lists a negative check: {sorted(p.name for p in negative & listed)}"
 
 
-def test_negative_check_runs_one_backend_and_expects_another() -> None:
+def _fault_variants() -> dict[str, str]:
+    """The deliberately broken variants of the manifest (models/recipes/faults.py): name -> fault."""
+    return {name: v["fault"] for entry in MANIFEST["models"].values()
+            for name, v in entry.get("variants", {}).items() if "fault" in v}
+
+
+def test_every_negative_check_fails_for_one_stated_reason() -> None:
+    """Either `expect:` names a backend other than the one served (the kernel check must fail), or
+    the model is a fault variant judged by a paired gate against a passing config that serves its
+    good source variant the same way (the accuracy gate must fail)."""
+    faults = _fault_variants()
+    kinds = set()
     for config in (c for c in TINY_CONFIGS if NEGATIVE_TAG in c.tags):
-        served = canonical(config.backend_flags()["--linear-backend"])
-        assert served != canonical(config.expect.linear_kernel or served), config.source
         assert _serves(config, Platform.hypothetical("cpu")), f"{config.source}: must run (and fail) on CPU"
+        served = canonical(config.backend_flags()["--linear-backend"])
+        model = Path(config.model_name).name
+        if model in faults:
+            kinds.add("accuracy")
+            assert served == canonical(config.expect.linear_kernel or served), config.source
+            assert config.gate.mode == "paired" and config.baseline_path is not None, config.source
+            base = load_config(config.baseline_path)
+            assert NEGATIVE_TAG not in base.tags and set(base.tags) & set(TIERS), base.source
+            assert model.startswith(Path(base.model_name).name + "-"), (model, base.model_name)
+            assert (base.server_args, base.num_questions, base.dataset) == \
+                (config.server_args, config.num_questions, config.dataset), config.source
+        else:
+            kinds.add("kernel")
+            assert served != canonical(config.expect.linear_kernel or served), config.source
+    assert kinds == {"accuracy", "kernel"}, f"the catalog lost a kind of negative check: has {kinds}"
+
+
+def test_every_fault_variant_has_a_negative_check() -> None:
+    served = {Path(c.model_name).name for c in TINY_CONFIGS if NEGATIVE_TAG in c.tags}
+    assert set(_fault_variants()) <= served
 
 
 def _catalog_pipeline(tier: str, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -215,11 +244,18 @@ def test_negative_checks_run_in_nightly_expecting_fail(monkeypatch: pytest.Monke
         assert expects_fail == (NEGATIVE_TAG in config.tags), (config.source, steps[config.name])
 
 
-@pytest.mark.parametrize("quantgate_status, step_status", [(1, 0), (0, 1), (2, 2), (3, 3)])
-def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_status: int, step_status: int) -> None:
+@pytest.mark.parametrize("quantgate_status, verdict, step_status", [
+    (1, "FAIL", 0), (0, "PASS", 1), (2, "ERROR", 2), (3, "", 3),
+    (1, "PASS", 1),  # the run failed on another config (a baseline run with it), not on the check
+])
+def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_status: int, verdict: str,
+                                                 step_status: int) -> None:
     # A stand-in quantgate: the exit-status mapping of run-eval.sh --expect-fail is under test
     # (through run-local.sh, which must hand the step's arguments on); a vLLM config skips `make models`.
-    fake_tool(tmp_path / "bin", "quantgate", f'mkdir -p "$4"; echo verdict > "$4/summary.md"; exit {quantgate_status}\n')
+    name = load_config(EVAL_CONFIGS / "vllm" / "Qwen3-0.6B-FP8-block-auto.yaml").name
+    write = f"""echo '{{"verdict": "{verdict}"}}' > "$4/{name}/result.json"; """ if verdict else ""
+    fake_tool(tmp_path / "bin", "quantgate",
+              f'mkdir -p "$4/{name}"; {write}echo verdict > "$4/summary.md"; exit {quantgate_status}\n')
     proc = run_script([".buildkite/scripts/run-local.sh", "--expect-fail", "eval_configs/vllm/Qwen3-0.6B-FP8-block-auto.yaml"],
                       tmp_path / "bin", QUANTGATE_RESULTS=str(tmp_path / "results"),
                       PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
