@@ -58,6 +58,19 @@ def default_kv_budget(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * CPU_KV_BUDGET_FRACTION)
 
 
+def uncapturable_kernels(loaded: LoadedModel) -> str | None:
+    """Why decode cannot run in CUDA graphs with the kernels `loaded` selected, or None."""
+    blocking: dict[str, list[str]] = {}
+    for name, layer in loaded.kernel_layers().items():
+        kernel = layer.selection.kernel
+        if not kernel.cuda_graphs:
+            blocking.setdefault(kernel.kernel_name(), []).append(name)
+    if not blocking:
+        return None
+    return "; ".join(f"{kernel} (serving {modules[0]}{f' and {len(modules) - 1} more' if len(modules) > 1 else ''}) "
+                     "synchronizes with the host and cannot be captured" for kernel, modules in blocking.items())
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -96,8 +109,13 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         self.graphs: DecodeGraphs | None = None
+        self.graphs_off_reason = "--enforce-eager" if enforce_eager else None
         if self.device.type == "cuda" and not enforce_eager:
-            self.graphs = DecodeGraphs(self.model, self.kv, slots)
+            self.graphs_off_reason = uncapturable_kernels(loaded)
+            if self.graphs_off_reason is None:
+                self.graphs = DecodeGraphs(self.model, self.kv, slots)
+            else:
+                logger.warning("CUDA graphs off, decode runs eagerly: %s", self.graphs_off_reason)
         self.overlap_decode = overlap_decode
         self.num_overlapped_steps = 0  # graph steps launched before the host had read the step in front
         self._launched: LaunchedDecode | None = None

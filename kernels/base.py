@@ -68,6 +68,9 @@ def processed_names(layer: torch.nn.Module) -> list[str]:
 class _Kernel(ABC):
     backend: ClassVar[str]
     schemes: ClassVar[frozenset[Scheme]]
+    # Whether `apply` can be captured in a CUDA graph: no host synchronization, no copies from
+    # the host. The engine decodes eagerly when a selected kernel cannot be.
+    cuda_graphs: ClassVar[bool] = True
 
     @classmethod
     def kernel_name(cls) -> str:

@@ -35,8 +35,9 @@ def fp8_to_float(q: torch.Tensor) -> torch.Tensor:
 def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """float32 amax / FP8_MAX by one correctly rounded division on every device, at least MIN_SCALE."""
     # A tensor divisor: CUDA divides by a Python scalar through a rounded reciprocal, whose
-    # quotient can be one ulp off the IEEE one the kernels (and the CPU) compute.
-    fp8_max = torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
+    # quotient can be one ulp off the IEEE one the kernels (and the CPU) compute. Filled on the
+    # device, not copied from the host: a copy cannot be captured in a CUDA graph.
+    fp8_max = torch.full((), FP8_MAX, dtype=torch.float32, device=amax.device)
     return (amax.float() / fp8_max).clamp(min=MIN_SCALE)
 
 

@@ -24,6 +24,7 @@ from .experts import DOWN, GATE_UP
 class EmulationMoEKernel(MoEKernel):
     backend = "emulation"
     schemes = frozenset(Scheme)
+    cuda_graphs = False  # each expert's matmul is sized by its token count, read on the host
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:

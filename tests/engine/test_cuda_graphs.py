@@ -23,6 +23,9 @@ MAX_MODEL_LEN = 600
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
              max_position_embeddings=1024)
 VARIANTS = [("bf16", "auto"), ("fp8-block", "auto"), ("fp8-block", "marlin")]
+# Captured too: auto on fp8-tensor (the torch kernel, dynamic per-tensor activation scales) and the
+# linear emulation kernels, whose scale computation once copied a constant from the host.
+CAPTURED_TOO = [("fp8-tensor", "auto"), ("fp8-block", "emulation")]
 # Qwen3-MoE: layer 0 routes over 4 experts of 128 (the FP8 block MoE kernels' 128-wide groups),
 # layer 1 is a dense MLP. The backend names both the linear and the MoE backend.
 MOE_VARIANTS = [("moe-fp8-block", "auto"), ("moe-fp8-block", "marlin")]
@@ -34,7 +37,8 @@ def _folder(tmp_path, name: str, seed: int, variant: str):
     src = write_model(tmp_path / f"{name}-src", moe=moe, seed=seed, **SHAPE, **experts)
     if variant == "bf16":
         return src
-    return quantize_folder(src, tmp_path / name, Scheme.FP8_BLOCK, "fp8")
+    scheme = Scheme.FP8_TENSOR if variant.endswith("fp8-tensor") else Scheme.FP8_BLOCK
+    return quantize_folder(src, tmp_path / name, scheme, "fp8")
 
 
 def _engine(path, backend: str, eager: bool) -> LLMEngine:
@@ -61,7 +65,7 @@ def _graph_vs_eager_logits(engine: LLMEngine, batch_size: int, first_position: i
     return replayed, eager[:batch_size]
 
 
-@pytest.mark.parametrize("variant,backend", VARIANTS + MOE_VARIANTS)
+@pytest.mark.parametrize("variant,backend", VARIANTS + MOE_VARIANTS + CAPTURED_TOO)
 def test_graph_replay_equals_eager(tmp_path, variant, backend):
     path = _folder(tmp_path, "m", 0, variant)
     graphs = _engine(path, backend, eager=False)
@@ -80,6 +84,18 @@ def test_graph_replay_equals_eager(tmp_path, variant, backend):
         replayed, eager = _graph_vs_eager_logits(graphs, size, first_position)
         torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)
     assert graphs.graphs.num_captures == 4 * 3
+
+
+def test_a_kernel_that_cannot_be_captured_turns_graphs_off_with_the_reason(tmp_path):
+    """MoE emulation reads each expert's token count on the host: the engine decodes eagerly and
+    says why, instead of failing at capture."""
+    path = _folder(tmp_path, "m", 0, "moe-fp8-block")
+    engine = _engine(path, "emulation", eager=False)
+    assert engine.graphs is None
+    assert engine.graphs_off_reason.startswith("EmulationMoEKernel (serving model.layers.0.mlp.experts) "
+                                               "synchronizes with the host")
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    assert _greedy_tokens(engine, prompts) == _greedy_tokens(_engine(path, "emulation", eager=True), prompts)
 
 
 @pytest.mark.parametrize("variant,backend", VARIANTS)

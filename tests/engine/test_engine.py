@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from quantgate.engine import InvalidRequestError, LLMEngine, SamplingParams, load_model
+from quantgate.engine.llm_engine import uncapturable_kernels
 
 from .conftest import random_prompts, run_to_completion
 from .test_parity import _hf, _ints
@@ -194,3 +195,12 @@ def test_kv_budget_bounds_the_running_sequences(dense_dir):
         LLMEngine(loaded, max_model_len=64, kv_cache_memory=2 * per_seq - 1)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLMEngine(loaded, max_model_len=10**6)
+
+
+def test_kernels_that_cannot_be_captured_are_named_for_the_graphs_decision(dense_dir, moe_dir):
+    """On a GPU the engine decodes eagerly when a selected kernel synchronizes with the host
+    (tests/engine/test_cuda_graphs.py runs it); which kernels do is decided from the selection."""
+    assert uncapturable_kernels(load_model(dense_dir, device="cpu", linear_backend="emulation")) is None
+    reason = uncapturable_kernels(load_model(moe_dir, device="cpu", moe_backend="emulation"))
+    assert reason is not None and reason.startswith("EmulationMoEKernel (serving model.layers.")
+    assert "synchronizes with the host and cannot be captured" in reason
