@@ -86,7 +86,7 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
-    norm_topk_prob: bool = True
+    norm_topk_prob: bool = False  # transformers' Qwen3MoeConfig default: a config.json without it keeps raw weights
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     quant: QuantConfig | None = None
@@ -169,7 +169,7 @@ class ModelConfig:
                 num_experts=int(experts),
                 num_experts_per_tok=int(need("num_experts_per_tok")),
                 moe_intermediate_size=int(need("moe_intermediate_size")),
-                norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),  # Qwen3MoeConfig's default
                 decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
                 mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
             )

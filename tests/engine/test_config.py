@@ -36,6 +36,18 @@ def test_moe_layers_follow_sparse_step_and_mlp_only_layers():
     assert cfg.num_experts == 8 and [cfg.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
 
 
+def test_norm_topk_prob_defaults_as_transformers_and_shipped_moe_models_state_it():
+    from transformers import Qwen3MoeConfig
+
+    moe = dict(BASE, architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=2,
+               moe_intermediate_size=32)
+    assert ModelConfig.from_dict(moe).norm_topk_prob is Qwen3MoeConfig().norm_topk_prob is False
+    # The default changed from True: every shipped MoE folder must say which it was trained with.
+    shipped = Path(__file__).resolve().parents[2] / "models"
+    for config in shipped.glob("*moe*/config.json"):
+        assert "norm_topk_prob" in json.loads(config.read_text()), config
+
+
 def test_native_fp8_block_and_tensor():
     block = parse_quant_config({"quant_method": "fp8", "weight_block_size": [128, 128],
                                 "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "mlp.gate"]})

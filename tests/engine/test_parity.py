@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from quantgate.engine.kv_cache import KVCache
 from quantgate.engine.model import ForwardBatch
 
 from .conftest import needs_moe_kernel, random_prompts, run_to_completion
+from .tiny_models import write_model
 
 MODELS = ["dense", "dense_tied", pytest.param("moe", marks=needs_moe_kernel)]
 
@@ -91,3 +94,20 @@ def _hf_greedy(hf, prompts: list[list[int]], max_new_tokens: int, eos: int = 0) 
         out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                           eos_token_id=eos, pad_token_id=eos)[:, width:].tolist()
     return [row[: row.index(eos) + 1] if eos in row else row for row in out]
+
+
+@needs_moe_kernel
+def test_a_moe_config_without_norm_topk_prob_routes_as_transformers_does(tmp_path, seed):
+    # transformers' Qwen3MoeConfig defaults norm_topk_prob to False: the top-k weights are not
+    # renormalised. Written True, then dropped, so only the default decides.
+    path = write_model(tmp_path / "moe", moe=True, seed=4, norm_topk_prob=True)
+    config = json.loads((path / "config.json").read_text())
+    del config["norm_topk_prob"]
+    (path / "config.json").write_text(json.dumps(config))
+    hf, loaded = _hf(path), load_model(path, device="cpu")
+    assert hf.config.norm_topk_prob is False and loaded.model_config.norm_topk_prob is False
+    kv = KVCache(loaded.model_config, num_slots=1, max_len=64, dtype=torch.float32, device=torch.device("cpu"))
+    prompt = torch.randint(0, loaded.model_config.vocab_size, (23,), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        ours = loaded.model(_prefill_batch([prompt.tolist()], [0]), kv)
+        assert _rel_err(ours, hf(prompt[None]).logits[0]) < 1e-4
