@@ -24,11 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import httpx
-
-from .results import write_atomic
 
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
@@ -331,6 +329,48 @@ def _die_with_parent() -> None:
     _libc_prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+_REDACTED = "<redacted>"
+_CHUNK = 1 << 20
+
+
+def _copy_redacted(src: BinaryIO, dst: BinaryIO, secret: bytes) -> int:
+    """Copy `src` to `dst` with every `secret` replaced, a chunk at a time (a vLLM log can be
+    gigabytes); the number replaced. The last len(secret)-1 bytes of a chunk wait for the next
+    one, so a secret split between two chunks is found too."""
+    found, carry = 0, b""
+    while True:
+        data = src.read(_CHUNK)
+        buf = carry + data
+        # Any occurrence starting before `cut` lies wholly in `buf`; at the end, every one does.
+        cut = len(buf) - (len(secret) - 1) if data else len(buf)
+        start = 0
+        while (at := buf.find(secret, start)) != -1 and at < cut:
+            dst.write(buf[start:at] + _REDACTED.encode())
+            start, found = at + len(secret), found + 1
+        emit = max(start, cut)
+        dst.write(buf[start:emit])
+        carry = buf[emit:]
+        if not data:
+            return found
+
+
+def _redact_in_place(path: Path, secret: str) -> None:
+    """Replace `secret` in the file at `path`, keeping its inode: `start()` holds the log open
+    (O_APPEND) and hands it to the next attempt's server, so a write-then-rename would leave that
+    server writing to a deleted file. Streamed through a temporary copy, never whole in memory.
+    An OSError (a full disk) is the caller's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            if not _copy_redacted(src, dst, secret.encode()):
+                return
+        with open(tmp, "rb") as src, open(path, "r+b") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+            dst.truncate()
+    finally:  # a full disk must not leave half a temp file behind
+        tmp.unlink(missing_ok=True)
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         with open(path, "rb") as f:
@@ -388,7 +428,7 @@ class LaunchedServer:
 
     def _redacted(self, text: str) -> str:
         """vLLM logs its non-default args, the key among them, at start-up."""
-        return text.replace(self.api_key, "<redacted>") if self.api_key else text
+        return text.replace(self.api_key, _REDACTED) if self.api_key else text
 
     @property
     def pgid(self) -> int | None:
@@ -548,8 +588,8 @@ class LaunchedServer:
         self._kill_adopted()
         if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
             try:
-                write_atomic(self.log_path, self.log_text())
-            except OSError:  # a full disk: better no log than one with the key
+                _redact_in_place(self.log_path, self.api_key)
+            except OSError:  # a full disk: better no log than one with the key (emptied in place, too)
                 with contextlib.suppress(OSError):
                     self.log_path.write_text("# quantgate: the log could not be rewritten without the API key "
                                              "(no space?), so it was emptied\n")

@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -222,6 +223,60 @@ def test_lost_port_race_relaunches_on_another_port(tmp_path: Path, gsm8k_dir: Pa
             assert "Address already in use" in (tmp_path / "server.log").read_text()
         finally:
             server.stop()
+
+
+def test_a_relaunch_after_a_lost_port_race_keeps_the_api_key_out_and_the_new_attempts_output_in(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stop redacts the key from server.log while start() still holds it open for the next
+    attempt: the redaction must keep the file (its inode), or attempt 2 writes to a deleted one."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        real_free_port = server_mod.free_port
+        ports = iter([taken])
+        monkeypatch.setattr(server_mod, "free_port", lambda host="127.0.0.1": next(ports, None) or real_free_port())
+        log = tmp_path / "server.log"
+        server = launch(_fake(gsm8k_dir, "--api-key", "s3cret-key"), log, startup_timeout_s=30)
+        try:
+            assert server.ports_tried[0] == taken and server.port != taken
+            running = log.read_text()
+            assert f"ready on 127.0.0.1:{server.port}" in running and "launch attempt 2" in running
+            assert "s3cret-key" not in running.split("launch attempt 2")[0]  # attempt 1's, redacted already
+        finally:
+            server.stop()
+    text = log.read_text()
+    assert "Address already in use" in text and f"ready on 127.0.0.1:{server.port}" in text
+    assert "s3cret-key" not in text and "'api_key': '<redacted>'" in text
+
+
+def test_the_api_key_is_redacted_across_chunk_boundaries_and_a_full_disk_empties_the_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    data = b"".join(b"line %d key=abcdef\n" % i for i in range(50)) + b"abc"
+    for chunk in (1, 2, 5, 7, 64, 1 << 20):  # a key split between chunks at every offset
+        monkeypatch.setattr(server_mod, "_CHUNK", chunk)
+        out = io.BytesIO()
+        assert server_mod._copy_redacted(io.BytesIO(data), out, b"abcdef") == 50
+        assert out.getvalue() == data.replace(b"abcdef", b"<redacted>")
+    log = tmp_path / "server.log"
+    log.write_text("INFO non-default args: {'api_key': 'abcdef'}\n")
+    inode = log.stat().st_ino
+    server_mod._redact_in_place(log, "abcdef")
+    assert log.read_text() == "INFO non-default args: {'api_key': '<redacted>'}\n" and log.stat().st_ino == inode
+
+    server = server_mod.LaunchedServer(_fake(tmp_path, "--api-key", "abcdef"), log)
+    server.process = SimpleNamespace(pid=2**22 + 1, returncode=0, poll=lambda: 0, wait=lambda timeout: 0)
+    log.write_text("INFO non-default args: {'api_key': 'abcdef'}\n")
+
+    def disk_full(path: Path, secret: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(server_mod, "_redact_in_place", disk_full)
+    server.stop()
+    assert "abcdef" not in log.read_text() and "so it was emptied" in log.read_text()
+    assert log.stat().st_ino == inode
 
 
 def test_attach_finds_the_served_model(tmp_path: Path, gsm8k_dir: Path) -> None:
