@@ -14,16 +14,26 @@ from .experts import DOWN, GATE_UP
 from .gpu import WORKSPACE, act_dtype_verdict, bind_workspace, block_size_verdict, first_refusal, triton_gpu_verdict
 
 
-def kernel_scales(scale: torch.Tensor, config: MoELayerConfig, proj: str) -> torch.Tensor:
-    """Checkpoint scales -> [E, ceil(K/128), N] (block) or [E, 1, N], times 2^SCALE_SHIFT, in the act dtype."""
+def kernel_scales(scale: torch.Tensor, config: MoELayerConfig, proj: str, where: str = "") -> torch.Tensor:
+    """Checkpoint scales -> [E, ceil(K/128), N] (block) or [E, 1, N], times 2^SCALE_SHIFT, in the act dtype.
+
+    Raises ValueError (naming `where`, the layer) when a scale does not fit the act dtype: fp16
+    holds scale * 2^10 only up to 65504, and a cast would silently make it inf."""
     from ..triton.w8a16_gemm import SCALE_SHIFT
 
     _, n, _ = experts.weight_shape(config, proj)
     if config.scheme is Scheme.FP8_BLOCK:
-        per_column = scale.float().repeat_interleave(config.block_size[0], dim=1)[:, :n, :].transpose(1, 2)
+        per_column = scale.double().repeat_interleave(config.block_size[0], dim=1)[:, :n, :].transpose(1, 2)
     else:
-        per_column = experts.channel_scales(scale, config, proj)[:, None, :]
-    return (per_column * 2.0 ** SCALE_SHIFT[config.act_dtype]).to(config.act_dtype).contiguous()
+        per_column = experts.channel_scales(scale, config, proj).double()[:, None, :]
+    stored = per_column * 2.0 ** SCALE_SHIFT[config.act_dtype]
+    if stored.abs().max() > torch.finfo(config.act_dtype).max:  # the linear marlin kernel's check and message
+        raise ValueError(
+            f"{where or 'MoE layer'}.{experts.scale_attr(config, proj)}: weight scales up to "
+            f"{per_column.abs().max().item():.3g} do not fit {config.act_dtype} marlin scales; serve this checkpoint "
+            "with --dtype bfloat16"
+        )
+    return stored.to(config.act_dtype).contiguous()
 
 
 class MarlinMoEKernel(MoEKernel):
@@ -44,10 +54,13 @@ class MarlinMoEKernel(MoEKernel):
 
         cfg = self.config
         experts.check_expert_tensors(layer, cfg)
+        where = getattr(layer, "module_name", type(layer).__name__)
+        # Every scale is converted (and checked) before anything is bound: a refused layer keeps its raw tensors.
+        scales = {proj: kernel_scales(getattr(layer, experts.scale_attr(cfg, proj)), cfg, proj, where)
+                  for proj in (GATE_UP, DOWN)}
         for proj in (GATE_UP, DOWN):
             bind_processed(layer, f"{proj}_weight", pack_experts(getattr(layer, f"{proj}_weight")))
-            name = experts.scale_attr(cfg, proj)
-            bind_processed(layer, name, kernel_scales(getattr(layer, name), cfg, proj))
+            bind_processed(layer, experts.scale_attr(cfg, proj), scales[proj])
         bind_workspace(layer, cfg, layer.w13_weight.device)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,

@@ -91,6 +91,24 @@ def test_reload_with_other_shapes_raises():
         MarlinMoEKernel(bigger).process_weights_after_loading(layer)
 
 
+@pytest.mark.parametrize("proj", ["w13", "w2"])
+def test_fp16_scales_that_overflow_are_refused_before_anything_is_repacked(proj):
+    # fp16 marlin scales hold scale * 2^10: past 65504 / 2^10 a cast would make them inf.
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    layer.module_name = "model.layers.0.mlp.experts"
+    getattr(layer, f"{proj}_weight_scale")[3, 5] = 100.0
+    raw = raw_tensors(layer)
+    with pytest.raises(ValueError, match=f"model.layers.0.mlp.experts.{proj}_weight_scale: weight scales up to 100 "
+                                         "do not fit torch.float16 marlin scales; serve this checkpoint with "
+                                         "--dtype bfloat16"):
+        MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    assert all(torch.equal(getattr(layer, n).view(torch.uint8), t.view(torch.uint8)) for n, t in raw.items())
+    bf16 = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.bfloat16)
+    MarlinMoEKernel(bf16).process_weights_after_loading(layer)  # bf16 holds it
+    assert torch.isfinite(getattr(layer, f"{proj}_weight_scale")).all()
+
+
 def test_support_and_refusals():
     assert MarlinMoEKernel.is_supported(Platform.hypothetical("cuda", "8.0")) == (True, None)
     ok, reason = MarlinMoEKernel.is_supported(Platform.hypothetical("cuda", "7.5"))
