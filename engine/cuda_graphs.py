@@ -4,8 +4,11 @@ The context bucket bounds how many cache positions attention reads, so a step co
 its longest sequence needs, not `max_model_len`. A graph reads fixed addresses: the static
 input buffers below, the KV cache, and every weight buffer of the model. Weight reloads
 therefore copy into the same storage (see `layers.KernelLayer`), so a graph captured before
-a reload computes with the new weights. Padding rows of a bucket write to the cache's
-scratch slot and are dropped.
+a reload computes with the new weights. A bucket's padding rows repeat the batch's first row
+(its token, position and cache slot) and are dropped: they compute exactly that row's values, so
+what a kernel computes over the whole batch (a dynamic per-tensor activation scale) is what an
+eager step over the real rows computes, and their cache writes store what the first row stores.
+(Padding that decoded another token changed such a scale, and the greedy tokens with it.)
 
 Inside the graphs, the project's Triton kernels are launched with programmatic dependent launch
 where the GPU has it (kernels/triton/pdl.py): each kernel is scheduled while the one before
@@ -65,8 +68,7 @@ class DecodeGraphs:
         self.rows = torch.arange(n, device=kv.k.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.num_captures = 0
-        for turn in (0, 1):
-            self._fill_padding(turn, 0, n)
+        self._host_rows[:] = [[0], [0], [kv.scratch_slot], [1]]  # captured on rows that only touch the scratch slot
         self.static.copy_(self.host[0])
         self._capture()
 
@@ -106,9 +108,6 @@ class DecodeGraphs:
     def can_run(self, batch_size: int) -> bool:
         return 0 < batch_size <= self.sizes[-1]
 
-    def _fill_padding(self, turn: int, start: int, end: int) -> None:
-        self._host_rows[turn, :, start:end] = [[0], [0], [self.kv.scratch_slot], [1]]
-
     def buckets(self, batch_size: int, context: int) -> tuple[int, int]:
         """The smallest captured (batch size, context length) that holds this decode batch."""
         return (self.sizes[bisect.bisect_left(self.sizes, batch_size)],
@@ -126,10 +125,12 @@ class DecodeGraphs:
             rows[0, :b] = token_ids
         rows[1, :b], rows[2, :b] = positions, slots
         rows[3, :b] = rows[1, :b] + 1
-        self._fill_padding(self._turn, b, size)
+        rows[:, b:size] = rows[:, :1]
         self.static[:, :size].copy_(host[:, :size], non_blocking=True)
         if isinstance(token_ids, torch.Tensor):
             self.static[0, :b].copy_(token_ids)
+            if size > b:
+                self.static[0, b:size].copy_(token_ids[:1].expand(size - b))
         graph, logits, greedy = self.graphs[size, context]
         graph.replay()
         return logits[:b], greedy[:b]
