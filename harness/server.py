@@ -484,8 +484,10 @@ class LaunchedServer:
                     if self._wait_healthy(client, started, startup_timeout_s, offset, attempt, on_wait):
                         self._check_served_model(client)
                         return
-                except BaseException:  # start-up failed, or an interrupt: nothing is left running
-                    self.stop()
+                except BaseException as exc:  # start-up failed, or an interrupt: nothing is left running
+                    # An interrupt (the runner's RunInterrupted is a KeyboardInterrupt) may be a CI cancel,
+                    # whose SIGKILL of this runner follows within seconds: the server's must come first.
+                    self.stop(INTERRUPTED_GRACE_S if isinstance(exc, KeyboardInterrupt) else TEARDOWN_GRACE_S)
                     raise
         raise AssertionError("unreachable: the last port attempt raises")  # pragma: no cover
 

@@ -239,6 +239,7 @@ def main(argv: list[str]) -> int:
         import signal
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("fake server: ignoring SIGTERM", flush=True)  # from here on, a test may signal it
     if args.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     if args.spawn_setsid_child:

@@ -139,6 +139,28 @@ def test_signals_tear_down_servers_and_write_an_interrupted_result(tmp_path: Pat
     assert os.path.exists(tmp_path / "out" / "summary.md")
 
 
+def test_an_interrupt_during_start_up_kills_a_server_ignoring_sigterm_within_the_interrupted_grace(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    """A CI cancel SIGKILLs the runner some seconds after its SIGTERM (Buildkite: 9 s): a server
+    that ignores SIGTERM while it loads must be SIGKILLed before that, and result.json written."""
+    from quantgate.harness.server import INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S
+
+    config = write_config(tmp_path, "stubborn", gsm8k_dir, {"ignore_sigterm": True, "startup_delay": 60})
+    proc = _start_run(tmp_path, config)
+    log = tmp_path / "out" / "stubborn" / "server.log"
+    _wait_for(log, "fake server: ignoring SIGTERM", proc)
+    pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert proc.returncode == 2, output
+    assert took < min(INTERRUPTED_GRACE_S + 4, TEARDOWN_GRACE_S), f"took {took:.1f} s to stop after SIGTERM"
+    assert group_members(pid) == [] and not pid_alive(pid)
+    result = load_json(tmp_path / "out" / "stubborn" / "result.json")
+    assert result["interrupted"] == "SIGTERM" and result["server"]["exit_status"] == -signal.SIGKILL
+
+
 def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config(
         tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate.harness import runner
