@@ -49,6 +49,10 @@ class Platform:
                     f"(torch {torch.__version__}); use --device cpu or install a CUDA build of torch"
                 )
             index = torch.device(device).index or 0
+            count = torch.cuda.device_count()
+            if index >= count:  # torch asserts (a traceback) on an index it does not have
+                raise RuntimeError(f"--device {device}: this machine has {count} CUDA device(s), "
+                                   f"{'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'}")
             cap = torch.cuda.get_device_capability(index)
             libs = {"cuda"} | ({"triton"} if _has_module("triton") else set())
             return cls("cuda", (cap[0], cap[1]), torch.cuda.get_device_name(index), frozenset(libs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from quantgate.harness.cli import main
 from quantgate.kernels.registry import DISABLED_ENV
@@ -136,3 +137,11 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
     proc.stdout.close()  # before the command has imported anything, so its first write fails
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_a_gpu_index_the_machine_does_not_have_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["kernels", "--device", "cuda:3"]) == 3
+    err = capsys.readouterr().err
+    assert "--device cuda:3: this machine has 1 CUDA device(s), cuda:0" in err and "Traceback" not in err
