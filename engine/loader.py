@@ -2,9 +2,13 @@
 
 Kernels are selected while the model is built, before any weight is read, so a strict
 `--linear-backend` / `--moe-backend` that cannot serve a layer fails at once with every
-candidate's reason. The requested backend applies to the layers stored in the
-checkpoint's scheme; layers the checkpoint leaves unquantized (lm_head, the MoE router,
-ignored modules of an FP8 checkpoint) select with `auto`.
+candidate's reason. `--linear-backend` applies to the linears stored in the checkpoint's
+scheme; linears an FP8 checkpoint leaves unquantized (lm_head, the MoE router, ignored
+modules) select with `auto`, since every FP8 checkpoint has some (lm_head) and a weight-only
+backend could otherwise never serve one. `--moe-backend` applies to every MoE layer, whatever
+its scheme: no MoE layer is unquantized by convention, so experts an FP8 checkpoint leaves
+unquantized run on the requested backend or fail to load with its reasons, as a bf16
+checkpoint's do (SPEC section 7: an explicit backend is strict, never a silent fallback).
 """
 
 from __future__ import annotations
@@ -156,8 +160,8 @@ class _LayerFactory:
             return Scheme.UNQUANTIZED
         return self.cfg.quant.scheme_for(name)
 
-    def _requested(self, scheme: Scheme, backend: str) -> str:
-        return backend if scheme is self.checkpoint_scheme else "auto"
+    def _requested_linear(self, scheme: Scheme) -> str:
+        return self.linear_backend if scheme is self.checkpoint_scheme else "auto"  # see the module docstring
 
     def _quant_fields(self, scheme: Scheme) -> dict:
         q = self.cfg.quant
@@ -171,7 +175,7 @@ class _LayerFactory:
         config = LinearLayerConfig(in_features, out_features, scheme, self.cfg.dtype, has_bias=bias,
                                    **self._quant_fields(scheme))
         layer = QuantLinear(name, config, self.device, shards)
-        layer.bind_kernel(select_linear_kernel(self.platform, config, self._requested(scheme, self.linear_backend)))
+        layer.bind_kernel(select_linear_kernel(self.platform, config, self._requested_linear(scheme)))
         return layer
 
     def merged_linear(self, prefix: str, name: str, in_features: int, sizes: tuple[int, ...],
@@ -197,7 +201,7 @@ class _LayerFactory:
         config = MoELayerConfig(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
                                 scheme, cfg.dtype, renormalize=cfg.norm_topk_prob, **self._quant_fields(scheme))
         layer = FusedMoE(name, config, self.device)
-        layer.bind_kernel(select_moe_kernel(self.platform, config, self._requested(scheme, self.moe_backend)))
+        layer.bind_kernel(select_moe_kernel(self.platform, config, self.moe_backend))  # whatever the scheme
         return layer
 
 

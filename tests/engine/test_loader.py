@@ -128,6 +128,22 @@ def test_fp8_tensors_of_a_module_the_config_leaves_unquantized_are_an_error(dens
         load_model(q_dir, device="cpu")
 
 
+EXPERTS = r".*mlp\.experts\."  # every expert projection, as an ignore regex
+
+
+def test_an_explicit_moe_backend_applies_to_experts_an_fp8_checkpoint_leaves_unquantized(moe_dir, tmp_path):
+    # As for a bf16 checkpoint: the requested backend serves them or loading fails with its reasons,
+    # never a silent fallback to another backend (lm_head, a linear, still selects with auto).
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_TENSOR, "compressed-tensors", ignore=EXPERTS)
+    with pytest.raises(KernelSelectionError, match=r"--moe-backend.*MarlinMoEKernel: .*model\.layers\.0\.mlp\.experts"):
+        load_model(q_dir, device="cpu", moe_backend="marlin")
+    modules = load_model(q_dir, device="cpu", linear_backend="emulation", moe_backend="emulation").kernel_report()[
+        "modules"]
+    assert (modules["model.layers.0.mlp.experts"]["scheme"], modules["model.layers.0.mlp.experts"]["kernel"]) == (
+        "unquantized", "EmulationMoEKernel")
+    assert modules["model.layers.0.self_attn.o_proj"]["scheme"] == "fp8-tensor"
+
+
 def test_moe_block_checkpoint_whose_experts_cannot_stack_is_refused_at_selection(moe_dir, tmp_path):
     q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
     with pytest.raises(KernelSelectionError, match="intermediate size .64. to be a multiple of the block"):

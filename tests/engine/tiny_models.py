@@ -8,6 +8,7 @@ names and configs that transformers / vLLM / llm-compressor write.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -65,8 +66,14 @@ def is_quantizable(name: str) -> bool:
     return name.endswith("_proj.weight") and ".layers." in name
 
 
-def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input: bool = False) -> Path:
-    """Write an FP8 copy of `src` in the native (`fmt="fp8"`) or compressed-tensors format."""
+def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input: bool = False,
+                    ignore: str | None = None) -> Path:
+    """Write an FP8 copy of `src` in the native (`fmt="fp8"`) or compressed-tensors format.
+
+    `ignore`: a regex over module names (compressed-tensors only, whose `ignore` takes "re:"
+    entries) whose weights stay in the model dtype, listed in the config's ignore list."""
+    if ignore is not None and fmt != "compressed-tensors":
+        raise ValueError("ignore= writes a compressed-tensors 're:' ignore entry; use fmt='compressed-tensors'")
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix != ".safetensors":
@@ -75,10 +82,10 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
     out: dict[str, torch.Tensor] = {}
     scale_name = "weight_scale_inv" if fmt == "fp8" and scheme is Scheme.FP8_BLOCK else "weight_scale"
     for name, w in tensors.items():
-        if not is_quantizable(name):
+        prefix = name[: -len(".weight")]
+        if not is_quantizable(name) or (ignore is not None and re.match(ignore, prefix)):
             out[name] = w
             continue
-        prefix = name[: -len(".weight")]
         if scheme is Scheme.FP8_BLOCK:
             q, s = quant.quantize_weight_block(w)
         elif scheme is Scheme.FP8_CHANNEL:
@@ -94,6 +101,8 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = _native_config(scheme, static_input) if fmt == "fp8" else _ct_config(
         scheme, static_input)
+    if ignore is not None:
+        config["quantization_config"]["ignore"].append(f"re:{ignore}")
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
