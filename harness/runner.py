@@ -841,14 +841,17 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
         except RunInterrupted as exc:
             with guard.shield():
                 records += [_not_started(item, options, exc.signal_name) for item in items[len(records):]]
-        with guard.shield():
-            unwritten = []
-            for writer, path in ((write_junit, options.junit or options.output_dir / "junit.xml"),
-                                 (write_summary, options.markdown or options.output_dir / "summary.md")):
-                try:
-                    writer(records, path, skipped=skipped)
-                except OSError as exc:
-                    unwritten.append(f"{path} ({exc})")
+        unwritten = []
+        try:
+            with guard.shield():
+                for writer, path in ((write_junit, options.junit or options.output_dir / "junit.xml"),
+                                     (write_summary, options.markdown or options.output_dir / "summary.md")):
+                    try:
+                        writer(records, path, skipped=skipped)
+                    except OSError as exc:
+                        unwritten.append(f"{path} ({exc})")
+        except RunInterrupted:  # held until both were written: the run ends below as an interrupted one
+            pass
     display.summary(records)
     display.note(f"artifacts: {options.output_dir}/<config>/, {options.junit or options.output_dir / 'junit.xml'}, "
                  f"{options.markdown or options.output_dir / 'summary.md'}")
@@ -858,7 +861,10 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
         display.note(f"interrupted by {guard.signal_name}: " + ("an attached server (--server-url) is left running"
                                                               if options.server_url else "every server was torn down"))
     code = exit_code(records)
-    return EXIT_ERROR if unwritten and code in (EXIT_PASS, EXIT_FAIL) else code  # CI reads the artifacts
+    # CI reads the artifacts; and a run asked to stop never says "passed" (0) or "a gate failed" (1),
+    # even when the signal came after the last verdict.
+    interrupted = guard.signal_name is not None
+    return EXIT_ERROR if (unwritten or interrupted) and code in (EXIT_PASS, EXIT_FAIL) else code
 
 
 @contextlib.contextmanager

@@ -161,6 +161,32 @@ def test_an_interrupt_during_start_up_kills_a_server_ignoring_sigterm_within_the
     assert result["interrupted"] == "SIGTERM" and result["server"]["exit_status"] == -signal.SIGKILL
 
 
+def test_a_signal_while_the_run_files_are_written_ends_as_an_interrupted_run_not_a_traceback(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The signal is held until junit.xml and summary.md are written, then ends the run as any
+    interrupt does (exit 2, the summary printed): not as an uncaught RunInterrupted (exit 1,
+    which says a gate failed)."""
+    from quantgate.harness import cli, runner
+
+    real_write_junit = runner.write_junit
+
+    def cancelled_meanwhile(*args, **kwargs) -> Path:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_write_junit(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "write_junit", cancelled_meanwhile)
+    config = write_config(tmp_path, "done", gsm8k_dir, num_questions=4)
+    try:
+        code = cli.main(["run", str(config), "--output-dir", str(tmp_path / "out")])
+    except KeyboardInterrupt as exc:  # left to the interpreter: a traceback and exit 1
+        pytest.fail(f"quantgate run let {exc!r} out")
+    output = capsys.readouterr().err
+    assert code == 2, output
+    assert load_json(tmp_path / "out" / "done" / "result.json")["verdict"] == "PASS"
+    assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()
+    assert "quantgate summary" in output and "interrupted by SIGTERM" in output
+
+
 def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config(
         tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate.harness import runner
