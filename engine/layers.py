@@ -27,6 +27,7 @@ logger = logging.getLogger("quantgate.engine")
 
 FP8 = torch.float8_e4m3fn
 Spec = tuple[tuple[int, ...], torch.dtype]
+_WEIGHTS = ("weight", "w13_weight", "w2_weight")  # a linear's and stacked experts'; the rest are scales or biases
 
 
 def _scale_shape(scheme: Scheme, rows: int, cols: int, block: tuple[int, int] | None) -> tuple[int, ...]:
@@ -76,7 +77,7 @@ class KernelLayer(nn.Module):
                 f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
                 f"it is quantized), found {tensor.dtype}; add it to the ignore list or re-quantize the checkpoint"
             )
-        if dtype != FP8 and tensor.dtype == FP8 and name != "weight":
+        if dtype != FP8 and tensor.dtype == FP8 and name not in _WEIGHTS:
             raise CheckpointError(f"{source}: {self.module_name}.{name} is stored as FP8; scales must be stored in "
                                   "float32, bf16 or fp16: re-export the checkpoint")
         if dtype != FP8 and tensor.dtype == FP8:

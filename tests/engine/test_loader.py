@@ -144,6 +144,16 @@ def test_an_explicit_moe_backend_applies_to_experts_an_fp8_checkpoint_leaves_unq
     assert modules["model.layers.0.self_attn.o_proj"]["scheme"] == "fp8-tensor"
 
 
+def test_fp8_experts_the_config_leaves_unquantized_are_named_as_weights(moe_dir, tmp_path):
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_TENSOR, "compressed-tensors")
+    config = json.loads((q_dir / "config.json").read_text())
+    config["quantization_config"]["ignore"].append(f"re:{EXPERTS}")
+    (q_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="model.layers.0.mlp.experts is stored in FP8 but runs unquantized .*fix "
+                                              "the config's ignore list"):
+        load_model(q_dir, device="cpu")
+
+
 def test_moe_block_checkpoint_whose_experts_cannot_stack_is_refused_at_selection(moe_dir, tmp_path):
     q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
     with pytest.raises(KernelSelectionError, match="intermediate size .64. to be a multiple of the block"):
