@@ -583,8 +583,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     try:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            for stale in _STALE_ARTIFACTS:
-                (run_dir / stale).unlink(missing_ok=True)
+            _remove_stale_artifacts(run_dir)
         except OSError as exc:  # e.g. a full disk: this config is an ERROR, the others still run
             raise ArtifactsUnwritable(f"artifacts cannot be written to {run_dir} ({exc}); free space or pass "
                                       "another --output-dir and run again") from None
@@ -651,6 +650,13 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         with guard.shield():
             _finish(record, item, server, outcome, run_dir, started)
     return record
+
+
+def _remove_stale_artifacts(run_dir: Path) -> None:
+    """Remove what an earlier run of this config left in `run_dir`: beside this run's record (or
+    in place of none, for a skipped config) it would speak for this run."""
+    for stale in _STALE_ARTIFACTS:
+        (run_dir / stale).unlink(missing_ok=True)
 
 
 def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outcome: EvalOutcome | None,
@@ -808,6 +814,9 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
                 raise PlanError(unwritable)
             held.enter_context(_output_dir_lock(options))
             items = plan(paths, options, skipped, warnings)
+            for skip in skipped:  # it gets no result.json (a <skipped> junit testcase): an earlier run's must go
+                with contextlib.suppress(OSError):
+                    _remove_stale_artifacts(options.output_dir / skip.name)
             clashes = _run_folder_problems(items, options)
             if clashes:
                 raise PlanError(clashes)
@@ -912,6 +921,8 @@ def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> 
                        f"{signal_name}", config=_config_summary(item.config, item.model, run_dir),
                        versions=harness_versions(), interrupted=signal_name, started_at=now_iso(),
                        finished_at=now_iso(), timings={"total_s": 0.0})
+    with contextlib.suppress(OSError):  # an earlier run's samples and logs are not this record's
+        _remove_stale_artifacts(run_dir)
     with contextlib.suppress(OSError):  # junit.xml and summary.md still carry it
         write_result(run_dir, record)
     return record

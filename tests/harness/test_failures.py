@@ -187,6 +187,26 @@ def test_a_signal_while_the_run_files_are_written_ends_as_an_interrupted_run_not
     assert "quantgate summary" in output and "interrupted by SIGTERM" in output
 
 
+def test_a_config_an_interrupt_kept_from_starting_keeps_no_artifact_of_an_earlier_run(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import runner
+
+    def interrupted(*args, **kwargs) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises RunInterrupted here
+
+    monkeypatch.setattr(runner, "run_eval", interrupted)
+    first, second = (write_config(tmp_path, name, gsm8k_dir, num_questions=4) for name in ("first", "second"))
+    earlier = tmp_path / "out" / "second"
+    earlier.mkdir(parents=True)
+    for name in ("samples.jsonl", "server.log", "lm_eval.log"):
+        (earlier / name).write_text("an earlier run's\n")
+    code, output = run_in_process([first, second], tmp_path / "out")
+    assert code == 2, output
+    assert load_json(earlier / "result.json")["reason"].startswith("not started")
+    assert sorted(p.name for p in earlier.iterdir()) == ["result.json"]
+
+
 def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config(
         tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate.harness import runner

@@ -322,6 +322,19 @@ def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp
     assert code == 3 and "every config was skipped, so nothing was evaluated" in output
 
 
+def test_an_earlier_runs_artifacts_of_a_skipped_config_do_not_stay_to_speak_for_this_run(tmp_path: Path,
+                                                                                        gsm8k_dir: Path) -> None:
+    big = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64})
+    fine = write_config(tmp_path, "fine", gsm8k_dir, num_questions=4)
+    stale = tmp_path / "out" / "big"
+    stale.mkdir(parents=True)
+    for name in ("result.json", "samples.jsonl", "server.log", "lm_eval.log"):
+        (stale / name).write_text('{"verdict": "PASS"}\n')  # measured on another machine, an earlier run
+    code, output = run_in_process([big, fine], tmp_path / "out", skip_unmet=True)
+    assert code == 0 and "SKIPPED big" in output, output
+    assert list(stale.iterdir()) == []
+
+
 def test_exit_code_priority() -> None:
     from quantgate.harness.results import RunRecord
 
