@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -295,9 +297,6 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
     cfg = layer.layer_config
     prefix, experts = layer.module_name, range(cfg.num_experts)
 
-    def per_expert(proj: str, attr: str) -> list[torch.Tensor]:
-        return [take(f"{prefix}.{e}.{proj}.{attr}") for e in experts]
-
     def joined(op, tensors: list[torch.Tensor], what: str) -> torch.Tensor:
         return _joined(op, tensors, f"{prefix}.*.{what}")
 
@@ -306,6 +305,12 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{prefix}.*.{what}: a per-tensor scale has one value, found shape "
                                   f"{tuple(scale.shape)}")
         return scale.reshape(())
+
+    def per_expert(proj: str, attr: str,
+                   form: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Every expert's `proj.attr`, through `form` (a reshape every saved form allows), all alike."""
+        names = [f"{prefix}.{e}.{proj}.{attr}" for e in experts]
+        return _alike([form(take(n)) if form else take(n) for n in names], names)
 
     gate, up, down = (per_expert(p, "weight") for p in ("gate_proj", "up_proj", "down_proj"))
     out = {
@@ -316,23 +321,35 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
     if not cfg.scheme.is_fp8:
         return out
     s = cfg.scale_name
-    g_s, u_s, d_s = (per_expert(p, s) for p in ("gate_proj", "up_proj", "down_proj"))
     if cfg.scheme is Scheme.FP8_TENSOR:
-        out[f"w13_{s}"] = torch.stack([torch.stack([one(g, f"gate_proj.{s}"), one(u, f"up_proj.{s}")])
-                                       for g, u in zip(g_s, u_s)])
-        out[f"w2_{s}"] = torch.stack([one(d, f"down_proj.{s}") for d in d_s])
+        g_s, u_s, d_s = (per_expert(p, s, partial(one, what=f"{p}.{s}")) for p in ("gate_proj", "up_proj", "down_proj"))
+        out[f"w13_{s}"] = torch.stack([torch.stack([g, u]) for g, u in zip(g_s, u_s)])
+        out[f"w2_{s}"] = torch.stack(d_s)
     else:  # block rows stack only when I is a multiple of the block: the MoE kernels' can_implement checks it
-        out[f"w13_{s}"] = joined(torch.stack, [joined(torch.cat, [_as_rows(g), _as_rows(u)], f"gate_proj/up_proj.{s}")
+        g_s, u_s, d_s = (per_expert(p, s, _as_rows) for p in ("gate_proj", "up_proj", "down_proj"))
+        out[f"w13_{s}"] = joined(torch.stack, [joined(torch.cat, [g, u], f"gate_proj/up_proj.{s}")
                                                for g, u in zip(g_s, u_s)], f"gate_proj/up_proj.{s}")
-        out[f"w2_{s}"] = joined(torch.stack, [_as_rows(d) for d in d_s], f"down_proj.{s}")
+        out[f"w2_{s}"] = joined(torch.stack, d_s, f"down_proj.{s}")
     if cfg.static_input_scale:
-        g_i, u_i, d_i = (per_expert(p, "input_scale") for p in ("gate_proj", "up_proj", "down_proj"))
+        g_i, u_i, d_i = (per_expert(p, "input_scale", partial(one, what=f"{p}.input_scale"))
+                         for p in ("gate_proj", "up_proj", "down_proj"))
         # gate and up read the same input: one static scale, the larger, covers both
-        out["w13_input_scale"] = torch.stack([torch.maximum(one(g, "gate_proj.input_scale").float(),
-                                                            one(u, "up_proj.input_scale").float())
-                                              for g, u in zip(g_i, u_i)])
-        out["w2_input_scale"] = torch.stack([one(d, "down_proj.input_scale").float() for d in d_i])
+        out["w13_input_scale"] = torch.stack([torch.maximum(g.float(), u.float()) for g, u in zip(g_i, u_i)])
+        out["w2_input_scale"] = torch.stack([d.float() for d in d_i])
     return out
+
+
+def _alike(tensors: list[torch.Tensor], names: list[str]) -> list[torch.Tensor]:
+    """`tensors` (one per expert), or a CheckpointError naming the first whose shape or dtype differs
+    from most experts' (stacking would only say "at entry N", or promote a dtype silently)."""
+    expected, _ = Counter((tuple(t.shape), t.dtype) for t in tensors).most_common(1)[0]
+    for tensor, name in zip(tensors, names):
+        found = (tuple(tensor.shape), tensor.dtype)
+        if found != expected:
+            raise CheckpointError(
+                f"{name}: shape {found[0]} {found[1]} differs from the other experts' {expected[0]} {expected[1]}; "
+                "every expert of a layer is stored alike, in the shapes config.json gives: re-export the checkpoint")
+    return tensors
 
 
 def _as_rows(scale: torch.Tensor) -> torch.Tensor:

@@ -239,6 +239,19 @@ def test_a_malformed_block_checkpoint_is_refused_naming_the_tensor(wide_block_di
         load_model(_edited(q_dir, tmp_path, case.replace(" ", "-"), edit), device="cpu")
 
 
+@pytest.mark.parametrize("case,edit,message", [
+    ("short", _set("model.layers.0.mlp.experts.2.up_proj.weight", lambda w: w[:32].contiguous()),
+     "model.layers.0.mlp.experts.2.up_proj.weight: shape (32, 96) torch.float32 differs from the other experts' "
+     "(64, 96) torch.float32"),
+    ("fp8", _set("model.layers.0.mlp.experts.0.down_proj.weight", lambda w: w.to(torch.float8_e4m3fn)),
+     "model.layers.0.mlp.experts.0.down_proj.weight: shape (96, 64) torch.float8_e4m3fn differs from the other "
+     "experts' (96, 64) torch.float32"),
+])
+def test_an_expert_tensor_unlike_the_others_is_named(moe_dir, tmp_path, case, edit, message):
+    with pytest.raises(CheckpointError, match=re.escape(message) + ".*re-export the checkpoint"):
+        load_model(_edited(moe_dir, tmp_path, case, edit), device="cpu")
+
+
 def test_a_config_with_fewer_layers_than_the_checkpoint_is_refused(wide_block_dir, tmp_path):
     fewer = tmp_path / "fewer"
     shutil.copytree(wide_block_dir, fewer)
