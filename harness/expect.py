@@ -15,6 +15,7 @@ does not prove the config.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,17 +73,21 @@ def _add_choice(modules: dict[str, dict[str, Any]], module: str, entry: dict[str
     modules[key] = entry
 
 
-def report_from_vllm_log(text: str) -> dict[str, Any] | None:
-    """Kernel choices from a vLLM server log; None when it names none."""
+def report_from_vllm_log(log: str | Iterable[str]) -> dict[str, Any] | None:
+    """Kernel choices from a vLLM server log, its text or its lines (a log of gigabytes is read a
+    line at a time: neither pattern spans lines); None when it names none."""
     modules: dict[str, dict[str, Any]] = {}
-    for match in _SELECTED.finditer(text):
-        kernel = match["kernel"]
-        _add_choice(modules, match["module"], {"layer": "linear", "scheme": None, "kernel": kernel,
-                                               "backend": vllm_linear_backend(kernel), "scale_attr": None,
-                                               "rejected": []})
-    for match in _MOE.finditer(text):
-        _add_choice(modules, MOE_LOG_MODULE, {"layer": "moe", "scheme": None, "kernel": match["name"],
-                                              "backend": log_name_to_backend(match["name"]), "scale_attr": None,
+    moe_names: dict[str, None] = {}  # filed after every linear choice, in the order first seen
+    for line in log.splitlines() if isinstance(log, str) else log:
+        for match in _SELECTED.finditer(line):
+            kernel = match["kernel"]
+            _add_choice(modules, match["module"], {"layer": "linear", "scheme": None, "kernel": kernel,
+                                                   "backend": vllm_linear_backend(kernel), "scale_attr": None,
+                                                   "rejected": []})
+        moe_names.update(dict.fromkeys(match["name"] for match in _MOE.finditer(line)))
+    for name in moe_names:
+        _add_choice(modules, MOE_LOG_MODULE, {"layer": "moe", "scheme": None, "kernel": name,
+                                              "backend": log_name_to_backend(name), "scale_attr": None,
                                               "rejected": []})
     if not modules:
         return None

@@ -566,7 +566,7 @@ def _kernel_report(config: EvalConfig, server: Server) -> tuple[dict | None, str
     if isinstance(server, AttachedServer) or config.engine == "builtin":
         return (expect_mod.report_from_server(server.base_url, api_key=server.api_key),
                 f"GET {server.base_url}/v1/kernels")
-    return expect_mod.report_from_vllm_log(server.log_text()), "`Selected <Kernel> for <module>` / " \
+    return expect_mod.report_from_vllm_log(server.log_lines()), "`Selected <Kernel> for <module>` / " \
         "`Using <X> Fp8 MoE backend` lines in server.log"
 
 

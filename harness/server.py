@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -371,6 +371,18 @@ def _redact_in_place(path: Path, secret: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# What of a failed attempt's log is searched for why it failed (a lost port race, refused
+# arguments): its end, where a server that exits says so; bounded, a log can be gigabytes.
+_ATTEMPT_LOG_BYTES = 4 << 20
+
+
+def _read_from(path: Path, offset: int, limit: int = _ATTEMPT_LOG_BYTES) -> str:
+    """The file at `path` from byte `offset` on, its last `limit` bytes at most."""
+    with open(path, "rb") as f:
+        f.seek(max(offset, f.seek(0, os.SEEK_END) - limit))
+        return f.read(limit).decode("utf-8", "replace")
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         with open(path, "rb") as f:
@@ -391,6 +403,7 @@ class Server(Protocol):
     def poll(self) -> int | None: ...
     def log_tail(self, lines: int = 40) -> str: ...
     def log_text(self) -> str: ...
+    def log_lines(self) -> Iterator[str]: ...
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -443,6 +456,17 @@ class LaunchedServer:
 
     def log_text(self) -> str:
         return self._redacted(self.log_path.read_text(errors="replace") if self.log_path.exists() else "")
+
+    def log_lines(self) -> Iterator[str]:
+        """The log a line at a time, the key redacted: a vLLM log can be gigabytes, never read
+        whole. A line is cut every _CHUNK characters, so one without an end is bounded too."""
+        try:
+            log = open(self.log_path, errors="replace")
+        except FileNotFoundError:
+            return
+        with log:
+            for line in iter(lambda: log.readline(_CHUNK), ""):
+                yield self._redacted(line)
 
     def start(self, startup_timeout_s: float, on_wait: Callable[[float], None] | None = None) -> None:
         """Launch and return once `/health` answers 200; ServerStartError otherwise, with the
@@ -529,7 +553,7 @@ class LaunchedServer:
             elapsed = time.monotonic() - started
             if status is not None:
                 self.stop()  # children it left behind
-                attempt_log = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")
+                attempt_log = _read_from(self.log_path, offset)
                 if any(marker in attempt_log.lower() for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
                     return False
                 refusal = refused_arguments(attempt_log, status)
@@ -677,6 +701,9 @@ class AttachedServer:
 
     def log_text(self) -> str:
         return ""
+
+    def log_lines(self) -> Iterator[str]:
+        return iter(())
 
     def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
         return None

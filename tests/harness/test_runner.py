@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,6 +166,42 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
             assert result["kernels"]["source"] == "GET /v1/kernels"
         else:
             assert "refused the request (401): the API key is wrong" in result["reason"]
+
+
+def test_the_kernel_report_of_a_huge_vllm_log_is_scanned_a_line_at_a_time(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1.26 GB vLLM log once took the runner to 2.67 GB: it is never read whole."""
+    import tracemalloc
+
+    from quantgate.harness import runner
+    from quantgate.harness.server import LaunchedServer, ServerCommand
+
+    log = tmp_path / "server.log"
+    noise = "INFO 01-01 00:00:00 [metrics.py:1] Avg prompt throughput: 1.0 tokens/s, api_key s3cret " + "." * 900 + "\n"
+    with open(log, "w") as f:
+        f.write("INFO [fp8.py:1] Selected MarlinFp8LinearKernel for model.layers.0.self_attn.qkv_proj\n")
+        f.write(noise * 32_000)  # 32 MB
+        f.write("INFO [fp8.py:1] Using TRITON Fp8 MoE backend out of potential backends: [TRITON]\n")
+        f.write("INFO [fp8.py:1] Selected TritonBlockFp8LinearKernel for model.layers.0.self_attn.qkv_proj\n")
+    server = LaunchedServer(ServerCommand(argv=[], env={}, served_model="m", api_key="s3cret"), log)
+
+    def whole(self: LaunchedServer) -> str:
+        raise AssertionError("server.log was read whole")
+
+    monkeypatch.setattr(LaunchedServer, "log_text", whole)
+    tracemalloc.start()
+    try:
+        report, where = runner._kernel_report(SimpleNamespace(engine="vllm"), server)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB held to scan a 32 MB log"
+    assert {name: m["kernel"] for name, m in report["modules"].items()} == {
+        "model.layers.0.self_attn.qkv_proj": "MarlinFp8LinearKernel",
+        "model.layers.0.self_attn.qkv_proj#2": "TritonBlockFp8LinearKernel", "fused_moe": "TRITON"}
+    assert "server.log" in where
+    noisy = list(islice(server.log_lines(), 2))[1]
+    assert "s3cret" not in noisy and "api_key <redacted>" in noisy  # what is returned is redacted as log_text() was
 
 
 def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path, gsm8k_dir: Path) -> None:

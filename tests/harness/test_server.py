@@ -121,6 +121,30 @@ def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: P
     assert "failed to load the model" in info.value.log_tail
 
 
+def test_why_an_attempt_failed_is_read_from_the_end_of_its_log_not_the_whole_log(tmp_path: Path,
+                                                                               gsm8k_dir: Path) -> None:
+    """A vLLM log can be gigabytes: the failed attempt's log is searched in a bounded tail."""
+    import tracemalloc
+
+    log = tmp_path / "server.log"
+    with open(log, "wb") as f:  # what came before this attempt (start() appends to the log)
+        f.write((b"INFO loading weights " + b"." * 1000 + b"\n") * 24_000)  # 24 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ServerStartError) as info:
+            launch(_fake(gsm8k_dir, "--strict-args", "--max-model-length", "4096"), log, startup_timeout_s=30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "error: unrecognized arguments: --max-model-length 4096" in str(info.value)  # still found
+    assert peak < 12 << 20, f"{peak / 2**20:.0f} MiB held to read a failed attempt's log"
+    with open(log, "ab") as f:
+        f.write(b"x" * (server_mod._ATTEMPT_LOG_BYTES + 10) + b"Address already in use\n")
+    tail = server_mod._read_from(log, 0)
+    assert len(tail) == server_mod._ATTEMPT_LOG_BYTES and tail.endswith("Address already in use\n")
+    assert server_mod._read_from(log, log.stat().st_size - 4) == "use\n"
+
+
 @pytest.mark.parametrize("extra,status,refusal", [
     (["--strict-args", "--max-model-length", "4096"], 2, "error: unrecognized arguments: --max-model-length 4096"),
     (["--validation-error"], 1, "1 validation error for ModelConfig: max_model_len: Input should be a valid integer"),
