@@ -21,6 +21,7 @@ from quantgate.kernels import Scheme
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+LINEAR = "Linear"  # the class name of every module a quantization config can quantize here
 
 
 class ModelConfigError(ValueError):
@@ -50,12 +51,28 @@ class QuantConfig:
     block_size: tuple[int, int] | None = None
     static_input_scale: bool = False
     ignore: tuple[str, ...] = ()  # module names; entries starting with "re:" are regexes
+    # compressed-tensors config_groups targets; native FP8 quantizes every linear
+    targets: tuple[str, ...] = (LINEAR,)
 
     def scheme_for(self, module_name: str) -> Scheme:
-        return Scheme.UNQUANTIZED if self.is_ignored(module_name) else self.scheme
+        """The scheme of the linear module `module_name` (an expert's projection is one too)."""
+        if self.is_ignored(module_name) or not self.is_targeted(module_name):
+            return Scheme.UNQUANTIZED
+        return self.scheme
 
     def is_ignored(self, module_name: str) -> bool:
         return any(_matches(module_name, entry) for entry in self.ignore)
+
+    def is_targeted(self, module_name: str) -> bool:
+        return any(_is_target(module_name, target) for target in self.targets)
+
+
+def _is_target(name: str, target: str) -> bool:
+    """compressed-tensors' matching of a target to a linear module: a "re:" regex matched (from the
+    start) against the module's name or its class name, or a plain module or class name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None or re.match(target[3:], LINEAR) is not None
+    return target in (name, LINEAR)
 
 
 def _matches(name: str, entry: str) -> bool:
@@ -275,9 +292,13 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     if len(groups) != 1:
         raise ModelConfigError(f"{source}: {len(groups)} config_groups; only one quantization group is supported")
     group = groups[0]
-    targets = set(group.targets)
-    if not targets <= {"Linear", "re:.*Linear"} and not all(t.startswith("re:") for t in targets):
-        raise ModelConfigError(f"{source}: config_groups targets {sorted(targets)} are not supported (use Linear)")
+    targets = tuple(group.targets)
+    for target in (t for t in targets if t.startswith("re:")):
+        try:
+            re.compile(target[3:])
+        except re.error as exc:
+            raise ModelConfigError(f"{source}: config_groups target {target!r} is not a valid regex ({exc}); "
+                                   "fix the pattern after 're:'") from None
     w = group.weights
     if w is None or w.type != QuantizationType.FLOAT or w.num_bits != 8:
         raise ModelConfigError(f"{source}: only 8-bit float weights are supported by the built-in engine")
@@ -300,4 +321,5 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     static = bool(act is not None and not act.dynamic and scheme is Scheme.FP8_TENSOR)
     if act is not None and not act.dynamic and scheme is not Scheme.FP8_TENSOR:
         raise ModelConfigError(f"{source}: static input activations are only supported with tensor weights")
-    return QuantConfig(scheme, "compressed-tensors", "weight_scale", block, static, tuple(parsed.ignore or ()))
+    return QuantConfig(scheme, "compressed-tensors", "weight_scale", block, static, tuple(parsed.ignore or ()),
+                       targets)

@@ -75,7 +75,8 @@ class KernelLayer(nn.Module):
         if dtype == FP8 and tensor.dtype != FP8:
             raise CheckpointError(
                 f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
-                f"it is quantized), found {tensor.dtype}; add it to the ignore list or re-quantize the checkpoint"
+                f"it is quantized), found {tensor.dtype}; add it to the ignore list (or leave it out of the "
+                "compressed-tensors targets) or re-quantize the checkpoint"
             )
         if dtype != FP8 and tensor.dtype == FP8 and name not in _WEIGHTS:
             raise CheckpointError(f"{source}: {self.module_name}.{name} is stored as FP8; scales must be stored in "
@@ -83,8 +84,9 @@ class KernelLayer(nn.Module):
         if dtype != FP8 and tensor.dtype == FP8:
             raise CheckpointError(
                 f"{source}: {self.module_name} is stored in FP8 but runs unquantized (lm_head and the MoE router "
-                "always do; other modules when quantization_config ignores them); re-quantize the checkpoint "
-                "leaving it in the model dtype, or fix the config's ignore list"
+                "always do; other modules when quantization_config ignores or does not target them); re-quantize "
+                "the checkpoint leaving it in the model dtype, or fix the config's ignore list (or compressed-tensors "
+                "targets)"
             )
         return tensor
 

@@ -39,7 +39,7 @@ from quantgate.kernels import (
 )
 
 from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
-from .config import ModelConfig, unreadable
+from .config import ModelConfig, ModelConfigError, unreadable
 from .layers import FusedMoE, KernelLayer, QuantLinear, RMSNorm
 from .model import Qwen3ForCausalLM
 
@@ -165,6 +165,21 @@ class _LayerFactory:
     def _requested_linear(self, scheme: Scheme) -> str:
         return self.linear_backend if scheme is self.checkpoint_scheme else "auto"  # see the module docstring
 
+    def _expert_scheme(self, name: str) -> Scheme:
+        """The one scheme of every projection of every expert of the MoE layer `name`: its experts
+        run stacked in one kernel, so a config (targets, ignore list) that splits them is refused."""
+        first: dict[Scheme, str] = {}
+        for e in range(self.cfg.num_experts):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                first.setdefault(self._scheme(f"{name}.{e}.{proj}"), f"{name}.{e}.{proj}")
+        if len(first) > 1:
+            found = ", ".join(f"{module} is {scheme.value}" for scheme, module in first.items())
+            raise ModelConfigError(
+                f"config.json's quantization_config quantizes some expert projections of {name} and not others "
+                f"({found}); its experts run stacked in one kernel and one scheme: make the config's targets and "
+                "ignore list cover all of them or none")
+        return next(iter(first))
+
     def _quant_fields(self, scheme: Scheme) -> dict:
         q = self.cfg.quant
         if not scheme.is_fp8:
@@ -199,7 +214,7 @@ class _LayerFactory:
 
     def moe(self, name: str) -> FusedMoE:
         cfg = self.cfg
-        scheme = self._scheme(f"{name}.0.gate_proj")
+        scheme = self._expert_scheme(name)
         config = MoELayerConfig(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
                                 scheme, cfg.dtype, renormalize=cfg.norm_topk_prob, **self._quant_fields(scheme))
         layer = FusedMoE(name, config, self.device)

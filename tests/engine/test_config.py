@@ -70,6 +70,28 @@ def test_compressed_tensors_strategies_and_regex_ignore(strategy, scheme):
     assert qc.is_ignored("model.layers.3.mlp.gate") and not qc.is_ignored("model.layers.3.mlp.gate_proj")
 
 
+def _targeted(targets: list[str]) -> dict:
+    qc = _ct("channel")
+    qc["config_groups"]["g"]["targets"] = targets
+    return qc
+
+
+def test_compressed_tensors_targets_match_as_compressed_tensors_does():
+    linear = "model.layers.0.self_attn.q_proj"
+    expert = "model.layers.0.mlp.experts.3.down_proj"
+    for every in (["Linear"], ["re:.*Linear"]):  # the class name of every linear module
+        qc = parse_quant_config(_targeted(every))
+        assert qc.scheme_for(linear) is qc.scheme_for(expert) is Scheme.FP8_CHANNEL
+    qc = parse_quant_config(_targeted(["re:.*mlp\\.experts\\.\\d+\\.(gate|up|down)_proj$"]))
+    assert (qc.scheme_for(linear), qc.scheme_for(expert)) == (Scheme.UNQUANTIZED, Scheme.FP8_CHANNEL)
+    assert qc.scheme_for("model.layers.0.mlp.gate") is Scheme.UNQUANTIZED  # ignored, and not targeted
+    qc = parse_quant_config(_targeted([linear, "Embedding"]))  # plain names: exact module or class names
+    assert qc.scheme_for(linear) is Scheme.FP8_CHANNEL
+    assert qc.scheme_for("model.layers.0.self_attn.k_proj") is qc.scheme_for(expert) is Scheme.UNQUANTIZED
+    with pytest.raises(ModelConfigError, match=re.escape("config_groups target 're:(gate' is not a valid regex")):
+        parse_quant_config(_targeted(["re:(gate"]))
+
+
 @pytest.mark.parametrize("change,message", [
     ({"architectures": ["MistralForCausalLM"]}, "not supported by the built-in engine"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),

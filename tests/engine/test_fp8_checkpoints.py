@@ -49,15 +49,24 @@ def _dequantized_layer(q_dir, layer: QuantLinear, scheme: Scheme, scale_name: st
     return torch.cat([_dequantized(q_dir, f"{name}.weight", scheme, scale_name) for name in names])
 
 
+def _quantized(q_dir, name: str) -> bool:
+    """Whether the checkpoint stores module `name` in FP8 (a config's targets or ignore list can
+    leave any module unquantized)."""
+    from safetensors import safe_open
+
+    with safe_open(str(q_dir / "model.safetensors"), "pt") as f:
+        return f"{name}.weight" in f.keys() and f.get_slice(f"{name}.weight").get_dtype() == "F8_E4M3"
+
+
 def _reference(src, q_dir, scheme: Scheme, scale_name: str, static: bool):
     """transformers' model with dequantized weights; each quantized linear quantize-dequantizes its input."""
     hf = _hf(src)
     input_scale = torch.tensor(0.02) if static else None
     for name, module in hf.named_modules():
-        if isinstance(module, torch.nn.Linear) and is_quantizable(f"{name}.weight"):
+        if isinstance(module, torch.nn.Linear) and is_quantizable(f"{name}.weight") and _quantized(q_dir, name):
             module.weight.data = _dequantized(q_dir, f"{name}.weight", scheme, scale_name)
             module.forward = (lambda m: lambda x: F.linear(_qdq(x, scheme, input_scale), m.weight))(module)
-        elif type(module).__name__ == "Qwen3MoeExperts":
+        elif type(module).__name__ == "Qwen3MoeExperts" and _quantized(q_dir, f"{name}.0.gate_proj"):
             module.forward = _reference_experts(name, q_dir, scheme, scale_name, module.num_experts)
     return hf
 
@@ -95,7 +104,7 @@ def _check(src, q_dir, scheme: Scheme, scale_name: str, static: bool, seed: int)
                 x = torch.randn(7, layer.layer_config.in_features, generator=gen)
                 expected = _qdq(x, scheme, input_scale) @ _dequantized_layer(q_dir, layer, scheme, scale_name).t()
                 assert _rel_err(layer(x), expected) < 1e-5, name
-            elif isinstance(layer, FusedMoE):
+            elif isinstance(layer, FusedMoE) and layer.layer_config.scheme.is_fp8:
                 cfg = layer.layer_config
                 x = torch.randn(9, cfg.hidden_size, generator=gen)
                 weights, ids = select_experts(torch.randn(9, cfg.num_experts, generator=gen), cfg.top_k, True)
@@ -157,3 +166,19 @@ def test_moe_fp8_checkpoint_matches_dequantized_reference(moe_dir, tmp_path, fmt
     assert modules["model.layers.0.mlp.experts"]["layer"] == "moe"
     assert modules["model.layers.0.mlp.experts"]["scheme"] == scheme.value
     assert modules["model.layers.0.mlp.gate"]["scheme"] == "unquantized"
+
+
+@needs_moe_kernel
+def test_compressed_tensors_targets_choose_the_quantized_modules(moe_dir, tmp_path, seed):
+    # Experts-only FP8, as llm-compressor writes it: attention and the dense MLP stay unquantized.
+    experts = r".*mlp\.experts\.\d+\.(gate|up|down)_proj$"
+    q_dir = quantize_folder(moe_dir, tmp_path / "experts", C, "compressed-tensors", targets=experts)
+    modules = _check(moe_dir, q_dir, C, "weight_scale", False, seed).kernel_report()["modules"]
+    assert modules["model.layers.0.mlp.experts"]["scheme"] == "fp8-channel"
+    assert {m["scheme"] for name, m in modules.items() if name != "model.layers.0.mlp.experts"} == {"unquantized"}
+    # A target that matches part of q/k/v: those projections run apart, each in its own scheme.
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", C, "compressed-tensors", targets=r".*self_attn\.q_proj$")
+    modules = _check(moe_dir, q_dir, C, "weight_scale", False, seed).kernel_report()["modules"]
+    assert "model.layers.0.self_attn.qkv_proj" not in modules
+    assert [modules[f"model.layers.1.self_attn.{p}_proj"]["scheme"] for p in "qkv"] == [
+        "fp8-channel", "unquantized", "unquantized"]

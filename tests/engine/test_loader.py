@@ -154,6 +154,17 @@ def test_fp8_experts_the_config_leaves_unquantized_are_named_as_weights(moe_dir,
         load_model(q_dir, device="cpu")
 
 
+def test_a_config_that_quantizes_part_of_a_moe_layer_is_refused(moe_dir, tmp_path):
+    # Its experts run stacked in one kernel: gate/up FP8 and down unquantized cannot be served.
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_CHANNEL, "compressed-tensors",
+                            targets=r".*mlp\.experts\.\d+\.(gate|up)_proj$")
+    with pytest.raises(ModelConfigError, match=re.escape(
+            "quantizes some expert projections of model.layers.0.mlp.experts and not others "
+            "(model.layers.0.mlp.experts.0.gate_proj is fp8-channel, model.layers.0.mlp.experts.0.down_proj is "
+            "unquantized)") + ".*targets and ignore list cover all of them or none"):
+        load_model(q_dir, device="cpu")
+
+
 def test_moe_block_checkpoint_whose_experts_cannot_stack_is_refused_at_selection(moe_dir, tmp_path):
     q_dir = quantize_folder(moe_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8")  # moe_intermediate_size 64
     with pytest.raises(KernelSelectionError, match="intermediate size .64. to be a multiple of the block"):

@@ -67,13 +67,15 @@ def is_quantizable(name: str) -> bool:
 
 
 def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input: bool = False,
-                    ignore: str | None = None) -> Path:
+                    ignore: str | None = None, targets: str | None = None) -> Path:
     """Write an FP8 copy of `src` in the native (`fmt="fp8"`) or compressed-tensors format.
 
-    `ignore`: a regex over module names (compressed-tensors only, whose `ignore` takes "re:"
-    entries) whose weights stay in the model dtype, listed in the config's ignore list."""
-    if ignore is not None and fmt != "compressed-tensors":
-        raise ValueError("ignore= writes a compressed-tensors 're:' ignore entry; use fmt='compressed-tensors'")
+    Regexes over module names, compressed-tensors only (its `ignore` and `targets` take "re:"
+    entries): `ignore` names modules whose weights stay in the model dtype, listed in the
+    config's ignore list; `targets` replaces the config's ["Linear"], and only the modules it
+    matches are quantized."""
+    if (ignore is not None or targets is not None) and fmt != "compressed-tensors":
+        raise ValueError("ignore= and targets= write compressed-tensors 're:' entries; use fmt='compressed-tensors'")
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix != ".safetensors":
@@ -83,7 +85,8 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
     scale_name = "weight_scale_inv" if fmt == "fp8" and scheme is Scheme.FP8_BLOCK else "weight_scale"
     for name, w in tensors.items():
         prefix = name[: -len(".weight")]
-        if not is_quantizable(name) or (ignore is not None and re.match(ignore, prefix)):
+        if (not is_quantizable(name) or (ignore is not None and re.match(ignore, prefix))
+                or (targets is not None and not re.match(targets, prefix))):
             out[name] = w
             continue
         if scheme is Scheme.FP8_BLOCK:
@@ -103,6 +106,8 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
         scheme, static_input)
     if ignore is not None:
         config["quantization_config"]["ignore"].append(f"re:{ignore}")
+    if targets is not None:
+        config["quantization_config"]["config_groups"]["group_0"]["targets"] = [f"re:{targets}"]
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
