@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from .backends import VLLM_LINEAR_BACKENDS, canonical, log_name_to_backend
+from .backends import FLAGS, VLLM_LINEAR_BACKENDS, canonical, log_name_to_backend
 from .config import Expect
 from .server import auth_headers
 
@@ -101,12 +101,26 @@ def kernel_matches(expected: str, kernel: str | None, backend: str | None) -> bo
         kernel == expected or canonical(kernel) == wanted))
 
 
+def implied_by_server_args(expect: Expect, backend_flags: dict[str, str]) -> dict[str, str]:
+    """The backends server_args name explicitly (not `auto`) for the layers `expect:` leaves
+    unset, by layer (`backend_flags`: EvalConfig.backend_flags()). For a server this run did not
+    start (--server-url) those flags were never applied: the server must prove it ran them, or a
+    run of another kernel would pass for the config's."""
+    implied = {}
+    for layer, flag in FLAGS.items():
+        value = backend_flags.get(flag)
+        if value and canonical(value) != "auto" and getattr(expect, f"{layer}_kernel") is None:
+            implied[layer] = value
+    return implied
+
+
 @dataclass
 class ExpectCheck:
     passed: bool
     expected: dict[str, str]
     mismatches: list[dict[str, Any]] = field(default_factory=list)  # module, layer, expected, kernel, backend
     problems: list[str] = field(default_factory=list)  # one line per failed expectation
+    from_server_args: list[str] = field(default_factory=list)  # layers whose expectation server_args implied
 
     @property
     def message(self) -> str:
@@ -114,7 +128,7 @@ class ExpectCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "expected": self.expected, "mismatches": self.mismatches,
-                "message": self.message or None}
+                "from_server_args": self.from_server_args, "message": self.message or None}
 
 
 def _modules_checked(modules: dict[str, dict[str, Any]], layer: str) -> dict[str, dict[str, Any]]:
@@ -124,18 +138,27 @@ def _modules_checked(modules: dict[str, dict[str, Any]], layer: str) -> dict[str
     return quantized or of_layer
 
 
-def verify(expect: Expect, report: dict[str, Any] | None, where: str) -> ExpectCheck:
-    """Check `expect` against `report`; `where` says where a report was looked for, for messages."""
-    wanted = {layer: name for layer, name in (("linear", expect.linear_kernel), ("moe", expect.moe_kernel)) if name}
-    check = ExpectCheck(passed=True, expected=wanted)
-    for layer, name in wanted.items():
+def verify(expect: Expect, report: dict[str, Any] | None, where: str,
+           implied: dict[str, str] | None = None) -> ExpectCheck:
+    """Check `expect`, and what server_args `implied` where it says nothing (see
+    `implied_by_server_args`), against `report`; `where` says where a report was looked for."""
+    explicit = {layer: name for layer, name in (("linear", expect.linear_kernel), ("moe", expect.moe_kernel)) if name}
+    implied = {layer: name for layer, name in (implied or {}).items() if layer not in explicit}
+    check = ExpectCheck(passed=True, expected={**explicit, **implied}, from_server_args=list(implied))
+    for layer, name in check.expected.items():
+        subject, fix = f"expect.{layer}_kernel", ""
+        if layer in implied:
+            subject = f"server_args' {FLAGS[layer]} (not applied to a server this run did not start, so checked " \
+                      f"as {subject})"
+            fix = f"; start that server with {FLAGS[layer]} {name} (or run without --server-url), or drop the flag " \
+                  "from server_args"
         if report is None:
-            check.problems.append(f"expect.{layer}_kernel {name!r} cannot be verified: no kernel report ({where})")
+            check.problems.append(f"{subject} {name!r} cannot be verified: no kernel report ({where}){fix}")
             continue
         modules = _modules_checked(report["modules"], layer)
         if not modules:
-            check.problems.append(f"expect.{layer}_kernel {name!r} cannot be verified: the kernel report "
-                                  f"({report['source']}) has no {layer} module")
+            check.problems.append(f"{subject} {name!r} cannot be verified: the kernel report "
+                                  f"({report['source']}) has no {layer} module{fix}")
             continue
         wrong = {module: m for module, m in modules.items()
                  if not kernel_matches(name, m.get("kernel"), m.get("backend"))}
@@ -143,12 +166,12 @@ def verify(expect: Expect, report: dict[str, Any] | None, where: str) -> ExpectC
             check.mismatches.append({"module": module, "layer": layer, "expected": name,
                                      "kernel": m.get("kernel"), "backend": m.get("backend")})
         if wrong:
-            check.problems.append(_mismatch_line(layer, name, modules, wrong))
+            check.problems.append(_mismatch_line(subject, layer, name, modules, wrong) + fix)
     check.passed = not check.problems
     return check
 
 
-def _mismatch_line(layer: str, expected: str, modules: dict[str, Any], wrong: dict[str, Any]) -> str:
+def _mismatch_line(subject: str, layer: str, expected: str, modules: dict[str, Any], wrong: dict[str, Any]) -> str:
     by_kernel: dict[tuple[str, str], list[str]] = {}
     for module, m in wrong.items():
         by_kernel.setdefault((str(m.get("kernel")), str(m.get("backend"))), []).append(module)
@@ -157,5 +180,5 @@ def _mismatch_line(layer: str, expected: str, modules: dict[str, Any], wrong: di
         shown = ", ".join(names[:_SHOWN_MODULES]) + (f" and {len(names) - _SHOWN_MODULES} more"
                                                      if len(names) > _SHOWN_MODULES else "")
         actual.append(f"{kernel} (backend {backend}) ran {shown}")
-    return (f"expect.{layer}_kernel: expected {expected!r} for every checked {layer} module, but "
+    return (f"{subject}: expected {expected!r} for every checked {layer} module, but "
             f"{len(wrong)} of {len(modules)} ran another kernel: " + "; ".join(actual))

@@ -31,6 +31,7 @@ from quantgate.engine.serve_args import EXIT_USAGE as SERVE_EXIT_USAGE
 
 from . import evaluate as evaluate_mod
 from . import expect as expect_mod
+from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions)
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
@@ -594,6 +595,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             server = attach(options.server_url, config.model_name,
                             api_key=api_key_of(config.server_args, config.env) or os.environ.get("OPENAI_API_KEY"))
             display.note(f"  evaluating the running server at {server.base_url} ({server.served_model})")
+            for layer, name in _implied_expectations(config, server).items():
+                display.note(f"  note: server_args' {BACKEND_FLAGS[layer]} {name} cannot be applied to a running "
+                             f"server: checked as expect.{layer}_kernel against the kernels it reports instead")
             if server.served_model != config.model_name:  # attach() took the one model it serves
                 display.note(f"  note: the config names {config.model_name!r}, the server serves only "
                              f"{server.served_model!r}: evaluating that (result.json server.served_model)")
@@ -718,8 +722,9 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     if not outcome.metrics.get("n") or outcome.metrics.get("value") is None:
         record.reason = "no question was evaluated (empty test set or limit 0)"
         return
-    check = expect_mod.verify(config.expect, report, where) if (config.expect.linear_kernel or
-                                                                config.expect.moe_kernel) else None
+    implied = _implied_expectations(config, server)
+    check = expect_mod.verify(config.expect, report, where, implied) if (config.expect.linear_kernel or
+                                                                         config.expect.moe_kernel or implied) else None
     gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item))
     record.gate = gate.to_dict()
     record.expect = check.to_dict() if check is not None else None
@@ -735,7 +740,20 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
                               else " (accuracy passed, but nothing proves which kernel ran)")
     else:
         record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
-            f"; kernels as expected ({', '.join(f'{k}={v}' for k, v in check.expected.items())})" if check else "")
+            f"; kernels as expected ({', '.join(_expected_text(check))})" if check else "")
+
+
+def _expected_text(check: expect_mod.ExpectCheck) -> list[str]:
+    return [f"{layer}={name}" + (" from server_args" if layer in check.from_server_args else "")
+            for layer, name in check.expected.items()]
+
+
+def _implied_expectations(config: EvalConfig, server: Server) -> dict[str, str]:
+    """The backends server_args ask for, by layer, that an attached server (--server-url) must
+    prove it ran: it was started by someone else, so the flags were never applied to it."""
+    if not isinstance(server, AttachedServer):
+        return {}
+    return expect_mod.implied_by_server_args(config.expect, config.backend_flags())
 
 
 def _gate_line(gate: GateOutcome) -> str:

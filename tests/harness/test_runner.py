@@ -113,6 +113,31 @@ def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: 
     assert code == 1
 
 
+def test_an_attached_server_must_prove_the_backend_server_args_ask_for(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """--server-url cannot apply server_args: a `--linear-backend marlin` there is checked as an
+    expectation, or a server running another kernel would pass for the config's."""
+    server = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, linear_backend="emulation"), {},
+                                  [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        marlin = write_config(tmp_path, "marlin", gsm8k_dir, {"linear_backend": "marlin"}, num_questions=4)
+        emulation = write_config(tmp_path, "emulation", gsm8k_dir, {"linear_backend": "emulation"}, num_questions=4)
+        auto = write_config(tmp_path, "auto", gsm8k_dir, {"linear_backend": "auto"}, num_questions=4)
+        code, output = run_in_process([marlin, emulation, auto], tmp_path / "out", server_url=server.base_url)
+    finally:
+        server.stop()
+    wrong = load_json(tmp_path / "out" / "marlin" / "result.json")
+    assert code == 1 and wrong["verdict"] == "FAIL", output
+    assert wrong["expect"]["from_server_args"] == ["linear"] and wrong["expect"]["expected"] == {"linear": "marlin"}
+    assert "server_args' --linear-backend (not applied to a server this run did not start" in wrong["reason"]
+    assert "expected 'marlin'" in wrong["reason"] and "EmulationLinearKernel" in wrong["reason"]
+    assert "start that server with --linear-backend marlin" in wrong["reason"]
+    assert "server_args' --linear-backend marlin cannot be applied to a running server" in output.replace("\n", "")
+    right = load_json(tmp_path / "out" / "emulation" / "result.json")
+    assert right["verdict"] == "PASS" and "kernels as expected (linear=emulation from server_args)" in right["reason"]
+    untested = load_json(tmp_path / "out" / "auto" / "result.json")
+    assert untested["verdict"] == "PASS" and untested["expect"] is None  # `auto` asks for no backend
+
+
 def test_an_attached_server_serving_one_other_model_is_evaluated_with_a_note_and_recorded(
         tmp_path: Path, gsm8k_dir: Path) -> None:
     server = launch(build_command("vllm", "other-model", fake_args(gsm8k_dir), {},
