@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+import functools
 import gc
 import hashlib
 import logging
 import math
+import os
 import re
 import sys
 import threading
@@ -106,22 +109,225 @@ def sha256_file(path: Path) -> str:
 # ---------------------------------------------------------------------------- task
 
 
-def installed_task_yaml(task: str) -> Path:
-    """The YAML file of `task` in the installed lm-eval (found without importing lm-eval)."""
+@dataclass(frozen=True)
+class InstalledName:
+    """One name in the installed lm-eval's task index: what `--tasks NAME` would load."""
+
+    name: str
+    kind: str  # "task", "python task" (`class:`), "group" or "tag"
+    path: Path | None  # the YAML that defines it; None for a tag (its tasks' files name it)
+    members: tuple[str, ...] = ()  # a group's subtasks (those named by a string), a tag's tasks
+
+
+@dataclass(frozen=True)
+class _TaskIndex:
+    tasks_dir: Path
+    entries: dict[str, tuple[str, str | None, list[str]]]  # name -> (kind, path, members): no Path per name
+    by_stem: dict[str, list[str]]  # file stem -> the names its YAML defines (for did-you-mean)
+
+    def get(self, name: str) -> InstalledName | None:
+        if name not in self.entries:
+            return None
+        kind, path, members = self.entries[name]
+        return InstalledName(name, kind, Path(path) if path else None, tuple(members))
+
+
+# The top-level keys lm-eval's TaskIndex reads to name a YAML, plain or quoted (generated task
+# files write `"task": "..."`): column 0, so a key of a nested mapping or a line of a block
+# scalar never matches.
+_INDEX_KEY = re.compile(r"^([\"']?)(task|group|tag|class|include)\1[ \t]*:(?=[ \t\r]|$)(.*)$", re.M)
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
+_QUOTED_NAME = re.compile(r"\"([^\"\\]*)\"|'([^']*)'")  # no escapes: the text between the quotes
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}  # plain words YAML reads as non-strings
+_IGNORE_DIRS = {"__pycache__", ".ipynb_checkpoints"}  # as lm-eval's TaskIndex
+
+
+def _index_keys(path: str, cache: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The index keys of one YAML file (`class` only as present), found by reading its text:
+    parsing the 14,000 installed YAML files takes seconds, this a fraction of one. None when the
+    file cannot be read."""
+    if path in cache:
+        return cache[path]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        cache[path] = None
+        return None
+    keys: dict[str, Any] = {}
+    for match in _INDEX_KEY.finditer(text):
+        key, rest = match.group(2), match.group(3).strip()
+        if key == "class":  # `class: !function ...`: lm-eval's Python task, whatever the value
+            keys[key] = True
+            continue
+        if rest and not rest.startswith("#"):
+            if _PLAIN_NAME.fullmatch(rest) and rest.lower() not in _YAML_WORDS:
+                keys[key] = rest
+                continue
+            quoted = _QUOTED_NAME.fullmatch(rest)
+            if quoted:
+                keys[key] = quoted.group(1) if quoted.group(1) is not None else quoted.group(2)
+                continue
+            snippet = f"{key}: {rest}"
+        else:  # a block value: the indented (or `- ` item) lines that follow
+            lines = [f"{key}:"]
+            for line in text[match.end() + 1:].splitlines():
+                if line.strip() and not line[0].isspace() and not line.startswith(("- ", "#")) and line != "-":
+                    break
+                lines.append(line)
+            snippet = "\n".join(lines)
+        parsed = _parse_snippet(snippet)
+        if isinstance(parsed, dict) and key in parsed:
+            keys[key] = parsed[key]
+    cache[path] = keys
+    return keys
+
+
+class _IndexLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """A safe loader (libyaml's when there) that reads lm-eval's `!function` tag as the text it
+    holds, never importing anything."""
+
+
+_IndexLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_snippet(snippet: str) -> Any:
+    try:
+        return yaml.load(snippet, Loader=_IndexLoader)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError:
+        return None
+
+
+def _merged_keys(path: str, cache: dict[str, dict[str, Any] | None], seen: set[str]) -> dict[str, Any]:
+    """The keys of `path` with its `include:`s merged in as lm-eval's load_yaml does (included
+    files first, the file's own keys win); an error where lm-eval's loader fails, so the file
+    is skipped as lm-eval skips it. Paths are strings: pathlib objects and a realpath per file
+    cost more than reading the files."""
+    path = os.path.normpath(path)
+    if path in seen:  # lm-eval shares one `seen` set across the whole include tree
+        raise ValueError(f"include cycle at {path}")
+    seen.add(path)
+    own = _index_keys(path, cache)
+    if own is None:
+        raise OSError(f"cannot read {path}")
+    if "include" not in own:
+        return own
+    merged: dict[str, Any] = {}
+    includes = own["include"]
+    for include in includes if isinstance(includes, list) else [includes]:
+        merged.update(_merged_keys(os.path.join(os.path.dirname(path), include), cache, seen))  # absolute stays
+    merged.update({k: v for k, v in own.items() if k != "include"})
+    return merged
+
+
+def _names_of(merged: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) as lm-eval's TaskIndex reads a YAML; None where it skips the file."""
+    if "class" in merged:
+        kind, name = "python task", merged.get("task")
+    elif "group" in merged:
+        kind, name = "group", merged["group"]
+    elif "task" in merged:
+        kind, name = "task", merged["task"]
+    else:
+        return None
+    return (kind, name) if isinstance(name, str) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _task_index(tasks_dir: Path) -> _TaskIndex:
+    """Every task, group and tag name of the lm-eval tasks under `tasks_dir`, by the rules of
+    lm-eval's own TaskIndex (`lm_eval/tasks/_index.py`): a task is named by its YAML's `task:`
+    key, never by its file name; a YAML with `group:` is a group, one with `class:` a Python
+    task; `tag:`s of tasks are tags; files in sorted path order, the first definition of a name
+    wins. Not lm-eval's index itself: importing lm-eval and building it takes 6 s, on every
+    `quantgate lint`; this takes under one. A test checks both agree on the installed tree."""
+    cache: dict[str, dict[str, Any] | None] = {}
+    found: dict[str, tuple[str, str | None, list[str]]] = {}
+    by_stem: dict[str, list[str]] = {}
+    files = []
+    for folder, subfolders, names in os.walk(tasks_dir, followlinks=True):  # lm-eval's glob("**/*.yaml")
+        subfolders[:] = [d for d in subfolders if d not in _IGNORE_DIRS]
+        files += [os.path.join(folder, n) for n in names if n.endswith(".yaml")]
+    for path in sorted(files):
+        try:
+            merged = _merged_keys(path, cache, set())
+        except (OSError, ValueError, TypeError):
+            continue
+        named = _names_of(merged)
+        if named is None:
+            continue
+        kind, name = named
+        by_stem.setdefault(os.path.basename(path)[:-len(".yaml")], []).append(name)
+        if name in found:
+            continue
+        if kind == "group":
+            subtasks = merged.get("task")
+            found[name] = (kind, path, [t for t in (subtasks if isinstance(subtasks, list) else [subtasks])
+                                        if isinstance(t, str)])
+            continue
+        found[name] = (kind, path, [])
+        tags = merged.get("tag")
+        for tag in tags if isinstance(tags, list) else [tags] if tags else []:
+            if isinstance(tag, str):
+                entry = found.setdefault(tag, ("tag", None, []))
+                if entry[0] == "tag":
+                    entry[2].append(name)
+    return _TaskIndex(tasks_dir, found, by_stem)
+
+
+def _tasks_dir() -> Path:
     from importlib.util import find_spec
 
     spec = find_spec("lm_eval")
     if spec is None or not spec.submodule_search_locations:
         raise EvalSetupError("lm-eval is not installed; install quantgate with its dependencies (`make install`)")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", task) or task.startswith("."):
-        raise EvalSetupError(f"task {task!r} is not an lm-eval task name (letters, digits, '_', '-', '.')")
-    tasks_dir = Path(next(iter(spec.submodule_search_locations))) / "tasks"
-    direct = tasks_dir / task / f"{task}.yaml"
-    if direct.is_file():
-        return direct
-    for candidate in sorted(tasks_dir.rglob(f"{task}.yaml")):
-        return candidate
-    raise EvalSetupError(f"task {task!r} is not an lm-eval task installed under {tasks_dir}; check `task:`")
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "tasks"
+
+
+def _did_you_mean(task: str, index: _TaskIndex) -> str:
+    """A hint for a name lm-eval does not know: the task a file of that name defines (a file
+    name is not a task name: `gsm8k-cot` is the file of `gsm8k_cot`), the same name up to case
+    and `-`/`_`, or a close spelling."""
+    def norm(name: str) -> str:
+        return name.lower().replace("-", "_")
+
+    stem_names = [n for n in index.by_stem.get(task, ()) if n != task]
+    if len(stem_names) == 1:
+        [name] = stem_names
+        kind, path, _ = index.entries[name]
+        return (f"; {task}.yaml ({path}) is the file of the {kind} {name!r}: lm-eval names a "
+                f"task by its YAML's `task:` key, not by its file name. Did you mean {name!r}?")
+    same = [n for n in index.entries if norm(n) == norm(task)]
+    close = same or difflib.get_close_matches(task, list(index.entries), n=3, cutoff=0.8)
+    return f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
+
+
+def installed_task_yaml(task: str) -> Path:
+    """The YAML file that defines the lm-eval task named `task` (its `task:` key, not its file
+    name) in the installed lm-eval; an EvalSetupError for a name that is a group, a tag, a
+    Python task or nothing lm-eval knows, saying which."""
+    tasks_dir = _tasks_dir()
+    index = _task_index(tasks_dir)
+    entry = index.get(task)
+    if entry is None:
+        raise EvalSetupError(f"task {task!r} is not the name of a task in the installed lm-eval ({tasks_dir})"
+                             f"{_did_you_mean(task, index) or '; check `task:` (`lm_eval ls tasks` lists them)'}")
+    some = ", ".join(entry.members[:5]) + (", ..." if len(entry.members) > 5 else "")
+    if entry.kind == "group":
+        raise EvalSetupError(f"task {task!r} ({entry.path}) is a group of tasks ({some or 'its subtasks'}), with no "
+                             "metrics of its own: groups are refused; give one self-contained task (such as gsm8k) "
+                             "per config")
+    if entry.kind == "tag":
+        raise EvalSetupError(f"task {task!r} is an lm-eval tag of {len(entry.members)} task(s) ({some}), not a "
+                             "task: tags are refused; give one self-contained task (such as gsm8k) per config")
+    if entry.kind == "python task":
+        raise EvalSetupError(f"task {task!r} ({entry.path}) is defined by a Python class (`class:`), which "
+                             "quantgate cannot rebuild with local data; use a self-contained YAML task such as gsm8k")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", task) or task.startswith("."):  # the rebuilt file is named after it
+        raise EvalSetupError(f"task {task!r} ({entry.path}) has a name quantgate cannot use as a file name "
+                             "(letters, digits, '_', '-', '.'); use a task such as gsm8k")
+    return entry.path
 
 
 def task_config(task: str) -> tuple[Path, dict[str, Any]]:
@@ -138,8 +344,9 @@ def task_config(task: str) -> tuple[Path, dict[str, Any]]:
         raise EvalSetupError(f"task {task!r} ({source}) includes other files; only self-contained task "
                              "YAMLs (such as gsm8k) can be rebuilt with local data")
     if "metric_list" not in task_cfg:
-        raise EvalSetupError(f"task {task!r} ({source}) is a group of tasks, with no metrics of its own; give one "
-                             "self-contained task (such as gsm8k) per config")
+        raise EvalSetupError(f"task {task!r} ({source}) has no metric_list: lm-eval would score it with its output "
+                             "type's default metrics, which quantgate cannot check `metric:` against; use a task "
+                             "that lists its metrics (such as gsm8k)")
     return source, task_cfg
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -69,8 +70,74 @@ def test_unknown_metric_and_missing_train_file_are_setup_errors(tmp_path: Path, 
         check_metric(task_config("gsm8k")[1], "exact_match,strict")
     with pytest.raises(EvalSetupError, match="train file"):
         write_task_yaml(_settings(gsm8k_dir, tmp_path, train_file=None))
-    with pytest.raises(EvalSetupError, match="not an lm-eval task"):
+    with pytest.raises(EvalSetupError, match="not the name of a task in the installed lm-eval"):
         installed_task_yaml("no_such_task_anywhere")
+
+
+# -- tasks by name: lm-eval names a task by its YAML's `task:` key, never by its file name ----------
+
+
+def test_a_task_is_found_by_its_task_key_and_rebuilt_from_its_one_file(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """gsm8k_cot lives in gsm8k/gsm8k-cot.yaml: looking for `gsm8k_cot.yaml` refused it."""
+    from lm_eval.tasks import TaskManager
+
+    assert installed_task_yaml("gsm8k_cot").name == "gsm8k-cot.yaml"
+    source, task_cfg = task_config("gsm8k_cot")
+    assert task_cfg["task"] == "gsm8k_cot" and check_metric(task_cfg, "exact_match,strict-match")
+    written = write_task_yaml(_settings(gsm8k_dir, tmp_path, task="gsm8k_cot"))
+    task = TaskManager(include_path=str(written.parent), include_defaults=False).load(["gsm8k_cot"])["tasks"]
+    assert len(task["gsm8k_cot"].test_docs()) == runner_fixtures.N_TEST  # the local data, offline
+
+
+def test_a_file_name_is_not_a_task_name_and_the_error_names_the_task(tmp_path: Path) -> None:
+    """`task: gsm8k-cot` (the file's stem) linted clean, then ended a run with lm-eval's KeyError."""
+    with pytest.raises(EvalSetupError) as refused:
+        task_config("gsm8k-cot")
+    message = str(refused.value)
+    assert "'gsm8k-cot' is not the name of a task" in message and "gsm8k-cot.yaml" in message
+    assert "not by its file name" in message and message.endswith("Did you mean 'gsm8k_cot'?")
+    with pytest.raises(EvalSetupError, match="did you mean 'gsm8k'"):
+        task_config("gsm8kk")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("mmlu", "is a group of tasks (mmlu_stem, "),
+    ("metabench", "is a group of tasks"),
+    ("chain_of_thought", "is an lm-eval tag of "),  # a `tag:` of gsm8k_cot and others
+    ("squadv2", "is defined by a Python class (`class:`)"),
+    ("aime25", "!function"),
+])
+def test_groups_tags_and_python_tasks_are_refused_as_what_they_are(name: str, says: str) -> None:
+    with pytest.raises(EvalSetupError, match=re.escape(says)) as refused:
+        task_config(name)
+    assert "not the name of a task" not in str(refused.value)  # they are installed: never "not found"
+
+
+def test_a_task_name_that_is_a_file_name_is_refused_at_load_before_any_server(tmp_path: Path,
+                                                                             gsm8k_dir: Path) -> None:
+    config = runner_fixtures.write_config(tmp_path, "cot", gsm8k_dir, task="gsm8k-cot")
+    code, output = runner_fixtures.run_in_process([config], tmp_path / "out")
+    assert code == 3 and "Did you mean 'gsm8k_cot'?" in output.replace("\n", ""), output
+    assert not (tmp_path / "out" / "cot" / "server.log").exists()
+
+
+def test_the_task_index_names_what_lm_evals_own_index_names() -> None:
+    """quantgate reads the installed task YAMLs' names itself (lm-eval's TaskIndex takes 6 s to
+    import and build, on every lint): both must agree on every name, its kind and its file."""
+    from lm_eval.tasks._index import Kind, TaskIndex
+
+    from quantgate.harness.evaluate import _task_index, _tasks_dir
+
+    ours = _task_index(_tasks_dir())
+    kinds = {Kind.TASK: "task", Kind.PY_TASK: "python task", Kind.GROUP: "group", Kind.TAG: "tag"}
+    theirs = TaskIndex.build([_tasks_dir()])
+    assert set(ours.entries) == set(theirs)
+    for name, entry in theirs.items():
+        mine = ours.get(name)
+        assert mine is not None and mine.kind == kinds[entry.kind], name
+        assert mine.path == (entry.yaml_path.resolve() if entry.yaml_path else None), name
+        if entry.kind == Kind.TAG:
+            assert set(mine.members) == entry.tags, name
 
 
 def test_prompt_templates_compile_once_and_render_as_before() -> None:
