@@ -152,10 +152,13 @@ def test_an_interrupt_during_start_up_kills_a_server_ignoring_sigterm_within_the
     pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
+    while pid_alive(pid) and time.monotonic() - sent < 30:
+        time.sleep(0.05)
+    killed_after = time.monotonic() - sent
     output, _ = proc.communicate(timeout=60)
-    took = time.monotonic() - sent
     assert proc.returncode == 2, output
-    assert took < min(INTERRUPTED_GRACE_S + 4, TEARDOWN_GRACE_S), f"took {took:.1f} s to stop after SIGTERM"
+    assert killed_after < min(INTERRUPTED_GRACE_S + 3, TEARDOWN_GRACE_S), \
+        f"the server outlived the runner's SIGTERM by {killed_after:.1f} s"
     assert group_members(pid) == [] and not pid_alive(pid)
     result = load_json(tmp_path / "out" / "stubborn" / "result.json")
     assert result["interrupted"] == "SIGTERM" and result["server"]["exit_status"] == -signal.SIGKILL
