@@ -4,6 +4,7 @@ working `quantgate`: the package-dir mapping puts harness, engine and kernels un
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,75 @@ def test_a_regular_install_gives_a_working_command(tmp_path: Path) -> None:
     kernels = subprocess.run([sys.executable, str(script), "kernels", "--capability", "8.0", "--scheme", "fp8-block"],
                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert kernels.returncode == 0 and "MarlinFp8LinearKernel" in kernels.stdout, kernels.stderr
+
+
+# -- the Makefile's venv: run for real with a stand-in python (fast: nothing is installed) --------
+
+FAKE_PYTHON = '''\
+"""A stand-in for python3 and the venv's python: logs every call to $FAKE_LOG; `-m venv [FLAGS]
+DIR` makes DIR/bin/python (this script) and installs "pip" (a marker file) unless
+$FAKE_INTERRUPT_VENV is set: then it exits as Ctrl-C while venv installs pip leaves it, a python
+without pip. `-m pip` fails as such a python does."""
+import os, shutil, sys
+from pathlib import Path
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(args) + "\\n")
+if args[:2] == ["-m", "venv"]:
+    venv = Path(args[-1])
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(__file__, venv / "bin" / "python")
+    if os.environ.get("FAKE_INTERRUPT_VENV"):
+        sys.exit(130)
+    (venv / "pip-installed").touch()
+elif args[:2] == ["-m", "pip"] and not Path(sys.argv[0]).parent.parent.joinpath("pip-installed").exists():
+    sys.exit(f"{sys.argv[0]}: No module named pip")
+'''
+# Settings a user may have exported, or that an outer `make test` passes on: not these tests' own.
+_MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON", "VENV", "VENV_FLAGS", "TORCH_SPEC", "RESULTS",
+             "DEMO_CONFIG")
+
+
+def _make(tmp_path: Path, *args: str, interrupt: bool = False) -> subprocess.CompletedProcess[str]:
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    fake = tmp_path / "python3"
+    if not fake.exists():
+        fake.write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in _MAKE_ENV}
+    env["FAKE_LOG"] = str(tmp_path / "calls.log")
+    if interrupt:
+        env["FAKE_INTERRUPT_VENV"] = "1"
+    return subprocess.run(["make", f"PYTHON={fake}", f"VENV={tmp_path / 'venv'}", f"RESULTS={tmp_path / 'results'}",
+                           *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_an_interrupted_venv_is_made_again_not_used_without_pip(tmp_path: Path) -> None:
+    first = _make(tmp_path, "install", interrupt=True)
+    assert first.returncode != 0 and (tmp_path / "venv" / "bin" / "python").exists()  # no pip in it
+    again = _make(tmp_path, "install")
+    assert again.returncode == 0, again.stderr
+    assert "No module named pip" not in again.stderr
+    assert sum(call.startswith("-m venv") for call in _calls(tmp_path)) == 2
+    assert (tmp_path / "venv" / ".quantgate-installed").exists()
+    assert _make(tmp_path, "install").returncode == 0  # made once: nothing runs again
+    assert sum(call.startswith("-m venv") for call in _calls(tmp_path)) == 2
+
+
+def test_a_folder_the_makefile_did_not_finish_is_never_removed(tmp_path: Path) -> None:
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / "mine.txt").write_text("someone's file")
+    refused = _make(tmp_path, "install")
+    assert refused.returncode != 0 and "is not a venv this Makefile finished" in refused.stderr
+    assert "make clean" in refused.stderr and (tmp_path / "venv" / "mine.txt").exists()
+    # One a make before VENV_STAMP existed finished (it has the install stamp) is remade.
+    (tmp_path / "venv" / ".quantgate-installed").touch()
+    assert _make(tmp_path, "install").returncode == 0
+    assert not (tmp_path / "venv" / "mine.txt").exists()
