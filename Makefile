@@ -15,19 +15,33 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.quantgate-installed
 TEST_STAMP := $(VENV)/.quantgate-test-installed
 
-# Written into the venv once it is complete (pip upgraded).
+# The settings a venv is made with, written into it once it is complete (pip upgraded). A venv
+# keeps them: recreating it is the only way to drop system site-packages or a torch it installed,
+# so a make asking for other settings is refused instead of silently using the old venv (the
+# GPU set-up after a `make demo` kept the CPU torch and no system site-packages).
+VENV_SETTINGS := $(strip PYTHON=$(PYTHON) VENV_FLAGS=$(VENV_FLAGS) TORCH_SPEC=$(TORCH_SPEC))
 VENV_STAMP := $(VENV)/.quantgate-venv
+VENV_MADE := $(strip $(shell cat '$(VENV_STAMP)' 2>/dev/null))
 # Present while the venv is being made. `python -m venv` interrupted (Ctrl-C while it installs
 # pip) leaves a python without pip, which every later make would use and fail on ("No module
 # named pip"); a folder with this marker and no VENV_STAMP is remade from scratch instead.
 VENV_PARTIAL := $(VENV)/.quantgate-venv-partial
 
-.PHONY: demo test install models clean
+.PHONY: demo test install models clean venv-settings
+
+VENV_SETTINGS_DIFFER = $(VENV) was made with $(VENV_MADE) but this make asks for $(VENV_SETTINGS), \
+  which only a new venv gets: run `make clean` (it removes $(VENV), $(RESULTS) and the built FP8 models) \
+  and make again, or make with the settings it was made with (export them for every make)
+
+# Run whenever the venv is needed: was the venv there made with this make's settings?
+venv-settings:
+	@:$(if $(VENV_MADE),$(if $(subst $(VENV_SETTINGS),,$(VENV_MADE))$(subst $(VENV_MADE),,$(VENV_SETTINGS)),\
+	  $(error $(VENV_SETTINGS_DIFFER))))
 
 # A folder without VENV_STAMP is remade when this Makefile started it (VENV_PARTIAL: an
 # interrupted make) or finished it before VENV_STAMP existed (STAMP); any other folder there is
 # someone else's, never removed.
-$(VENV_STAMP):
+$(VENV_STAMP): | venv-settings
 	@if [ -e $(VENV) ] && [ ! -e $(VENV_PARTIAL) ] && [ ! -e $(STAMP) ] && [ -n "$$(ls -A $(VENV))" ]; then \
 	  echo "make: $(VENV) exists but is not a venv this Makefile finished (no $(VENV_STAMP)): remove it" \
 	    "(\`make clean\` removes it, $(RESULTS) and the built FP8 models) and make again, or choose another VENV=" >&2; \
@@ -38,7 +52,8 @@ $(VENV_STAMP):
 	touch $(VENV_PARTIAL)
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PIP) install -q --upgrade pip
-	touch $@
+	printf '%s\n' '$(subst ','\'',$(VENV_SETTINGS))' > $@.tmp
+	mv $@.tmp $@
 	rm -f $(VENV_PARTIAL)
 
 $(STAMP): pyproject.toml constraints.txt $(VENV_STAMP)

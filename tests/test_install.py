@@ -106,3 +106,22 @@ def test_a_folder_the_makefile_did_not_finish_is_never_removed(tmp_path: Path) -
     (tmp_path / "venv" / ".quantgate-installed").touch()
     assert _make(tmp_path, "install").returncode == 0
     assert not (tmp_path / "venv" / "mine.txt").exists()
+
+
+def test_a_venv_made_with_other_settings_is_refused_not_silently_reused(tmp_path: Path) -> None:
+    """The README's GPU set-up after a `make demo` kept the CPU torch and no system site-packages."""
+    assert _make(tmp_path, "install").returncode == 0
+    gpu = ("VENV_FLAGS=--system-site-packages", "TORCH_SPEC=")
+    refused = _make(tmp_path, "install", *gpu)
+    assert refused.returncode != 0 and "make clean" in refused.stderr, refused.stderr
+    assert "VENV_FLAGS= TORCH_SPEC=torch==2.13.0" in refused.stderr  # what it was made with
+    assert "VENV_FLAGS=--system-site-packages TORCH_SPEC=" in refused.stderr  # what this make asked
+    assert sum(call.startswith("-m venv") for call in _calls(tmp_path)) == 1
+    shutil.rmtree(tmp_path / "venv")  # what `make clean` does to it
+    before = len(_calls(tmp_path))
+    assert _make(tmp_path, "install", *gpu).returncode == 0
+    remade = _calls(tmp_path)[before:]
+    assert remade[0].startswith("-m venv --system-site-packages")
+    assert not any("torch" in call for call in remade)  # TORCH_SPEC= keeps the system's torch
+    assert _make(tmp_path, "install", *gpu).returncode == 0  # the same settings: the same venv
+    assert sum(call.startswith("-m venv") for call in _calls(tmp_path)) == 2
