@@ -75,7 +75,12 @@ class MarlinFp8LinearKernel(LinearKernel):
         x2 = x.reshape(-1, cfg.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        gemm = w8a16_split_gemm if self.split else w8a16_gemm
-        out = gemm(x2, layer.weight, getattr(layer, cfg.scale_name), groupwise=cfg.scheme is Scheme.FP8_BLOCK,
-                   bias=bias, workspace=layer.workspace)
+        groupwise = cfg.scheme is Scheme.FP8_BLOCK
+        scale = getattr(layer, cfg.scale_name)
+        if self.split:
+            out = w8a16_split_gemm(x2, layer.weight, scale, groupwise=groupwise,
+                                   scale_block_n=cfg.block_size[0] if groupwise else 1, bias=bias,
+                                   workspace=layer.workspace)
+        else:
+            out = w8a16_gemm(x2, layer.weight, scale, groupwise=groupwise, bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)

@@ -121,7 +121,9 @@ def _split_kernel(x_ptr, xs_ptr, xsc_ptr, M, K, stride_xm, stride_xs, stride_xsc
 def _split_gemm_kernel(
     w_desc, xs_desc, xsc_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
     M, N, K, split_k, stride_cm, stride_sg, stride_xsc,
-    S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+    S_MUL: tl.constexpr, GROUPWISE: tl.constexpr,
+    TILE_SCALE: tl.constexpr,  # GROUPWISE, and the column tile lies in one weight scale block: one scale per K step
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
     TERMS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """acc^T [BLOCK_N, COLUMNS] = W_tile @ xs_tile^T over this program's K slice."""
@@ -145,7 +147,11 @@ def _split_gemm_kernel(
         part = tl.dot(w, xs.T)  # exact FP8 products, one K group: no promotion is due inside it
         # Columns past the split rows are zeros; their scale must not be a NaN from the scratch.
         xsc = tl.load(xsc_ptr + kt * stride_xsc + rc, mask=rc < M * TERMS, other=0.0)
-        if GROUPWISE:
+        if TILE_SCALE:
+            acc += part * (xsc * tl.load(s_ptr + kt * stride_sg + n0).to(tl.float32))[None, :]
+        elif GROUPWISE:
+            # A [BLOCK_N] vector in another layout than the MMA's: a shared-memory round trip per
+            # K step, ~45% of the time at large M (run 15), hence TILE_SCALE where it applies.
             s = tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)
             acc += part * s[:, None] * xsc[None, :]
         else:
@@ -169,6 +175,7 @@ def w8a16_split_gemm(
     scale: torch.Tensor,
     *,
     groupwise: bool,
+    scale_block_n: int = 1,
     bias: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     config: SplitConfig | None = None,
@@ -177,7 +184,9 @@ def w8a16_split_gemm(
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [N, ceil(K/128)*32] -> [M, N] in x.dtype.
 
     scale and workspace as for w8a16_gemm.w8a16_gemm (workspace: int32 zeros, `workspace_size(N)`
-    of that module). Without `config` the tuner picks among `candidates_for(M)`.
+    of that module); `scale_block_n`: the weight rows that share each groupwise scale (a block
+    checkpoint's block rows), which lets a column tile inside one block read one scale per K step.
+    Without `config` the tuner picks among `candidates_for(M)`.
     """
     m, k = x.shape
     n, words = packed.shape
@@ -203,15 +212,15 @@ def w8a16_split_gemm(
                   TERMS=terms, ROWS=SPLIT_ROWS, num_warps=4, **options)
 
     def run(cfg: SplitConfig, split: int | None = None) -> None:
-        _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise, cfg, split, options)
+        _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise, scale_block_n, cfg, split, options)
 
     if config is None:
-        config = _TUNER.pick((m_bucket(m), n, k, x.dtype, groupwise), candidates_for(m), run, x.device)
+        config = _TUNER.pick((m_bucket(m), n, k, x.dtype, groupwise, scale_block_n), candidates_for(m), run, x.device)
     run(config, split_k)
     return out
 
 
-def _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise: bool, cfg: SplitConfig,
+def _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise: bool, scale_block_n: int, cfg: SplitConfig,
             split_k: int | None, options: dict) -> None:
     m, k = x.shape
     n = packed.shape[0]
@@ -229,10 +238,12 @@ def _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise: bool, cf
     bias_arg = bias if bias is not None else out
     stride_sg = scale.stride(0) if groupwise else 0
     pointers = tuple(aligned(t.data_ptr()) for t in (xsc, scale, bias_arg, partial, counters))
-    spec = (cfg, x.dtype, groupwise, bias is not None, split_k > 1, n, k, options["PDL"], stride_sg, *pointers)
+    tile_scale = groupwise and scale_block_n % cfg.block_n == 0
+    spec = (cfg, x.dtype, groupwise, tile_scale, bias is not None, split_k > 1, n, k, options["PDL"], stride_sg,
+            *pointers)
     _gemm_launch(
         spec, (n_tiles, m_tiles, split_k),
         (w_desc, xs_desc, xsc, scale, out, bias_arg, partial, counters, m, n, k, split_k, n, stride_sg, terms * m),
-        S_MUL=float(2.0 ** -SCALE_SHIFT[x.dtype]), GROUPWISE=groupwise, HAS_BIAS=bias is not None,
+        S_MUL=float(2.0 ** -SCALE_SHIFT[x.dtype]), GROUPWISE=groupwise, TILE_SCALE=tile_scale, HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, TERMS=terms, COLUMNS=cfg.columns, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)

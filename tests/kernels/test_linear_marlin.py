@@ -192,12 +192,14 @@ def test_split_terms_sum_back_to_the_activations(seed, dtype):
     assert (xs[:, 0].abs() <= 256).all() and rebuilt[3].eq(0).all()
 
 
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("scheme, block", [(s, (128, 128)) for s in SCHEMES] + [(Scheme.FP8_BLOCK, (32, 128))],
+                         ids=str)
 @pytest.mark.parametrize("m", [1, 20])
 @pytest.mark.usefixtures("split_path")
-def test_split_path_apply_matches_float64_reference(seed, scheme, m):
+def test_split_path_apply_matches_float64_reference(seed, scheme, block, m):
     # K and N not multiples of 128; fp16 (four terms): the interpreter's bf16 dots run in fp16.
-    case = make_case(200, 300, scheme, bias=True, device=DEVICE)
+    # 32-row scale blocks: narrower than every column tile, so each column reads its own scale.
+    case = make_case(200, 300, scheme, block=block, bias=True, device=DEVICE)
     kernel = MarlinFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
     assert case.layer.weight.shape == (200, 3 * 32)  # the rows layout
@@ -226,11 +228,12 @@ def test_every_split_candidate_matches_float64_reference(seed, config):
     kernel.process_weights_after_loading(case.layer)  # the scales as marlin keeps them
     packed = pack_weight_rows(case.weight)
     workspace = torch.zeros(workspace_size(200), dtype=torch.int32, device=DEVICE)
-    for m, split_k in ((1, None), (3, 2), (config.columns // 4 + 1, None)):
+    # scale_block_n 128: a tile inside one scale block reads one scale per K step; 1: one per column.
+    for m, split_k, scale_block_n in ((1, None, 128), (3, 2, 1), (config.columns // 4 + 1, None, 128)):
         x = torch.randn(m, 600, device=DEVICE).half()
-        out = w8a16_split_gemm(x, packed, case.layer.weight_scale, groupwise=True, workspace=workspace,
-                               config=config, split_k=split_k)
-        assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3, (m, split_k)
+        out = w8a16_split_gemm(x, packed, case.layer.weight_scale, groupwise=True, scale_block_n=scale_block_n,
+                               workspace=workspace, config=config, split_k=split_k)
+        assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3, (m, split_k, scale_block_n)
         assert workspace.eq(0).all()
 
 
