@@ -10,6 +10,13 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_CONFIG ?= eval_configs/tiny/demo.yaml
 RESULTS ?= results
 
+# These paths go into recipes unquoted, and `clean` removes two of them: whitespace would split
+# one path into several (VENV="my venv" made my/ and venv/; `clean` would remove `my` and
+# `results`), so a path that is not one word is refused before anything runs.
+$(foreach name,VENV RESULTS DEMO_CONFIG,$(if $(filter 1,$(words $($(name)))),,$(error \
+  $(name)='$($(name))' must be one path, not empty and with no whitespace (make uses it \
+  unquoted and `make clean` removes VENV and RESULTS); choose a path without spaces)))
+
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.quantgate-installed

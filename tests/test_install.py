@@ -84,6 +84,15 @@ def _calls(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.parametrize("name", ["VENV", "RESULTS", "DEMO_CONFIG"])
+def test_make_refuses_a_path_with_whitespace_before_running_anything(tmp_path: Path, name: str) -> None:
+    """VENV="my venv" made my/ and venv/; `make clean RESULTS="my results"` would remove `my`."""
+    made = _make(tmp_path, "-n", "clean", "install", f"{name}=my folder")
+    assert made.returncode == 2, made.stderr
+    assert f"{name}='my folder' must be one path, not empty and with no whitespace" in made.stderr
+    assert "rm -rf" not in made.stdout and "venv" not in made.stdout, made.stdout
+
+
 def test_an_interrupted_venv_is_made_again_not_used_without_pip(tmp_path: Path) -> None:
     first = _make(tmp_path, "install", interrupt=True)
     assert first.returncode != 0 and (tmp_path / "venv" / "bin" / "python").exists()  # no pip in it
