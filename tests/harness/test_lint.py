@@ -134,3 +134,17 @@ def test_one_file_named_two_ways_is_linted_once(tmp_path: Path, capsys: pytest.C
 def test_a_path_too_long_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["lint", str(tmp_path / ("a" * 300 + ".yaml"))]) == 3
     assert "cannot be read: File name too long" in capsys.readouterr().out
+
+
+def test_a_task_is_linted_by_its_lm_eval_name_not_its_file_name(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """gsm8k_cot (gsm8k/gsm8k-cot.yaml) was refused; gsm8k-cot linted clean, then failed the run."""
+    good = tmp_path / "cot.yaml"
+    good.write_text(GOOD + "task: gsm8k_cot\n")
+    assert main(["lint", str(good)]) == 0, capsys.readouterr()
+    for task, says in (("gsm8k-cot", "Did you mean 'gsm8k_cot'?"), ("mmlu", "groups are refused")):
+        bad = tmp_path / f"{task}.yaml"
+        bad.write_text(GOOD + f"task: {task}\n")
+        assert main(["lint", str(bad)]) == 3
+        out, _ = capsys.readouterr()
+        assert out.startswith(f"{bad}:3: task: ") and says in out, out
