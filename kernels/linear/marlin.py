@@ -9,9 +9,10 @@ byte each. Two kernel families, by GPU:
   (run 15).
 - every other GPU (kernels/triton/w8a16_gemm.py): weights widened in registers, bf16/fp16
   tensor cores or a float32 GEMV; packed once into the int32 "k-planes" layout.
-Either way scales become per-column rows in the activation dtype ([K groups, N]; fp16 ones
-pre-multiplied by 2^10) and a split-K workspace is bound. Every scheme reduces to that scale
-layout: block scales are expanded over their bn rows, a channel or tensor scale is one row.
+Either way scales become per-column values in the activation dtype (fp16 ones pre-multiplied by
+2^10), [K groups, N] for the k-planes kernels and [N, K groups] for the split ones, and a split-K
+workspace is bound. Every scheme reduces to that: block scales are expanded over their bn rows,
+a channel or tensor scale is one group.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class MarlinFp8LinearKernel(LinearKernel):
             )
         self.split = split_device(weight.device)  # the layout is the kernel family's: fixed per device
         bind_processed(layer, "weight", pack_weight_rows(weight) if self.split else pack_weight(weight))
-        bind_processed(layer, cfg.scale_name, stored.to(cfg.act_dtype).contiguous())
+        # The split kernels read a column's scales along K ([N, K groups]), the others along N.
+        bind_processed(layer, cfg.scale_name, (stored.t() if self.split else stored).to(cfg.act_dtype).contiguous())
         bind_processed(layer, "workspace", torch.zeros(workspace_size(n), dtype=torch.int32, device=weight.device))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

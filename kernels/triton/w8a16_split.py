@@ -21,7 +21,10 @@ across programs when there is one row tile, as in the other dense GEMMs (gemm_ep
 
 Layout ("rows"), built once at load by `pack_weight_rows`: int32 [N, ceil(K/128) * 32], each
 row's FP8 bytes in K order, zero-padded to a multiple of 128 (TMA reads it as FP8 [N, K_pad]).
-Scales are marlin's ([K groups or 1, N] in the activation dtype, fp16 ones times 2^10).
+Scales are marlin's values (per column, in the activation dtype, fp16 ones times 2^10) stored
+[N, K groups or 1]: a column's scales contiguous along K, so that a tile's scale for the next K
+steps is the next word. Strided along K (marlin's [K groups, N]) that one scalar load per K step
+cost 7-32% of a decode GEMM on the H200 (run 15).
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .act_quant import _to_fp8
 from .gemm_epilogue import bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
-from .launch import DirectLaunch, aligned, cdiv, tma_device
+from .launch import DirectLaunch, aligned, cdiv, next_power_of_2, tma_device
 from .pdl import await_inputs, launch_options
 from .scratch import device_buffer
 from .tuning import Autotuner, m_bucket
 from .w8a16_gemm import GROUP_K, SCALE_SHIFT
 
 TERMS = {torch.bfloat16: 2, torch.float16: 4}
-SPLIT_ROWS = 16  # activation rows per program of the split kernel
+SPLIT_ROWS = 16  # activation rows per program of the split kernel (fewer for fewer rows)
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _split_kernel(x_ptr, xs_ptr, xsc_ptr, M, K, stride_xm, stride_xs, stride_xsc
 @triton.jit(do_not_specialize=["M", "split_k", "stride_xsc"])
 def _split_gemm_kernel(
     w_desc, xs_desc, xsc_ptr, s_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
-    M, N, K, split_k, stride_cm, stride_sg, stride_xsc,
+    M, N, K, split_k, stride_cm, stride_sn, stride_xsc,
     S_MUL: tl.constexpr, GROUPWISE: tl.constexpr,
     TILE_SCALE: tl.constexpr,  # GROUPWISE, and the column tile lies in one weight scale block: one scale per K step
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
@@ -148,17 +151,17 @@ def _split_gemm_kernel(
         # Columns past the split rows are zeros; their scale must not be a NaN from the scratch.
         xsc = tl.load(xsc_ptr + kt * stride_xsc + rc, mask=rc < M * TERMS, other=0.0)
         if TILE_SCALE:
-            acc += part * (xsc * tl.load(s_ptr + kt * stride_sg + n0).to(tl.float32))[None, :]
+            acc += part * (xsc * tl.load(s_ptr + n0 * stride_sn + kt).to(tl.float32))[None, :]
         elif GROUPWISE:
             # A [BLOCK_N] vector in another layout than the MMA's: a shared-memory round trip per
             # K step, ~45% of the time at large M (run 15), hence TILE_SCALE where it applies.
-            s = tl.load(s_ptr + kt * stride_sg + rn_in).to(tl.float32)
+            s = tl.load(s_ptr + rn_in * stride_sn + kt).to(tl.float32)
             acc += part * s[:, None] * xsc[None, :]
         else:
             acc += part * xsc[None, :]
     out = tl.sum(tl.reshape(acc, (BLOCK_N, COLUMNS // TERMS, TERMS)), axis=2) * S_MUL  # a row's terms
     if not GROUPWISE:
-        out = out * tl.load(s_ptr + rn_in).to(tl.float32)[:, None]
+        out = out * tl.load(s_ptr + rn_in * stride_sn).to(tl.float32)[:, None]
     rm = pid_m * (COLUMNS // TERMS) + tl.arange(0, COLUMNS // TERMS)
     store_tile(tl.trans(out), c_ptr, bias_ptr, partial_ptr, counter_ptr, rm, rn, M, N, stride_cm, pid_k,
                split_k, pid_m * num_pid_n + pid_n, HAS_BIAS, SPLIT)
@@ -183,8 +186,9 @@ def w8a16_split_gemm(
 ) -> torch.Tensor:
     """x [M, K] bf16/fp16 (unit K stride) @ packed FP8 weight [N, ceil(K/128)*32] -> [M, N] in x.dtype.
 
-    scale and workspace as for w8a16_gemm.w8a16_gemm (workspace: int32 zeros, `workspace_size(N)`
-    of that module); `scale_block_n`: the weight rows that share each groupwise scale (a block
+    scale: [N, ceil(K/128)] (groupwise) or [N, 1], in x.dtype, holding scale * 2^SCALE_SHIFT[x.dtype]
+    (w8a16_gemm's values, transposed); workspace as for w8a16_gemm (int32 zeros, its
+    `workspace_size(N)`); `scale_block_n`: the weight rows that share each groupwise scale (a block
     checkpoint's block rows), which lets a column tile inside one block read one scale per K step.
     Without `config` the tuner picks among `candidates_for(M)`.
     """
@@ -194,6 +198,9 @@ def w8a16_split_gemm(
     if x.dtype not in TERMS or scale.dtype != x.dtype:
         raise ValueError(f"w8a16_split_gemm: activations and scales must share a dtype in {tuple(TERMS)}, "
                          f"got {x.dtype} and {scale.dtype}")
+    if tuple(scale.shape) != (n, k_pad // GROUP_K if groupwise else 1) or (groupwise and scale.stride(1) != 1):
+        raise ValueError(f"w8a16_split_gemm: scales {tuple(scale.shape)} (strides {scale.stride()}) for {n} columns "
+                         f"and K={k}: expects [N, {k_pad // GROUP_K if groupwise else 1}], each row contiguous")
     if words * 4 != k_pad or x.stride(1) != 1 or not packed.is_contiguous():
         raise ValueError(f"w8a16_split_gemm: packed weight {tuple(packed.shape)} does not match K={k} "
                          f"(expects [N, {k_pad // 4}], contiguous) or x has a non-unit K stride")
@@ -207,9 +214,10 @@ def w8a16_split_gemm(
     xsc = device_buffer(x.device, "w8a16_split_scales", (k_pad // GROUP_K) * terms * m, torch.float32)
     options = launch_options(x.device)
     spec = (x.dtype, terms, options["PDL"], aligned(x.data_ptr()), aligned(xs.data_ptr()), aligned(xsc.data_ptr()))
-    _split_launch(spec, (cdiv(m, SPLIT_ROWS), k_pad // GROUP_K),
+    rows = min(SPLIT_ROWS, next_power_of_2(m))  # a decode row is one program of one warp
+    _split_launch((*spec, rows), (cdiv(m, rows), k_pad // GROUP_K),
                   (x, xs, xsc, m, k, x.stride(0), k_pad, terms * m),
-                  TERMS=terms, ROWS=SPLIT_ROWS, num_warps=4, **options)
+                  TERMS=terms, ROWS=rows, num_warps=max(1, rows // 4), **options)
 
     def run(cfg: SplitConfig, split: int | None = None) -> None:
         _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise, scale_block_n, cfg, split, options)
@@ -236,14 +244,14 @@ def _launch(x, packed, xs, xsc, scale, out, bias, workspace, groupwise: bool, sc
     w_desc = TensorDescriptor(weights, list(weights.shape), [weights.shape[1], 1], [cfg.block_n, GROUP_K])
     xs_desc = TensorDescriptor(xs, list(xs.shape), [xs.shape[1], 1], [cfg.columns, GROUP_K])
     bias_arg = bias if bias is not None else out
-    stride_sg = scale.stride(0) if groupwise else 0
+    stride_sn = scale.stride(0)
     pointers = tuple(aligned(t.data_ptr()) for t in (xsc, scale, bias_arg, partial, counters))
     tile_scale = groupwise and scale_block_n % cfg.block_n == 0
-    spec = (cfg, x.dtype, groupwise, tile_scale, bias is not None, split_k > 1, n, k, options["PDL"], stride_sg,
+    spec = (cfg, x.dtype, groupwise, tile_scale, bias is not None, split_k > 1, n, k, options["PDL"], stride_sn,
             *pointers)
     _gemm_launch(
         spec, (n_tiles, m_tiles, split_k),
-        (w_desc, xs_desc, xsc, scale, out, bias_arg, partial, counters, m, n, k, split_k, n, stride_sg, terms * m),
+        (w_desc, xs_desc, xsc, scale, out, bias_arg, partial, counters, m, n, k, split_k, n, stride_sn, terms * m),
         S_MUL=float(2.0 ** -SCALE_SHIFT[x.dtype]), GROUPWISE=groupwise, TILE_SCALE=tile_scale, HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, TERMS=terms, COLUMNS=cfg.columns, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)

@@ -177,7 +177,7 @@ def test_split_terms_sum_back_to_the_activations(seed, dtype):
     x = (torch.randn(m, k, device=DEVICE) * torch.logspace(-8, 4, k, base=2.0, device=DEVICE)).to(dtype)
     x[3] = 0
     w = torch.zeros(32, k, device=DEVICE).to(quant.FP8_DTYPE)
-    w8a16_split_gemm(x, pack_weight_rows(w), torch.ones(1, 32, device=DEVICE, dtype=dtype), groupwise=False)
+    w8a16_split_gemm(x, pack_weight_rows(w), torch.ones(32, 1, device=DEVICE, dtype=dtype), groupwise=False)
     terms, k_pad = TERMS[dtype], 384
     xs = device_buffer(x.device, "w8a16_split_x", 1, torch.uint8)[:terms * m * k_pad].view(quant.FP8_DTYPE)
     xs = quant.fp8_to_float(xs).view(m, terms, k_pad)[:, :, :k]
@@ -203,6 +203,7 @@ def test_split_path_apply_matches_float64_reference(seed, scheme, block, m):
     kernel = MarlinFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
     assert case.layer.weight.shape == (200, 3 * 32)  # the rows layout
+    assert getattr(case.layer, case.config.scale_name).shape == (200, 3 if scheme is Scheme.FP8_BLOCK else 1)
     x = torch.randn(m, 300, device=DEVICE).half()
     out = kernel.apply(case.layer, x, case.layer.bias)
     assert out.shape == (m, 200) and out.dtype == torch.float16
@@ -225,13 +226,13 @@ def test_every_split_candidate_matches_float64_reference(seed, config):
 
     case = make_case(200, 600, Scheme.FP8_BLOCK, device=DEVICE)
     kernel = MarlinFp8LinearKernel(case.config)
-    kernel.process_weights_after_loading(case.layer)  # the scales as marlin keeps them
-    packed = pack_weight_rows(case.weight)
+    kernel.process_weights_after_loading(case.layer)  # the scales as marlin keeps them, transposed for this path
+    packed, scale = pack_weight_rows(case.weight), case.layer.weight_scale.t().contiguous()
     workspace = torch.zeros(workspace_size(200), dtype=torch.int32, device=DEVICE)
     # scale_block_n 128: a tile inside one scale block reads one scale per K step; 1: one per column.
     for m, split_k, scale_block_n in ((1, None, 128), (3, 2, 1), (config.columns // 4 + 1, None, 128)):
         x = torch.randn(m, 600, device=DEVICE).half()
-        out = w8a16_split_gemm(x, packed, case.layer.weight_scale, groupwise=True, scale_block_n=scale_block_n,
+        out = w8a16_split_gemm(x, packed, scale, groupwise=True, scale_block_n=scale_block_n,
                                workspace=workspace, config=config, split_k=split_k)
         assert rel_error(out, reference_w8a16(case, x, torch.float16)) < 1e-3, (m, split_k, scale_block_n)
         assert workspace.eq(0).all()
@@ -319,3 +320,12 @@ def test_cuda_launches_by_handle_follow_each_call(seed, scheme):
         ref = reference_w8a16(case, x, torch.float16) - (0 if bias is not None else case.bias.double())
         assert rel_error(kernel.apply(case.layer, x, bias), ref) < 1e-3, (m, bias is not None)
         assert case.layer.workspace.eq(0).all()
+
+
+def test_split_path_refuses_scales_in_the_other_kernels_layout():
+    from quantgate.kernels.triton.w8a16_split import pack_weight_rows, w8a16_split_gemm
+
+    x = torch.zeros(2, 256, device=DEVICE).half()
+    packed = pack_weight_rows(torch.zeros(96, 256, device=DEVICE).to(quant.FP8_DTYPE))
+    with pytest.raises(ValueError, match=r"scales \(2, 96\) .* expects \[N, 2\], each row contiguous"):
+        w8a16_split_gemm(x, packed, torch.ones(2, 96, device=DEVICE).half(), groupwise=True)

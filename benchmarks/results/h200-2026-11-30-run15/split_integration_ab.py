@@ -36,8 +36,8 @@ def main(out: Path) -> None:
         wq, wsc = quant.quantize_weight_block(w) if groupwise else quant.quantize_weight_channel(w)
         copies = bench_linear._copies(k * n, l2)
         fp8 = [wq.clone() for _ in range(copies)]
-        scale = (wsc.to(dtype).repeat_interleave(128, 0)[:n].t().contiguous() if groupwise
-                 else wsc.reshape(1, n).to(dtype))
+        scale = (wsc.to(dtype).repeat_interleave(128, 0)[:n].contiguous() if groupwise  # [N, K groups]
+                 else wsc.reshape(n, 1).to(dtype))
         packed = [ws.pack_weight_rows(q) for q in fp8]
         workspace = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
         o = torch.empty(m, n, dtype=dtype, device="cuda")
