@@ -3,12 +3,12 @@
 Serves FP8 checkpoints on GPUs without FP8 hardware (compute capability 8.0+) and small-M
 calls anywhere: activations stay bf16/fp16 (never rounded to FP8) and weights are read as one
 byte each. Two kernel families, by GPU:
-- Hopper (kernels/triton/w8a16_split.py): the FP8 tensor cores take the weights as stored and
-  the activations split exactly into FP8 terms; weights packed once into the int32 "rows" layout
-  (each row's bytes in K order). Faster at every M of issue 3's shapes but 4096 x 4096 at M <= 16
-  (run 15).
-- every other GPU (kernels/triton/w8a16_gemm.py): weights widened in registers, bf16/fp16
-  tensor cores or a float32 GEMV; packed once into the int32 "k-planes" layout.
+- wide layers on Hopper (N >= 3K, kernels/triton/w8a16_split.py): the FP8 tensor cores take
+  the weights as stored and the activations split exactly into FP8 terms; weights packed once
+  into the int32 "rows" layout (each row's bytes in K order). The split is a kernel of its own,
+  which only wide layers gain back (run 15).
+- every other layer and GPU (kernels/triton/w8a16_gemm.py): weights widened in registers,
+  bf16/fp16 tensor cores or a float32 GEMV; packed once into the int32 "k-planes" layout.
 Either way scales become per-column values in the activation dtype (fp16 ones pre-multiplied by
 2^10), [K groups, N] for the k-planes kernels and [N, K groups] for the split ones, and a split-K
 workspace is bound. Every scheme reduces to that: block scales are expanded over their bn rows,
@@ -46,7 +46,7 @@ class MarlinFp8LinearKernel(LinearKernel):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         from ..triton.w8a16_gemm import SCALE_SHIFT, pack_weight, workspace_size
-        from ..triton.w8a16_split import pack_weight_rows, split_device
+        from ..triton.w8a16_split import pack_weight_rows, split_layer
 
         cfg = self.config
         weight = fp8_weight(layer, cfg)
@@ -63,7 +63,7 @@ class MarlinFp8LinearKernel(LinearKernel):
                 f"{type(layer).__name__}.{cfg.scale_name}: weight scales up to {columns.abs().max().item():.3g} do not fit "
                 f"{cfg.act_dtype} marlin scales; serve this checkpoint with --dtype bfloat16"
             )
-        self.split = split_device(weight.device)  # the layout is the kernel family's: fixed per device
+        self.split = split_layer(weight.device, n, cfg.in_features)  # fixed at load: the layout is the family's
         bind_processed(layer, "weight", pack_weight_rows(weight) if self.split else pack_weight(weight))
         # The split kernels read a column's scales along K ([N, K groups]), the others along N.
         bind_processed(layer, cfg.scale_name, (stored.t() if self.split else stored).to(cfg.act_dtype).contiguous())

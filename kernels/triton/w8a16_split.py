@@ -1,6 +1,6 @@
 """Weight-only FP8 GEMM (W8A16) on FP8 tensor cores: the weights as stored, activations split exactly.
 
-On Hopper, marlin's layers take this path instead of w8a16_gemm.py's. There the weights are
+On Hopper, marlin's wide layers (`split_layer`) take this path instead of w8a16_gemm.py's. There the weights are
 widened to 16 bits in registers, ~5 instructions per weight byte, which holds a decode GEMV
 below the memory bandwidth (run 14). Here no weight byte is converted: the FP8 tensor cores
 take the weights as stored, and the activations are made FP8 instead, without rounding them.
@@ -75,9 +75,19 @@ def candidates_for(m: int) -> tuple[SplitConfig, ...]:
     return CANDIDATES.get(m_bucket(m), LARGE_M)
 
 
-def split_device(device: torch.device) -> bool:
-    """Whether marlin's layers on `device` take this path (Hopper: FP8 tensor cores and TMA)."""
-    return tma_device(device)
+# The split is a kernel of its own before each GEMM, ~1-2 us in a CUDA graph, while the GEMM
+# gains in proportion to the weight: on the H200 (run 15) a layer with N >= 3K gained more than
+# that (4096 x 14336: 21.7 -> 19.4 us at one row; 2048 x 12288: 10.7 -> 9.1 us of GEMM), the
+# others did not (4096 x 4096: 8.7 -> 9.8 us; 14336 x 4096 at 16 rows: 21.3 -> 23.2 us), and with
+# every layer split the batch-1 decode of a 1.7B-shaped model was 7% slower.
+MIN_N_OVER_K = 3
+
+
+def split_layer(device: torch.device, n: int, k: int) -> bool:
+    """Whether marlin's layer of N outputs and K inputs on `device` takes this path: Hopper (FP8
+    tensor cores and TMA), and a layer wide enough to gain more than the split costs. Decided
+    once, at load: the weight layout is the kernel family's."""
+    return tma_device(device) and n >= MIN_N_OVER_K * k
 
 
 def pack_weight_rows(weight: torch.Tensor) -> torch.Tensor:

@@ -152,7 +152,17 @@ def split_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Marlin layers take the Hopper path on this device (the interpreter runs it on CPU)."""
     from quantgate.kernels.triton import w8a16_split
 
-    monkeypatch.setattr(w8a16_split, "split_device", lambda device: True)
+    monkeypatch.setattr(w8a16_split, "split_layer", lambda device, n, k: True)
+
+
+def test_only_wide_layers_on_hopper_take_the_split_path(monkeypatch):
+    from quantgate.kernels.triton import w8a16_split
+
+    assert not w8a16_split.split_layer(torch.device("cpu"), 14336, 4096)
+    monkeypatch.setattr(w8a16_split, "tma_device", lambda device: True)
+    assert w8a16_split.split_layer(torch.device("cuda"), 14336, 4096)  # a gate/up projection
+    assert not w8a16_split.split_layer(torch.device("cuda"), 4096, 4096)
+    assert not w8a16_split.split_layer(torch.device("cuda"), 4096, 14336)  # a down projection
 
 
 def test_rows_layout_roundtrip():
