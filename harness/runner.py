@@ -13,6 +13,7 @@ Verdicts: PASS (gate and `expect:` hold), FAIL (a gate or `expect:` failed; exit
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -800,7 +801,6 @@ def output_problems(options: RunOptions) -> list[str]:
 def _run_folder_problems(items: Sequence[PlannedConfig], options: RunOptions) -> list[str]:
     """A config whose run folder (`<output-dir>/<name>`) is the path of a file the run writes
     beside the folders would take its place: that file, or the run folder, could not be written."""
-    # Compared ignoring case: on a case-insensitive file system (macOS, Windows) `JUNIT.XML` is junit.xml.
     run_files = {(options.junit or options.output_dir / "junit.xml").resolve(): "junit report (--junit)",
                  (options.markdown or options.output_dir / "summary.md").resolve(): "summary (--markdown)",
                  (options.output_dir / LOCK_FILE).resolve(): "lock file"}
@@ -894,21 +894,28 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
     return EXIT_ERROR if (unwritten or interrupted) and code in (EXIT_PASS, EXIT_FAIL) else code
 
 
+_TRANSIENT_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
 @contextlib.contextmanager
 def _output_dir_lock(options: RunOptions) -> Iterator[None]:
     """One run at a time per output directory (two CI jobs on one agent): the other's junit.xml,
     summary.md, server logs and cached baselines would be overwritten under it. Held, the
     directory's run-wide summaries of an earlier run are removed, so a run that stops at its plan
     (exit 3) leaves none that speak for it."""
-    import errno
     import fcntl
 
     try:
         options.output_dir.mkdir(parents=True, exist_ok=True)
         lock = open(options.output_dir / LOCK_FILE, "a+")
     except OSError as exc:
-        raise OutputDirUnwritable(f"--output-dir {options.output_dir}: {exc}; free space or pass another "
-                                  "--output-dir") from None
+        if exc.errno in _TRANSIENT_WRITE_ERRORS:  # may pass on the next try: retryable
+            raise OutputDirUnwritable(f"--output-dir {options.output_dir}: {exc.strerror or exc}; free space or pass "
+                                      "another --output-dir") from None
+        # The path itself (missing parent on a read-only or virtual file system, no permission): a
+        # retry fails the same way.
+        raise PlanError([f"--output-dir {options.output_dir}: cannot be created or written ({exc.strerror or exc}); "
+                         "pass a directory this user can create and write"]) from None
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -647,3 +647,26 @@ def test_a_config_named_junit_xml_runs_when_the_junit_report_goes_elsewhere(tmp_
     code, output = run_in_process([config], tmp_path / "out", junit=tmp_path / "junit.xml")
     assert code == 0, output
     assert (tmp_path / "out" / "junit.xml" / "result.json").is_file() and (tmp_path / "junit.xml").is_file()
+
+
+@pytest.mark.parametrize("error, code, says", [
+    (FileNotFoundError(2, "No such file or directory"), 3, "cannot be created or written (No such file or directory); "
+     "pass a directory this user can create and write"),
+    (OSError(28, "No space left on device"), 2, "No space left on device; free space or pass another --output-dir"),
+])
+def test_an_output_dir_that_cannot_be_made_is_a_usage_error_unless_the_disk_is_full(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, code: int, says: str) -> None:
+    """A path that cannot exist (/proc/x, a parent on a read-only file system) fails the same way on
+    every retry: exit 3. A full disk may not: exit 2, which CI retries."""
+    config = write_config(tmp_path, "cfg", gsm8k_dir)
+    out = tmp_path / "out"
+    real_mkdir = Path.mkdir
+
+    def failing_mkdir(self: Path, *args, **kwargs) -> None:
+        if self == out:
+            raise error
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", failing_mkdir)
+    status, output = run_in_process([config], out)
+    assert status == code and says in output.replace("\n", ""), output
