@@ -33,6 +33,7 @@ from quantgate.kernels import (
     MoELayerConfig,
     Platform,
     Scheme,
+    Selection,
     normalize_backend,
     select_linear_kernel,
     select_moe_kernel,
@@ -117,6 +118,28 @@ class WeightsPartlyReloaded(RuntimeError):
     """A reload failed after it overwrote weights: the model serves a mix until restarted."""
 
 
+def plan_kernels(
+    path: str | Path,
+    platform: Platform,
+    *,
+    dtype: str | torch.dtype = "auto",
+    linear_backend: str = "auto",
+    moe_backend: str = "auto",
+) -> list[tuple[str, Selection]]:
+    """Every kernel layer of the checkpoint at `path` with its selection on `platform` (detected or
+    described), as `load_model` would make them: the checkpoint's own shapes, schemes and dtype. Reads
+    config.json only; the layers are built on the meta device. Selections without a kernel are
+    returned with their error, not raised."""
+    path = Path(path)
+    linear_backend = normalize_backend(linear_backend, LINEAR_BACKENDS, "--linear-backend")
+    moe_backend = normalize_backend(moe_backend, MOE_BACKENDS, "--moe-backend")
+    cfg = ModelConfig.from_pretrained(path)
+    cfg = dataclasses.replace(cfg, dtype=resolve_dtype(dtype, cfg.dtype, torch.device(platform.device)))
+    factory = _LayerFactory(cfg, platform, torch.device("meta"), linear_backend, moe_backend, plan=True)
+    Qwen3ForCausalLM(cfg, torch.device("meta"), factory)
+    return factory.selections
+
+
 def load_model(
     path: str | Path,
     *,
@@ -151,11 +174,22 @@ def load_model(
 
 
 class _LayerFactory:
+    """Builds the kernel layers, selecting each one's kernel. `plan`: record every selection in
+    `selections` and bind the ones that found a kernel, instead of failing at the first that did
+    not (`plan_kernels`)."""
+
     def __init__(self, cfg: ModelConfig, platform: Platform, device: torch.device, linear_backend: str,
-                 moe_backend: str) -> None:
+                 moe_backend: str, plan: bool = False) -> None:
         self.cfg, self.platform, self.device = cfg, platform, device
         self.linear_backend, self.moe_backend = linear_backend, moe_backend
         self.checkpoint_scheme = cfg.quant.scheme if cfg.quant else Scheme.UNQUANTIZED
+        self.plan = plan
+        self.selections: list[tuple[str, Selection]] = []
+
+    def _bind(self, layer: KernelLayer, selection: Selection) -> None:
+        self.selections.append((layer.module_name, selection))
+        if not self.plan or selection.kernel is not None:
+            layer.bind_kernel(selection)
 
     def _scheme(self, name: str) -> Scheme:
         if self.cfg.quant is None or name.endswith(_ALWAYS_UNQUANTIZED):
@@ -192,7 +226,7 @@ class _LayerFactory:
         config = LinearLayerConfig(in_features, out_features, scheme, self.cfg.dtype, has_bias=bias,
                                    **self._quant_fields(scheme))
         layer = QuantLinear(name, config, self.device, shards)
-        layer.bind_kernel(select_linear_kernel(self.platform, config, self._requested_linear(scheme)))
+        self._bind(layer, select_linear_kernel(self.platform, config, self._requested_linear(scheme)))
         return layer
 
     def merged_linear(self, prefix: str, name: str, in_features: int, sizes: tuple[int, ...],
@@ -218,7 +252,7 @@ class _LayerFactory:
         config = MoELayerConfig(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
                                 scheme, cfg.dtype, renormalize=cfg.norm_topk_prob, **self._quant_fields(scheme))
         layer = FusedMoE(name, config, self.device)
-        layer.bind_kernel(select_moe_kernel(self.platform, config, self.moe_backend))  # whatever the scheme
+        self._bind(layer, select_moe_kernel(self.platform, config, self.moe_backend))  # whatever the scheme
         return layer
 
 

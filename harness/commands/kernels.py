@@ -3,8 +3,11 @@
 For each layer type and scheme: the ordered candidates, whether each can serve and why not,
 and the one selected. `--device cuda --capability 8.0` answers "what would an A100 pick?" on
 any machine, because selection is a pure function of (platform, layer, requested backend).
-The layers are representative: a 4096x4096 bf16 linear and a Qwen3-30B-A3B-shaped MoE
-(128 experts, top-8, hidden 2048, expert intermediate 768).
+Without `--model` the layers are representative: a 4096x4096 linear and a Qwen3-30B-A3B-shaped
+MoE (128 experts, top-8, hidden 2048, expert intermediate 768), in bf16 unless `--dtype` says
+otherwise. A kernel may serve some shapes and dtypes and not others (Triton's tiles, cuBLAS's
+block scaling), so `--model FOLDER` selects for that checkpoint's own layers, as `serve` would
+(its config.json only: no weight is read); modules that select alike are shown together.
 
 Exit 0 when every shown layer has a kernel, 1 when one does not (an explicit backend that
 cannot serve: every candidate's reason is printed), 3 on bad usage.
@@ -34,6 +37,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "unquantized layers of an FP8 checkpoint)")
     parser.add_argument("--linear-backend", default="auto", help="as `quantgate serve --linear-backend` (default auto)")
     parser.add_argument("--moe-backend", default="auto", help="as `quantgate serve --moe-backend` (default auto)")
+    parser.add_argument("--model", default=None, metavar="FOLDER",
+                        help="select for this checkpoint's layers (its config.json), as `quantgate serve FOLDER` would")
+    parser.add_argument("--dtype", default="auto",
+                        help="as `quantgate serve --dtype` (default auto: the checkpoint's, bfloat16 without --model)")
 
 
 def _platform(args: argparse.Namespace):
@@ -62,7 +69,14 @@ def _checked_capability(platform, text: str):
     return platform
 
 
-def _selections(args: argparse.Namespace, platform) -> list:
+def _selections(args: argparse.Namespace, platform) -> list[tuple[list[str], object]]:
+    """(module names, selection) pairs: one per representative layer, or per group of a
+    checkpoint's modules that selected alike."""
+    if args.model is not None:
+        return _model_selections(args, platform)
+    import torch
+
+    from quantgate.engine.loader import resolve_dtype
     from quantgate.kernels import (
         LINEAR_BACKENDS,
         MOE_BACKENDS,
@@ -76,27 +90,50 @@ def _selections(args: argparse.Namespace, platform) -> list:
 
     linear = normalize_backend(args.linear_backend, LINEAR_BACKENDS, "--linear-backend")
     moe = normalize_backend(args.moe_backend, MOE_BACKENDS, "--moe-backend")
+    dtype = resolve_dtype(args.dtype, torch.bfloat16, torch.device(platform.device))
+    schemes = [Scheme.parse(args.scheme)] if args.scheme is not None else [s for s in Scheme if s.is_fp8]
     out = []
+    for scheme in schemes:
+        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=scheme, act_dtype=dtype), linear))
+        out.append(select_moe_kernel(platform, MoELayerConfig(**_MOE, scheme=scheme, act_dtype=dtype), moe))
+    if args.scheme is None:  # the layers an FP8 checkpoint leaves unquantized (lm_head) always select with auto
+        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=Scheme.UNQUANTIZED,
+                                                                    act_dtype=dtype), "auto"))
+    return [([], sel) for sel in out]
+
+
+def _model_selections(args: argparse.Namespace, platform) -> list[tuple[list[str], object]]:
+    from quantgate.engine.config import ModelConfigError
+    from quantgate.engine.loader import plan_kernels
+
     if args.scheme is not None:
-        scheme = Scheme.parse(args.scheme)
-        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=scheme), linear))
-        out.append(select_moe_kernel(platform, MoELayerConfig(**_MOE, scheme=scheme), moe))
-        return out
-    for scheme in (s for s in Scheme if s.is_fp8):
-        out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=scheme), linear))
-        out.append(select_moe_kernel(platform, MoELayerConfig(**_MOE, scheme=scheme), moe))
-    # The layers an FP8 checkpoint leaves unquantized (lm_head) always select with auto.
-    out.append(select_linear_kernel(platform, LinearLayerConfig(**_LINEAR, scheme=Scheme.UNQUANTIZED), "auto"))
-    return out
+        raise ValueError("--scheme describes a representative layer; with --model the checkpoint's config.json "
+                         "says each module's scheme: drop one of the two")
+    try:
+        planned = plan_kernels(args.model, platform, dtype=args.dtype, linear_backend=args.linear_backend,
+                               moe_backend=args.moe_backend)
+    except (ModelConfigError, OSError) as exc:
+        raise ValueError(f"--model {args.model}: {exc}") from None
+    groups: dict[str, tuple[list[str], object]] = {}
+    for module, sel in planned:
+        key = json.dumps(sel.to_dict(), sort_keys=True)  # selected alike: same kernel, same reasons
+        groups.setdefault(key, ([], sel))[0].append(module)
+    return list(groups.values())
 
 
-def _text(platform, selections: list) -> str:
+def _text(platform, selections: list, model: str | None) -> str:
     where = platform.device + (f" {platform.capability_str}" if platform.capability else "")
-    lines = [f"platform: {where} ({platform.name})"]
-    for sel in selections:
+    lines = [f"platform: {where} ({platform.name})",
+             f"layers: {model}'s modules" if model else
+             "layers: representative (a 4096x4096 linear, a Qwen3-30B-A3B-shaped MoE); --model FOLDER for a "
+             "checkpoint's own"]
+    for modules, sel in selections:
         chosen = sel.kernel.kernel_name() if sel.kernel else None
         verdict = f"{chosen} [{sel.kernel.backend}]" if sel.kernel else "NO KERNEL"
         lines.append(f"\n{sel.layer} {sel.scheme.value} (requested {sel.requested}): {verdict}")
+        if modules:
+            more = f" and {len(modules) - 3} more" if len(modules) > 3 else ""
+            lines.append(f"  {len(modules)} module(s): {', '.join(modules[:3])}{more}")
         width = max((len(c.kernel) for c in sel.candidates), default=0)
         for c in sel.candidates:
             mark = "*" if c.kernel == chosen else " "
@@ -114,13 +151,15 @@ def main(args: argparse.Namespace) -> int:
     except (UnknownBackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _EXIT_USAGE
-    errors = [sel.error for sel in selections if sel.kernel is None]
+    errors = [sel.error for _, sel in selections if sel.kernel is None]
     if args.json:
-        report = {"platform": platform.to_dict(), "layers": [sel.to_dict() for sel in selections],
-                  "error": "\n".join(errors) or None}
+        layers = [{**sel.to_dict(), **({"modules": modules} if args.model else {})} for modules, sel in selections]
+        report = {"platform": platform.to_dict(), "layers": layers, "error": "\n".join(errors) or None}
+        if args.model:
+            report["model"] = args.model
         print(json.dumps(report, indent=2))
     else:
-        print(_text(platform, selections))
+        print(_text(platform, selections, args.model))
         for error in errors:
             print(f"error: {error}", file=sys.stderr)
     return _EXIT_NO_KERNEL if errors else _EXIT_OK

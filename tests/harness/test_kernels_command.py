@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +146,61 @@ def test_a_gpu_index_the_machine_does_not_have_is_a_usage_error(capsys, monkeypa
     assert main(["kernels", "--device", "cuda:3"]) == 3
     err = capsys.readouterr().err
     assert "--device cuda:3: this machine has 1 CUDA device(s), cuda:0" in err and "Traceback" not in err
+
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK_MODEL = REPO / "models" / "tiny-qwen3-fp8-block-native"
+
+
+def test_model_selects_for_the_checkpoints_own_layers(capsys):
+    """The representative 4096x4096 layer takes cuBLAS block scaling on 9.0; the tiny model's
+    K=256 layers cannot, and `serve` picks triton for them: --model says what serve would."""
+    code, report = _json(capsys, "--capability", "9.0", "--scheme", "fp8-block")
+    assert code == 0 and report["layers"][0]["selected"]["kernel"] == "TorchBlockScaledMMLinearKernel"
+    code, report = _json(capsys, "--capability", "9.0", "--model", str(BLOCK_MODEL))
+    assert code == 0 and report["model"] == str(BLOCK_MODEL) and report["error"] is None
+    quantized = [layer for layer in report["layers"] if layer["scheme"] == "fp8-block"]
+    assert {layer["selected"]["kernel"] for layer in quantized} == {"TritonBlockFp8LinearKernel"}
+    modules = [m for layer in report["layers"] for m in layer["modules"]]
+    assert len(modules) == len(set(modules)) == 4 * 4 + 1  # 4 layers x (qkv, o, gate_up, down) + lm_head
+    torch_block = next(c for c in quantized[0]["candidates"] if c["kernel"] == "TorchBlockScaledMMLinearKernel")
+    assert "this layer is K=256" in torch_block["reason"]
+
+
+def test_model_with_a_backend_that_cannot_serve_its_layers_exits_1_naming_them(capsys):
+    assert main(["kernels", "--capability", "9.0", "--model", str(BLOCK_MODEL), "--linear-backend", "torch"]) == 1
+    out, err = capsys.readouterr()
+    assert "NO KERNEL" in out and "model.layers.0.mlp.down_proj" in out
+    assert "with --linear-backend torch" in err and "this layer is K=768, N=256" in err
+
+
+def test_dtype_changes_the_selection_as_it_does_in_serve(capsys):
+    # float32 activations: marlin (W8A16 in bf16/fp16) cannot serve, emulation can.
+    code, report = _json(capsys, "--capability", "8.0", "--scheme", "fp8-block", "--dtype", "float32")
+    assert code == 0 and report["layers"][0]["selected"]["kernel"] == "EmulationLinearKernel"
+    code, report = _json(capsys, "--capability", "8.0", "--model", str(BLOCK_MODEL), "--dtype", "float32")
+    assert {layer["selected"]["kernel"] for layer in report["layers"] if layer["scheme"] == "fp8-block"} == \
+        {"EmulationLinearKernel"}
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--model", str(BLOCK_MODEL), "--scheme", "fp8-block"], "with --model the checkpoint's config.json says"),
+    (["--model", "/nonexistent-model"], "--model /nonexistent-model: /nonexistent-model has no config.json"),
+])
+def test_model_usage_errors(capsys, argv, says):
+    assert main(["kernels", "--capability", "9.0", *argv]) == 3
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3-fp8-block-native", "tiny-qwen3-moe-fp8-channel-ct", "tiny-qwen3"])
+def test_model_plan_is_what_loading_the_model_selects(model):
+    """On this machine (CPU): plan_kernels from config.json alone equals the kernels a load binds."""
+    from quantgate.engine import load_model
+    from quantgate.engine.loader import plan_kernels
+    from quantgate.kernels import Platform
+
+    loaded = load_model(REPO / "models" / model, device="cpu")
+    bound = {name: m["kernel"] for name, m in loaded.kernel_report()["modules"].items()}
+    planned = {name: sel.kernel.kernel_name() for name, sel in plan_kernels(REPO / "models" / model,
+                                                                            Platform.detect("cpu"))}
+    assert planned == bound
