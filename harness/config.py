@@ -696,16 +696,17 @@ class _Loader:
 
     def _check_task(self, config: EvalConfig) -> str:
         """The metric as the installed lm-eval task reports it; few-shot data."""
-        from .evaluate import EvalSetupError, check_metric, task_config
+        from .evaluate import EvalSetupError, check_metric, fewshot_from_train, task_config
 
-        if config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None:
-            self.error(["dataset"], f"num_fewshot is {config.num_fewshot}: few-shot examples come from the train "
-                       "file; add dataset.train or set num_fewshot: 0")
         try:
             _, task_cfg = task_config(config.task)  # what the run rebuilds: a task it cannot is refused now
         except EvalSetupError as exc:
             self.error(self._at("task"), str(exc), value=True)
             return config.metric
+        if (config.dataset is not None and config.num_fewshot > 0 and config.dataset.train is None
+                and fewshot_from_train(task_cfg)):
+            self.error(["dataset"], f"num_fewshot is {config.num_fewshot}: task {config.task}'s few-shot examples come "
+                       "from the train file; add dataset.train or set num_fewshot: 0")
         try:
             return check_metric(task_cfg, config.metric)
         except EvalSetupError as exc:

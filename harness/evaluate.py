@@ -350,6 +350,13 @@ def task_config(task: str) -> tuple[Path, dict[str, Any]]:
     return source, task_cfg
 
 
+def fewshot_from_train(task_cfg: Mapping[str, Any]) -> bool:
+    """Whether the task draws its few-shot examples from its training split; tasks that list their
+    own (`fewshot_config: {samples: [...]}`, as gsm8k_cot does) need no train file."""
+    fewshot = task_cfg.get("fewshot_config")
+    return not (isinstance(fewshot, Mapping) and fewshot.get("samples"))
+
+
 def write_task_yaml(settings: EvalSettings) -> Path:
     """Write the installed task YAML into the run directory with the dataset (and the config's
     gen_prefix) replaced."""
@@ -358,7 +365,7 @@ def write_task_yaml(settings: EvalSettings) -> Path:
         data_files = {task_cfg.get("test_split", "test"): str(settings.test_file.resolve())}
         if settings.train_file is not None:
             data_files[task_cfg.get("training_split") or "train"] = str(settings.train_file.resolve())
-        elif settings.num_fewshot > 0:
+        elif settings.num_fewshot > 0 and fewshot_from_train(task_cfg):
             raise EvalSetupError(f"num_fewshot is {settings.num_fewshot} but dataset has no train file to draw "
                                  "few-shot examples from; add `dataset: {train: ...}` or set num_fewshot: 0")
         task_cfg["dataset_path"] = "json"

@@ -305,6 +305,18 @@ def test_dataset_paths_are_absolute_and_hash_checked(tmp_path: Path) -> None:
     assert (error.line, error.field) == (6, "dataset.sha256.test") and "expected" in error.message
 
 
+@pytest.mark.parametrize("task, refused", [("gsm8k", True), ("gsm8k_cot", False)])
+def test_few_shot_without_a_train_file_is_refused_only_for_tasks_that_draw_from_it(
+        tmp_path: Path, task: str, refused: bool) -> None:
+    """gsm8k_cot lists its eight few-shot examples in its YAML: it needs no train file."""
+    write(tmp_path, '{"question": "1+1?", "answer": "#### 2"}\n', "data/test.jsonl")
+    text = f"model_name: m\naccuracy_threshold: 0.5\ntask: {task}\nnum_fewshot: 8\ndataset: {{test: data/test.jsonl}}\n"
+    errors = errors_of(write(tmp_path, text))
+    assert bool(errors) == refused, errors
+    if refused:
+        assert "task gsm8k's few-shot examples come from the train file" in errors[0]
+
+
 def test_missing_dataset_file_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ndataset: {test: nowhere.jsonl}\n")
     assert "no such file" in errors_of(path)[0]

@@ -89,6 +89,13 @@ def test_a_task_is_found_by_its_task_key_and_rebuilt_from_its_one_file(tmp_path:
     assert len(task["gsm8k_cot"].test_docs()) == runner_fixtures.N_TEST  # the local data, offline
 
 
+def test_a_task_with_its_own_few_shot_examples_is_rebuilt_without_a_train_file(tmp_path: Path, gsm8k_dir: Path) -> None:
+    written = write_task_yaml(_settings(gsm8k_dir, tmp_path, task="gsm8k_cot", train_file=None, num_fewshot=8))
+    assert "train" not in yaml.safe_load(written.read_text())["dataset_kwargs"]["data_files"]
+    with pytest.raises(EvalSetupError, match="no train file to draw few-shot examples from"):
+        write_task_yaml(_settings(gsm8k_dir, tmp_path / "plain", task="gsm8k", train_file=None, num_fewshot=8))
+
+
 def test_a_file_name_is_not_a_task_name_and_the_error_names_the_task(tmp_path: Path) -> None:
     """`task: gsm8k-cot` (the file's stem) linted clean, then ended a run with lm-eval's KeyError."""
     with pytest.raises(EvalSetupError) as refused:
