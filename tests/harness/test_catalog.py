@@ -247,6 +247,7 @@ def test_negative_checks_run_in_nightly_expecting_fail(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("quantgate_status, verdict, step_status", [
     (1, "FAIL", 0), (0, "PASS", 1), (2, "ERROR", 2), (3, "", 3),
     (1, "PASS", 1),  # the run failed on another config (a baseline run with it), not on the check
+    (1, "", 1),  # no result.json to tell whose failure it was
 ])
 def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_status: int, verdict: str,
                                                  step_status: int) -> None:
@@ -262,3 +263,5 @@ def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_statu
     assert proc.returncode == step_status, proc.stdout + proc.stderr
     if quantgate_status == 0:
         assert "must FAIL" in proc.stderr
+    if (quantgate_status, verdict) == (1, ""):
+        assert "result.json could not be read, so whether this check failed is unknown" in proc.stderr
