@@ -572,8 +572,7 @@ def _config_text(cfg) -> str:
     fields = cfg.__dict__
     if "block_k" in fields:  # the GEMV: one row, K tiles of block_k
         return f"1x{fields['block_n']}x{fields['block_k']} w{fields['num_warps']}"
-    rows = f"cols{fields['columns']}" if "columns" in fields else fields["block_m"]  # w8a16_split's tiles
-    text = f"{rows}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
+    text = f"{fields['block_m']}x{fields['block_n']} w{fields['num_warps']} s{fields['num_stages']}"
     if fields.get("split_per_sm"):
         text += f" split/SM {fields['split_per_sm']}"
     if fields.get("tiles", 1) > 1:

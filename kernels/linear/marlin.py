@@ -1,18 +1,11 @@
-"""`marlin` backend: weight-only FP8 (W8A16) in Triton.
+"""`marlin` backend: weight-only FP8 (W8A16) in Triton (kernels/triton/w8a16_gemm.py).
 
 Serves FP8 checkpoints on GPUs without FP8 hardware (compute capability 8.0+) and small-M
-calls anywhere: activations stay bf16/fp16 (never rounded to FP8) and weights are read as one
-byte each. Two kernel families, by GPU:
-- wide layers on Hopper (N >= 3K, kernels/triton/w8a16_split.py): the FP8 tensor cores take
-  the weights as stored and the activations split exactly into FP8 terms; weights packed once
-  into the int32 "rows" layout (each row's bytes in K order). The split is a kernel of its own,
-  which only wide layers gain back (run 15).
-- every other layer and GPU (kernels/triton/w8a16_gemm.py): weights widened in registers,
-  bf16/fp16 tensor cores or a float32 GEMV; packed once into the int32 "k-planes" layout.
-Either way scales become per-column values in the activation dtype (fp16 ones pre-multiplied by
-2^10), [K groups, N] for the k-planes kernels and [N, K groups] for the split ones, and a split-K
-workspace is bound. Every scheme reduces to that: block scales are expanded over their bn rows,
-a channel or tensor scale is one group.
+calls anywhere: activations stay bf16/fp16, weights are read as one byte each and widened in
+registers. At load, weights are repacked once into the int32 "k-planes" layout, scales become
+per-column rows in the activation dtype ([K groups, N]; fp16 ones pre-multiplied by 2^10),
+and a split-K workspace is bound. Every scheme reduces to that scale layout: block scales are
+expanded over their bn rows, a channel or tensor scale is one row.
 """
 
 from __future__ import annotations
@@ -46,7 +39,6 @@ class MarlinFp8LinearKernel(LinearKernel):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         from ..triton.w8a16_gemm import SCALE_SHIFT, pack_weight, workspace_size
-        from ..triton.w8a16_split import pack_weight_rows, split_layer
 
         cfg = self.config
         weight = fp8_weight(layer, cfg)
@@ -63,26 +55,17 @@ class MarlinFp8LinearKernel(LinearKernel):
                 f"{type(layer).__name__}.{cfg.scale_name}: weight scales up to {columns.abs().max().item():.3g} do not fit "
                 f"{cfg.act_dtype} marlin scales; serve this checkpoint with --dtype bfloat16"
             )
-        self.split = split_layer(weight.device, n, cfg.in_features)  # fixed at load: the layout is the family's
-        bind_processed(layer, "weight", pack_weight_rows(weight) if self.split else pack_weight(weight))
-        # The split kernels read a column's scales along K ([N, K groups]), the others along N.
-        bind_processed(layer, cfg.scale_name, (stored.t() if self.split else stored).to(cfg.act_dtype).contiguous())
+        bind_processed(layer, "weight", pack_weight(weight))
+        bind_processed(layer, cfg.scale_name, stored.to(cfg.act_dtype).contiguous())
         bind_processed(layer, "workspace", torch.zeros(workspace_size(n), dtype=torch.int32, device=weight.device))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from ..triton.w8a16_gemm import w8a16_gemm
-        from ..triton.w8a16_split import w8a16_split_gemm
 
         cfg = self.config
         x2 = x.reshape(-1, cfg.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        groupwise = cfg.scheme is Scheme.FP8_BLOCK
-        scale = getattr(layer, cfg.scale_name)
-        if self.split:
-            out = w8a16_split_gemm(x2, layer.weight, scale, groupwise=groupwise,
-                                   scale_block_n=cfg.block_size[0] if groupwise else 1, bias=bias,
-                                   workspace=layer.workspace)
-        else:
-            out = w8a16_gemm(x2, layer.weight, scale, groupwise=groupwise, bias=bias, workspace=layer.workspace)
+        out = w8a16_gemm(x2, layer.weight, getattr(layer, cfg.scale_name), groupwise=cfg.scheme is Scheme.FP8_BLOCK,
+                         bias=bias, workspace=layer.workspace)
         return out.reshape(*x.shape[:-1], cfg.out_features)
