@@ -41,6 +41,7 @@ class Baseline:
     name: str
     metrics: Mapping[str, Any]  # result.json "metrics": at least "value" and "n"
     samples: Sequence[Mapping[str, Any]] | None = None  # samples.jsonl rows: "id", "correct"
+    dataset: Mapping[str, Any] | None = None  # result.json "dataset"."sha256": data file hashes by role
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,10 @@ class GateOutcome:
 
 
 def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]] | None = None,
-                  baseline: Baseline | None = None) -> GateOutcome:
-    """Gate `metrics` (result.json "metrics": "value", "n", "invalid_rate") by `config.gate`."""
+                  baseline: Baseline | None = None, dataset: Mapping[str, Any] | None = None) -> GateOutcome:
+    """Gate `metrics` (result.json "metrics": "value", "n", "invalid_rate") by `config.gate`;
+    `dataset`: this run's data file hashes (result.json "dataset"."sha256"), which a recovery
+    gate compares with its baseline's when either run has no per-sample results."""
     mode = config.gate.mode
     measured = _number(metrics, "value", "metrics")
     gate = config.gate
@@ -78,6 +81,7 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
         if baseline is None or baseline.samples is None:
             raise GateInputError(f"gate paired needs the per-sample results of baseline {config.baseline!r}")
         who = f"baseline {baseline.name}"
+        check_same_metric(config.metric, baseline, mode)
         candidate, base = correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who)
         check_same_targets(samples, baseline.samples, "the candidate", who)
         passed, numbers, text = paired(candidate, base, gate.alpha)
@@ -85,8 +89,16 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
         if baseline is None:
             raise GateInputError(f"gate recovery needs the result of baseline {config.baseline!r}")
         who = f"baseline {baseline.name}"
+        check_same_metric(config.metric, baseline, mode)
         passed, numbers, text = recovery(measured, _number(baseline.metrics, "value", who), gate.recovery,
                                          n=_n(metrics), baseline_n=_n(baseline.metrics, who))
+        # The same count is not the same questions (another test file of as many lines): a ratio of
+        # accuracies on different questions says nothing about what quantization cost.
+        if samples is not None and baseline.samples is not None:
+            check_same_ids(mode, correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who))
+            check_same_targets(samples, baseline.samples, "the candidate", who)
+        else:
+            check_same_test_data(mode, dataset, baseline)
     else:  # pragma: no cover - GateSpec.mode is a Literal
         raise ValueError(f"unknown gate mode {mode!r}")
     numbers = {"metric": config.metric, **numbers}
@@ -231,13 +243,7 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     Different question sets are refused: the questions only one run answered would be dropped
     silently, and which ones they are (the hard tail of a killed run?) biases the test.
     """
-    only_candidate = sum(1 for q in candidate if q not in baseline)
-    only_baseline = sum(1 for q in baseline if q not in candidate)
-    if only_candidate or only_baseline:
-        raise GateInputMismatch(f"gate paired: the candidate and the baseline answered different questions: "
-                                f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
-                                f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
-                                "the same num_questions and --limit")
+    check_same_ids("paired", candidate, baseline)
     if not candidate:
         raise GateInputError("gate paired: the candidate and the baseline have no per-question results")
     common = list(candidate)
@@ -331,6 +337,36 @@ def correct_by_id(samples: Sequence[Mapping[str, Any]], who: str) -> dict[str, b
                                     "must be answered once (were two samples.jsonl files joined?)")
         out[key] = correct
     return out
+
+
+def check_same_ids(mode: str, candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
+    """Refuse runs that answered different question ids (keys of `correct_by_id`)."""
+    only_candidate = sum(1 for q in candidate if q not in baseline)
+    only_baseline = sum(1 for q in baseline if q not in candidate)
+    if only_candidate or only_baseline:
+        raise GateInputMismatch(f"gate {mode}: the candidate and the baseline answered different questions: "
+                                f"{only_candidate} only in the candidate, {only_baseline} only in the baseline, "
+                                f"{len(candidate) - only_candidate} in both; evaluate both on the same data set with "
+                                "the same num_questions and --limit")
+
+
+def check_same_metric(metric: str, baseline: Baseline, mode: str) -> None:
+    """Refuse a baseline that gated another metric (strict-match against flexible-extract): its
+    value and its per-question `correct` are read under that metric, so neither a ratio nor the
+    flips compare like with like. A baseline whose result names no metric is taken as it is."""
+    theirs = baseline.metrics.get("metric")
+    if isinstance(theirs, str) and theirs != metric:
+        raise GateInputMismatch(f"gate {mode}: this run gates {metric} and baseline {baseline.name} gated {theirs}: "
+                                "their results are not comparable; give both configs the same `metric:`")
+
+
+def check_same_test_data(mode: str, dataset: Mapping[str, Any] | None, baseline: Baseline) -> None:
+    """Without per-sample results to match, the test files' hashes (when both runs recorded one)
+    say whether the two runs evaluated the same questions."""
+    ours, theirs = (dataset or {}).get("test"), (baseline.dataset or {}).get("test")
+    if isinstance(ours, str) and isinstance(theirs, str) and ours != theirs:
+        raise GateInputMismatch(f"gate {mode}: this run and baseline {baseline.name} evaluated different test files "
+                                f"(sha256 {ours[:12]}... and {theirs[:12]}...): evaluate both on the same dataset")
 
 
 def check_same_targets(candidate: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]],

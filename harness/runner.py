@@ -443,7 +443,8 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
         item.baseline_name = path.parent.name
         try:
             data = load_result(path)
-            item.baseline_cached = Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(path))
+            item.baseline_cached = Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(path),
+                                            _dataset_of(data))
         except (OSError, ValueError) as exc:
             problems.append(f"{config.source}: baseline {path}: {exc}")
             return
@@ -493,7 +494,13 @@ def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) ->
     same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == dataset_hashes(
         base.dataset.test, base.dataset.train)
     usable = fresh and measured and same_data and (mode != "paired" or samples is not None)
-    return Baseline(base.name, data.get("metrics") or {}, samples) if usable else None
+    return Baseline(base.name, data.get("metrics") or {}, samples, _dataset_of(data)) if usable else None
+
+
+def _dataset_of(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A result's data file hashes (result.json "dataset"."sha256"), None when it has none."""
+    hashes = (data.get("dataset") or {}).get("sha256")
+    return hashes if isinstance(hashes, dict) else None
 
 
 def _baseline_for(item: PlannedConfig) -> Baseline | None:
@@ -505,7 +512,7 @@ def _baseline_for(item: PlannedConfig) -> Baseline | None:
             raise GateInputError(f"baseline {item.baseline_name!r} has no measurement in this run "
                                  f"({record.verdict}: {record.reason})")
         run_dir = Path(record.config["run_dir"])
-        return Baseline(item.baseline_name, record.metrics, load_samples(run_dir))
+        return Baseline(item.baseline_name, record.metrics, load_samples(run_dir), (record.dataset or {}).get("sha256"))
     assert item.baseline_cached is not None
     return item.baseline_cached
 
@@ -726,7 +733,8 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     implied = _implied_expectations(config, server)
     check = expect_mod.verify(config.expect, report, where, implied) if (config.expect.linear_kernel or
                                                                          config.expect.moe_kernel or implied) else None
-    gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item))
+    gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item),
+                                      dataset=outcome.dataset_sha256)
     record.gate = gate.to_dict()
     record.expect = check.to_dict() if check is not None else None
     failed = []

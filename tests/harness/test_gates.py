@@ -11,7 +11,7 @@ import pytest
 
 from quantgate.harness import gates
 from quantgate.harness.config import load_config
-from quantgate.harness.gates import Baseline, GateInputError, evaluate_gate
+from quantgate.harness.gates import Baseline, GateInputError, GateInputMismatch, evaluate_gate
 
 
 def config(tmp_path: Path, text: str):
@@ -245,6 +245,43 @@ def test_evaluate_gate_paired_refuses_rows_it_cannot_pair(tmp_path: Path) -> Non
                                                  f"got {text!r}"):
             evaluate_gate(paired, metrics, [rows[0], {**rows[1], "correct": text}, *rows[2:]],
                           Baseline("base", metrics, rows))
+
+
+def test_evaluate_gate_recovery_refuses_a_baseline_of_other_questions(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    recovery = config(tmp_path, "baseline: base\ngate: recovery\n")
+    rows = [{"id": i, "correct": True, "target": f"#### {i}"} for i in range(20)]
+    metrics = {"value": 1.0, "n": 20}
+    assert evaluate_gate(recovery, metrics, rows, Baseline("base", metrics, rows)).passed
+    # As many questions is not the same questions: other ids, or the same ids of another test file.
+    other_ids = [{**row, "id": 100 + row["id"]} for row in rows]
+    with pytest.raises(GateInputMismatch, match="gate recovery: .*20 only in the candidate, 20 only in the baseline"):
+        evaluate_gate(recovery, metrics, rows, Baseline("base", metrics, other_ids))
+    other_targets = [{**row, "target": f"#### {100 + row['id']}"} for row in rows]
+    with pytest.raises(GateInputMismatch, match="different targets for 20 question id.*different data sets"):
+        evaluate_gate(recovery, metrics, rows, Baseline("base", metrics, other_targets))
+    # Without per-sample results on either side, the test files' hashes decide.
+    ours, theirs = {"test": "a" * 64, "train": "c" * 64}, {"test": "b" * 64, "train": "c" * 64}
+    with pytest.raises(GateInputMismatch, match="different test files .sha256 aaaaaaaaaaaa... and bbbbbbbbbbbb"):
+        evaluate_gate(recovery, metrics, None, Baseline("base", metrics, None, theirs), dataset=ours)
+    with pytest.raises(GateInputMismatch, match="different test files"):
+        evaluate_gate(recovery, metrics, rows, Baseline("base", metrics, None, theirs), dataset=ours)
+    assert evaluate_gate(recovery, metrics, None, Baseline("base", metrics, None, dict(ours)), dataset=ours).passed
+    assert evaluate_gate(recovery, metrics, None, Baseline("base", metrics, None, None), dataset=ours).passed
+
+
+@pytest.mark.parametrize("mode", ["paired", "recovery"])
+def test_evaluate_gate_refuses_a_baseline_of_another_metric(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    cfg = config(tmp_path, f"baseline: base\ngate: {mode}\n")
+    rows = [{"id": i, "correct": True, "target": f"#### {i}"} for i in range(20)]
+    metrics = {"value": 1.0, "n": 20, "metric": cfg.metric}
+    flexible = Baseline("base", {"value": 1.0, "n": 20, "metric": "exact_match,flexible-extract"}, rows)
+    with pytest.raises(GateInputMismatch, match=f"gate {mode}: this run gates exact_match,strict-match and baseline "
+                                                "base gated exact_match,flexible-extract"):
+        evaluate_gate(cfg, metrics, rows, flexible)
+    assert evaluate_gate(cfg, metrics, rows, Baseline("base", {**flexible.metrics, "metric": cfg.metric}, rows)).passed
+    assert evaluate_gate(cfg, metrics, rows, Baseline("base", {"value": 1.0, "n": 20}, rows)).passed  # names none
 
 
 def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
