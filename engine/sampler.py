@@ -4,9 +4,12 @@ Greedy rows take the argmax. Sampled rows apply temperature and top-p, then draw
 request's own generator, so a seeded request's draws never depend on other requests. Its
 logits can: a batch of other sizes rounds differently in the last bits (vLLM is not
 batch-invariant either), and an FP8 checkpoint's activation quantization can turn such a bit
-into a whole FP8 step (logprobs measured 0.03-0.05 apart in float32; a per-tensor scale
-depends on the whole batch by design), so a long generation may diverge from the same request
-run alone where two tokens nearly tie. Logprobs are of the model's distribution (before
+into a whole FP8 step (on the tiny models, one other prompt in the batch moved a prompt's
+logprobs by up to 0.76 nats with a per-tensor scale, which depends on the whole batch by design,
+and 0.03-0.05 otherwise), so a long generation may diverge from the same request run alone
+where two tokens nearly tie: 1 of 24 greedy GSM8K answers changed between sent alone and sent
+in one batch (session 13). Per-question results repeat exactly only with the same batching,
+e.g. `max_concurrency: 1`. Logprobs are of the model's distribution (before
 temperature and top-p), as OpenAI and vLLM report them.
 """
 
