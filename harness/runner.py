@@ -448,6 +448,15 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
         except (OSError, ValueError) as exc:
             problems.append(f"{config.source}: baseline {path}: {exc}")
             return
+        # As an in-run baseline must have measured (`_baseline_for`) and a cached one reached a verdict
+        # (`_usable_cache`): an ERROR's value, if it has one, is of a run that did not finish or whose
+        # answers cannot be trusted.
+        verdict = data.get("verdict")
+        if verdict not in (PASS, FAIL):
+            problems.append(f"{config.source}: baseline {path}: that run's verdict is {verdict} "
+                            f"({data.get('reason') or 'no reason given'}), so it measured nothing to compare against; "
+                            "use the result of a run that reached PASS or FAIL")
+            return
         # Known before any server starts: a baseline of another question count cannot be compared.
         wanted = options.limit if options.limit is not None else config.num_questions
         available = count_test_questions(config)  # a test set shorter than the limit is evaluated whole

@@ -645,6 +645,23 @@ def test_a_results_file_baseline_of_other_questions_is_refused_before_any_server
     assert run_in_process([same], tmp_path / "out")[0] == 0
 
 
+@pytest.mark.parametrize("mode", ["recovery", "paired"])
+def test_a_results_file_baseline_that_errored_is_refused_before_any_server_starts(tmp_path: Path, gsm8k_dir: Path,
+                                                                                  mode: str) -> None:
+    base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})
+    assert run_in_process([base], tmp_path / "first")[0] == 0
+    baseline = tmp_path / "first" / "base" / "result.json"
+    errored = {**load_json(baseline), "verdict": "ERROR", "reason": "server exited with status 139 during evaluation"}
+    baseline.write_text(json.dumps(errored))  # its metrics and samples.jsonl are still there
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline=str(baseline),
+                             gate={"mode": mode}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 3, output
+    assert f"baseline {baseline}: that run's verdict is ERROR (server exited with status 139 during evaluation)" \
+        in output.replace("\n", "")
+    assert not (tmp_path / "out" / "cand").exists()
+
+
 def test_a_failed_gate_and_kernel_check_are_both_in_the_reason_and_its_summary_row(tmp_path: Path,
                                                                                   gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "both", gsm8k_dir, {"accuracy": 0.3, "linear_backend": "triton"},
