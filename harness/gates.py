@@ -30,7 +30,8 @@ class GateInputError(ValueError):
 
 
 class GateInputMismatch(GateInputError):
-    """The run and its baseline cannot be compared (other questions, targets, n; malformed rows):
+    """The run and its baseline cannot be compared (other questions, targets, n, metric; malformed
+    rows; a paired baseline without per-sample results, a recovery baseline that scored 0):
     running them again gives the same mismatch, so the run's ERROR is never retried (exit 3)."""
 
 
@@ -78,8 +79,10 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
     elif mode == "paired":
         if samples is None:
             raise GateInputError("gate paired needs the run's per-sample results (samples.jsonl)")
-        if baseline is None or baseline.samples is None:
+        if baseline is None:
             raise GateInputError(f"gate paired needs the per-sample results of baseline {config.baseline!r}")
+        if baseline.samples is None:  # the baseline's files say so (plan refuses it first): a retry cannot help
+            raise GateInputMismatch(f"gate paired needs the per-sample results of baseline {config.baseline!r}")
         who = f"baseline {baseline.name}"
         check_same_metric(config.metric, baseline, mode)
         candidate, base = correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who)
@@ -267,8 +270,9 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
 
 def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *, n: int, baseline_n: int) -> Result:
     """llm-compressor's recovery: measured / baseline_measured >= minimum, both on n questions."""
-    if baseline_measured <= 0:
-        raise GateInputError(f"gate recovery: the baseline scored {baseline_measured}; a ratio against it is undefined")
+    if baseline_measured <= 0:  # what the baseline measured: running this config again cannot change it
+        raise GateInputMismatch(f"gate recovery: the baseline scored {baseline_measured}; a ratio against it is "
+                                "undefined")
     if n != baseline_n:
         raise GateInputMismatch(f"gate recovery: this run evaluated {n} questions and the baseline {baseline_n}: a ratio "
                                 "of accuracies on different questions is no recovery; evaluate both with the same "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import signal
 import sys
@@ -36,9 +37,9 @@ from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions)
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
-from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, evaluate_gate
-from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SERVER_LOG, RunRecord, Skipped,
-                      artifact_path_problems,
+from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate
+from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SAMPLES_FILE, SERVER_LOG,
+                      RunRecord, Skipped, artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
 from .server import (INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S, AttachedServer, LaunchedServer, Server, ServerCommand,
@@ -467,6 +468,21 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
             problems.append(f"{config.source}: baseline {path} evaluated {measured} questions, this run would evaluate "
                             f"{wanted}: gate {config.gate.mode} compares the same questions; evaluate both with the "
                             "same num_questions and --limit")
+        # The rest the gate would refuse only after the whole evaluation, and the same way every time.
+        try:
+            check_same_metric(config.metric, item.baseline_cached, config.gate.mode)
+        except GateInputMismatch as exc:
+            problems.append(f"{config.source}: baseline {path}: {exc}")
+        if config.gate.mode == "paired" and item.baseline_cached.samples is None:
+            problems.append(f"{config.source}: baseline {path} has no {SAMPLES_FILE} beside it: gate paired needs "
+                            f"the per-sample results of both runs; put the baseline run's {SAMPLES_FILE} next to its "
+                            "result.json")
+        value = (data.get("metrics") or {}).get("value")
+        if config.gate.mode == "recovery" and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                   and math.isfinite(value) and value > 0):
+            problems.append(f"{config.source}: baseline {path} scored {value!r}: a recovery ratio against it is "
+                            "undefined; use a baseline that measured a positive accuracy, or gate against a "
+                            "`reference:` instead")
         return
     base = by_source.get(path)
     if base is None:

@@ -119,7 +119,7 @@ def test_recovery_ratio() -> None:
     passed, numbers, text = gates.recovery(0.76, 0.80, 0.95, n=100, baseline_n=100)
     assert passed and numbers["recovery_ratio"] == pytest.approx(0.95) and "0.7600 / 0.8000" in text
     assert not gates.recovery(0.75, 0.80, 0.95, n=100, baseline_n=100)[0]
-    with pytest.raises(GateInputError, match="baseline scored 0"):
+    with pytest.raises(GateInputMismatch, match="baseline scored 0"):  # the baseline's files say so: exit 3
         gates.recovery(0.5, 0.0, n=100, baseline_n=100)
 
 
@@ -217,6 +217,8 @@ def test_evaluate_gate_paired_and_recovery_need_the_baseline(tmp_path: Path) -> 
     samples = [{"id": i, "correct": i % 2 == 0} for i in range(20)]
     with pytest.raises(GateInputError, match="per-sample"):
         evaluate_gate(paired, {"value": 0.5, "n": 20}, samples, None)
+    with pytest.raises(GateInputMismatch, match="per-sample results of baseline 'base'"):  # its files lack them
+        evaluate_gate(paired, {"value": 0.5, "n": 20}, samples, Baseline("base", {"value": 0.5, "n": 20}))
     base = Baseline("base", {"value": 0.5, "n": 20}, samples)
     assert evaluate_gate(paired, {"value": 0.5, "n": 20}, samples, base).numbers["discordant"] == 0
     recovery = config(tmp_path, "baseline: base\ngate: {mode: recovery, recovery: 0.9}\n")

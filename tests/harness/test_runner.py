@@ -380,6 +380,16 @@ def test_a_recovery_baseline_without_samples_is_matched_by_its_test_file(tmp_pat
     assert code == 0, output
 
 
+def test_an_in_run_recovery_baseline_that_scored_0_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 0.0})
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
+                             gate={"mode": "recovery"}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    cand = load_json(tmp_path / "out" / "cand" / "result.json")
+    assert code == 3 and cand["verdict"] == "ERROR" and cand["usage_error"] is True, output
+    assert "the baseline scored 0.0" in cand["reason"]
+
+
 def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir: Path) -> None:
     base = write_config(tmp_path, "pbase", gsm8k_dir, {"accuracy": 1.0})
     candidate = write_config(tmp_path, "pcand", gsm8k_dir, {"accuracy": 0.7}, baseline="pbase",
@@ -660,6 +670,31 @@ def test_a_results_file_baseline_that_errored_is_refused_before_any_server_start
     assert f"baseline {baseline}: that run's verdict is ERROR (server exited with status 139 during evaluation)" \
         in output.replace("\n", "")
     assert not (tmp_path / "out" / "cand").exists()
+
+
+def test_what_a_results_file_baseline_lacks_is_refused_before_any_server_starts(tmp_path: Path,
+                                                                               gsm8k_dir: Path) -> None:
+    # Each was exit 2 (retried by CI) and found only after the whole evaluation.
+    base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})
+    assert run_in_process([base], tmp_path / "first")[0] == 0
+    baseline = tmp_path / "first" / "base" / "result.json"
+    measured = load_json(baseline)
+
+    def refused(mode: str, expected: str) -> None:
+        candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline=str(baseline),
+                                 gate={"mode": mode}, accuracy_threshold=None)
+        code, output = run_in_process([candidate], tmp_path / "out")
+        assert code == 3 and expected in output.replace("\n", ""), output
+        assert not (tmp_path / "out" / "cand").exists()
+
+    baseline.write_text(json.dumps({**measured, "metrics": {**measured["metrics"], "value": 0.0}}))
+    refused("recovery", f"baseline {baseline} scored 0.0: a recovery ratio against it is undefined")
+    baseline.write_text(json.dumps({**measured, "metrics": {**measured["metrics"],
+                                                            "metric": "exact_match,flexible-extract"}}))
+    refused("recovery", "this run gates exact_match,strict-match and baseline base gated exact_match,flexible-extract")
+    baseline.write_text(json.dumps(measured))
+    (baseline.parent / "samples.jsonl").unlink()
+    refused("paired", f"baseline {baseline} has no samples.jsonl beside it: gate paired needs the per-sample results")
 
 
 def test_a_failed_gate_and_kernel_check_are_both_in_the_reason_and_its_summary_row(tmp_path: Path,
