@@ -128,27 +128,41 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
     ns = sorted({int(r.metrics["n"]) for r in records if r.metrics})
     mean, stdev = statistics.fmean(values), statistics.stdev(values)
     n = ns[0]
-    reference = {"value": round(mean, 4), "stdev": round(stdev, 4), "runs": len(values), "n": n,
+    # What is pasted is the rounded mean, so the thresholds and warnings are of that value: from the
+    # unrounded one, a run just above its threshold could FAIL the gate with the pasted reference.
+    value = round(mean, 4)
+    reference = {"value": value, "stdev": round(stdev, 4), "runs": len(values), "n": n,
                  "measured_on": _measured_on(records[0]), "date": date.today().isoformat(),
                  "commit": _commit(config.source.parent)}
     gate, rtol = config.gate, config.effective_rtol
     thresholds = {
-        "relative": relative(mean, mean, rtol)[1]["threshold"],
-        "hypothesis": hypothesis(mean, mean, n, gate.alpha, gate.beta)[1],
+        "relative": relative(value, value, rtol)[1]["threshold"],
+        "hypothesis": hypothesis(value, value, n, gate.alpha, gate.beta, n)[1],
         # The measured accuracy whose Wilson lower bound at n reaches the threshold: None when none does.
-        "wilson": wilson(mean, n, mean, rtol, gate.alpha)[1]["measured_threshold"],
+        "wilson": wilson(value, n, value, rtol, gate.alpha)[1]["measured_threshold"],
     }
     # The threshold of the config's own gate, on the measured scale; paired and recovery have none.
     own = {"relative": thresholds["relative"], "hypothesis": thresholds["hypothesis"]["threshold"],
            "wilson": thresholds["wilson"]}
     if gate.mode == "absolute" and config.accuracy_threshold is not None:  # always set for absolute (load_config)
-        own["absolute"] = absolute(mean, config.accuracy_threshold, config.tolerance)[1]["threshold"]
+        own["absolute"] = absolute(value, config.accuracy_threshold, config.tolerance)[1]["threshold"]
+    # Each run gated by the config's own gate with the proposed reference, as `quantgate run` would
+    # (its epsilon included): the warning says exactly which runs that gate would fail.
+    verdicts = {
+        "absolute": lambda v, k: absolute(v, config.accuracy_threshold or 0.0, config.tolerance)[0],
+        "relative": lambda v, k: relative(v, value, rtol)[0],
+        "hypothesis": lambda v, k: hypothesis(v, value, k, gate.alpha, gate.beta, n)[0],
+        "wilson": lambda v, k: wilson(v, k, value, rtol, gate.alpha)[0],
+    }
+    judge = verdicts.get(gate.mode)
+    failing = [] if judge is None else [float(r.metrics["value"]) for r in records
+                                        if r.metrics and not judge(float(r.metrics["value"]), int(r.metrics["n"]))]
     return {"config": str(config.source), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
             "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "alpha": gate.alpha,
             "beta": gate.beta, "thresholds": thresholds, "gate_mode": gate.mode,
             "accuracy_threshold": config.accuracy_threshold, "tolerance": config.tolerance,
-            "gate_threshold": own.get(gate.mode), "config_num_questions": config.num_questions, "limit": limit,
-            "test_questions": count_test_questions(config)}
+            "gate_threshold": own.get(gate.mode), "failing_runs": failing,
+            "config_num_questions": config.num_questions, "limit": limit, "test_questions": count_test_questions(config)}
 
 
 def format_proposal(p: dict[str, Any]) -> str:
@@ -184,8 +198,8 @@ def format_proposal(p: dict[str, Any]) -> str:
     elif threshold is None:
         lines.append(f"# WARNING: at n {ref['n']} no measured accuracy passes the wilson gate with this reference: "
                      "evaluate more questions")
-    elif p["min"] < threshold:
-        lines.append(f"# WARNING: the lowest run ({p['min']:.4f}) is below the config's {mode} threshold "
+    elif p["failing_runs"]:
+        lines.append(f"# WARNING: the lowest run ({min(p['failing_runs']):.4f}) is below the config's {mode} threshold "
                      f"({threshold:.4f}): too noisy to gate")
     if mode == "hypothesis" and 3 * p["stdev"] > hyp["margin"]:
         lines.append(f"# WARNING: 3 * stdev = {3 * p['stdev']:.4f} exceeds the hypothesis margin (reference - "

@@ -31,21 +31,21 @@ def test_thresholds_use_the_configs_gate_settings(tmp_path: Path) -> None:
     # rtol 0.02: the lowest run is below 0.7867 * 0.98, which the default 0.08 would have hidden.
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: relative, rtol: 0.02}\n",
                      [0.80, 0.77, 0.79], 1319)
-    assert "#   relative (rtol 0.02): 0.7709" in text
-    assert "# WARNING: the lowest run (0.7700) is below the config's relative threshold (0.7709): too noisy" in text
+    assert "#   relative (rtol 0.02): 0.7710" in text  # of the pasted 0.7867, not of the mean 0.78667
+    assert "# WARNING: the lowest run (0.7700) is below the config's relative threshold (0.7710): too noisy" in text
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: wilson, alpha: 0.01, beta: 0.1}\nrtol: 0.05\n",
                      [0.80, 0.82], 100)
     wilson_needed = gates.wilson(0.81, 100, 0.81, 0.05, 0.01)[1]["measured_threshold"]
-    hypothesis = gates.hypothesis(0.81, 0.81, 100, 0.01, 0.1)[1]
+    hypothesis = gates.hypothesis(0.81, 0.81, 100, 0.01, 0.1, 100)[1]
     assert f"#   wilson (alpha 0.01, rtol 0.05, n 100): measured >= {wilson_needed:.4f}" in text
     assert f"#   hypothesis (alpha 0.01, beta 0.1, n 100): {hypothesis['threshold']:.4f}" in text
     assert "# WARNING: the lowest run (0.8000) is below the config's wilson threshold" in text
 
 
 def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
-    # Hypothesis: 0.755 is below its threshold 0.7604, and 3 * stdev exceeds its margin.
+    # Hypothesis: 0.755 is below its threshold 0.7605, and 3 * stdev exceeds its margin.
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: hypothesis\n", [0.80, 0.755, 0.805], 1319)
-    assert "# WARNING: the lowest run (0.7550) is below the config's hypothesis threshold (0.7604)" in text
+    assert "# WARNING: the lowest run (0.7550) is below the config's hypothesis threshold (0.7605)" in text
     assert "# WARNING: 3 * stdev = 0.0826 exceeds the hypothesis margin (reference - threshold = 0.0262)" in text
     # Absolute: accuracy_threshold - tolerance, the config's own numbers, whatever the reference.
     text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.02\n", [0.77, 0.80], 1319)
@@ -60,6 +60,26 @@ def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
     text = _proposal(tmp_path, "baseline: base\ngate: paired\n", [0.10, 0.80], 1319)
     assert "# note: gate paired compares each run with its baseline, not with a reference" in text
     assert "too noisy" not in text
+
+
+@pytest.mark.parametrize(("gate", "hits"), [("{mode: relative, rtol: 0.01}", (942, 961)),
+                                             ("hypothesis", (909, 985))])
+def test_the_proposal_is_checked_with_the_reference_it_pastes(tmp_path: Path, gate: str, hits: tuple[int, int]) -> None:
+    # The pasted value is the mean rounded to 4 places; the thresholds and the warning were of the
+    # unrounded mean, so a run just above that threshold failed the gate the pasted reference gives.
+    values = [k / 1319 for k in hits]
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model_name: m\nreference: {{value: 0.7}}\ngate: {gate}\n")
+    records = [RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": v, "n": 1319}) for v in values]
+    proposal = propose(load_config(path), records)
+    pasted = tmp_path / "pasted.yaml"
+    pasted.write_text(f"model_name: m\nreference: {json.dumps(proposal['reference'])}\ngate: {gate}\n")
+    outcome = gates.evaluate_gate(load_config(pasted), {"value": min(values), "n": 1319})
+    assert not outcome.passed  # the lowest run fails the gate with the pasted reference...
+    assert proposal["gate_threshold"] == pytest.approx(outcome.numbers["threshold"], abs=1e-12)
+    assert proposal["failing_runs"] == [min(values)]
+    assert "# WARNING: the lowest run" in format_proposal(proposal)  # ...and the proposal says so
 
 
 def test_limit_warns_when_the_gate_evaluates_the_whole_test_set(tmp_path: Path) -> None:
