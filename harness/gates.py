@@ -110,8 +110,9 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
         ok = invalid <= gate.max_invalid_rate + EPSILON
         numbers.update(invalid_rate=invalid, max_invalid_rate=gate.max_invalid_rate, invalid_rate_passed=ok,
                        accuracy_passed=passed)
-        text += (f"\ninvalid answers: invalid_rate {invalid:.4f} {'<=' if ok else '>'} max_invalid_rate "
-                 f"{gate.max_invalid_rate:.4f} -> {'PASS' if ok else 'FAIL'}")
+        shown_invalid, shown_max = shown(invalid, gate.max_invalid_rate)
+        text += (f"\ninvalid answers: invalid_rate {shown_invalid} {'<=' if ok else '>'} max_invalid_rate "
+                 f"{shown_max} -> {'PASS' if ok else 'FAIL'}")
         passed = passed and ok
     return GateOutcome(passed=passed, mode=mode, numbers=numbers, explanation=text)
 
@@ -126,8 +127,9 @@ def absolute(measured: float, accuracy_threshold: float, tolerance: float) -> Re
     """vLLM gen-2: measured >= accuracy_threshold - tolerance."""
     threshold = accuracy_threshold - tolerance
     passed = measured >= threshold - EPSILON
+    m, t = shown(measured, threshold)
     text = (f"absolute: threshold = accuracy_threshold - tolerance = {accuracy_threshold:.4f} - {tolerance:.4f} "
-            f"= {threshold:.4f}; measured {measured:.4f} {_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}")
+            f"= {t}; measured {m} {_cmp(passed)} {t} -> {_verdict(passed)}")
     return passed, {"measured": measured, "accuracy_threshold": accuracy_threshold, "tolerance": tolerance,
                     "threshold": threshold}, text
 
@@ -136,8 +138,9 @@ def relative(measured: float, reference: float, rtol: float) -> Result:
     """vLLM gen-1: measured >= reference * (1 - rtol)."""
     threshold = reference * (1 - rtol)
     passed = measured >= threshold - EPSILON
-    text = (f"relative: threshold = reference * (1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {threshold:.4f}; "
-            f"measured {measured:.4f} {_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}")
+    m, t = shown(measured, threshold)
+    text = (f"relative: threshold = reference * (1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {t}; "
+            f"measured {m} {_cmp(passed)} {t} -> {_verdict(passed)}")
     return passed, {"measured": measured, "reference": reference, "rtol": rtol, "threshold": threshold}, text
 
 
@@ -158,12 +161,13 @@ def hypothesis(measured: float, reference: float, n: int, alpha: float = 0.05, b
     threshold = reference + z_alpha * scale
     theta = -(z_alpha + z_beta) * scale
     passed = measured >= threshold - EPSILON
+    m, t = shown(measured, threshold)
     text = (f"hypothesis: sigma = sqrt(p * (1 - p)) = sqrt({reference:.4f} * {1 - reference:.4f}) = {sigma:.4f}; "
             f"se = sigma * sqrt(1/n + 1/n_ref) = {sigma:.4f} * sqrt(1/{n} + 1/{n_ref}) = {scale:.6f} "
             f"(n: this run's questions; n_ref: {'reference.n' if given else 'reference.n not given, so n'}); "
             f"z(alpha={alpha:g}) = {z_alpha:.4f}; threshold = reference + z(alpha) * se = {reference:.4f} + "
-            f"({z_alpha:.4f} * {scale:.6f}) = {threshold:.4f} ({reference - threshold:.4f} below the reference); "
-            f"measured {measured:.4f} {_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}; "
+            f"({z_alpha:.4f} * {scale:.6f}) = {t} ({reference - threshold:.4f} below the reference); "
+            f"measured {m} {_cmp(passed)} {t} -> {_verdict(passed)}; "
             f"minimum detectable drop theta = -(z(alpha) + z(beta={beta:g})) * se = -({z_alpha:.4f} + {z_beta:.4f}) "
             f"* {scale:.6f} = {theta:.4f}")
     return passed, {"measured": measured, "reference": reference, "n": n, "n_reference": n_ref, "alpha": alpha,
@@ -207,15 +211,18 @@ def wilson(measured: float, n: int, reference: float, rtol: float, alpha: float 
     threshold = reference * (1 - rtol)
     passed = lower >= threshold - EPSILON
     measured_threshold = wilson_measured_threshold(threshold, n, z)
+    m = f"{measured:.4f}"
     if measured_threshold is None:
         needed = (f"no measured accuracy passes at n = {n} (even 1.0 has lower bound "
                   f"{wilson_lower_bound(1.0, n, z):.4f}): evaluate more questions")
     else:
-        needed = f"at n = {n} that takes measured >= {measured_threshold:.4f}"
+        m, mt = shown(measured, measured_threshold)
+        needed = f"at n = {n} that takes measured >= {mt}"
+    lo, t = shown(lower, threshold)
     text = (f"wilson: z(1-alpha={1 - alpha:g}) = {z:.4f}; lower bound = (p + z^2/(2n) - z * sqrt(p(1-p)/n + "
-            f"z^2/(4n^2))) / (1 + z^2/n) with p = {measured:.4f}, n = {n} -> {lower:.4f}; threshold = reference * "
-            f"(1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {threshold:.4f}; lower bound {lower:.4f} "
-            f"{_cmp(passed)} {threshold:.4f} -> {_verdict(passed)}; {needed}")
+            f"z^2/(4n^2))) / (1 + z^2/n) with p = {m}, n = {n} -> {lo}; threshold = reference * "
+            f"(1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {t}; lower bound {lo} "
+            f"{_cmp(passed)} {t} -> {_verdict(passed)}; {needed}")
     return passed, {"measured": measured, "n": n, "alpha": alpha, "z": z, "wilson_lower_bound": lower,
                     "reference": reference, "rtol": rtol, "threshold": threshold,
                     "measured_threshold": measured_threshold}, text
@@ -257,10 +264,11 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
     p_worse = binomial_tail(losses, discordant)
     p_two_sided = min(1.0, 2 * min(binomial_tail(losses, discordant), binomial_tail(wins, discordant)))
     passed = not (p_worse < alpha)
+    shown_p, shown_alpha = shown(p_worse, alpha, kind="g")
     text = (f"paired: exact McNemar on {len(common)} common questions; flips: {losses} right->wrong "
             f"(baseline right, candidate wrong), {wins} wrong->right; both right {both}; "
-            f"one-sided p-value (candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {p_worse:.4g} "
-            f"{'<' if not passed else '>='} alpha {alpha:g} -> {_verdict(passed)} (two-sided p = {p_two_sided:.4g})")
+            f"one-sided p-value (candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {shown_p} "
+            f"{'<' if not passed else '>='} alpha {shown_alpha} -> {_verdict(passed)} (two-sided p = {p_two_sided:.4g})")
     # only_candidate/only_baseline stay in result.json (its keys are only ever added); always 0 now.
     return passed, {"n_common": len(common), "flips_right_to_wrong": losses, "flips_wrong_to_right": wins,
                     "both_right": both, "both_wrong": len(common) - discordant - both, "discordant": discordant,
@@ -280,15 +288,37 @@ def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *
     ratio = measured / baseline_measured
     passed = ratio >= minimum - EPSILON
     measured_threshold = baseline_measured * minimum
-    text = (f"recovery: ratio = measured / baseline = {measured:.4f} / {baseline_measured:.4f} = {ratio:.4f} "
-            f"(n = {n} both); {ratio:.4f} {_cmp(passed)} recovery {minimum:.4f} -> {_verdict(passed)}; "
-            f"i.e. measured {measured:.4f} {_cmp(passed)} baseline * recovery = {measured_threshold:.4f}")
+    r, least = shown(ratio, minimum)
+    m, mt = shown(measured, measured_threshold)
+    text = (f"recovery: ratio = measured / baseline = {m} / {baseline_measured:.4f} = {r} "
+            f"(n = {n} both); {r} {_cmp(passed)} recovery {least} -> {_verdict(passed)}; "
+            f"i.e. measured {m} {_cmp(passed)} baseline * recovery = {mt}")
     return passed, {"measured": measured, "baseline_measured": baseline_measured, "recovery_ratio": ratio,
                     "recovery": minimum, "measured_threshold": measured_threshold, "n": n,
                     "baseline_n": baseline_n}, text
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def distinct_places(value: float, other: float, places: int = 4, kind: str = "f") -> int:
+    """How many places (decimals for kind "f", significant digits for "g") print `value` and
+    `other` apart: `places`, or more where those print two numbers the gate told apart as equal
+    (968/1319 < 0.95 * 1019/1319 printed "0.7339 < 0.7339"), so that a measured value and its
+    threshold as printed never contradict the verdict. Numbers within EPSILON, which the gates
+    take as equal, keep `places`."""
+    if not (math.isfinite(value) and math.isfinite(other)) or abs(value - other) <= EPSILON:
+        return places
+    for more in range(places, 18):
+        if f"{value:.{more}{kind}}" != f"{other:.{more}{kind}}":
+            return more
+    return 17
+
+
+def shown(value: float, other: float, places: int = 4, kind: str = "f") -> tuple[str, str]:
+    """`value` and `other` formatted alike, to `distinct_places` places: a comparison's two sides."""
+    more = distinct_places(value, other, places, kind)
+    return f"{value:.{more}{kind}}", f"{other:.{more}{kind}}"
 
 
 def _cmp(passed: bool) -> str:

@@ -339,13 +339,27 @@ def markdown_table(frame) -> str:
     """A pandas frame as a GitHub markdown table, missing values as '-'."""
     import pandas as pd
 
+    from .gates import distinct_places  # the gates' config import is not for every reader of results
+
     if not len(frame):
         return "(no runs)"
     cleaned = frame.astype(object).where(frame.notna(), None)
     # Built cell by cell as objects: pandas' map would infer dtypes again (20 -> 20.0, None -> NaN).
     escaped = pd.DataFrame([[_markdown_cell(v) for v in row] for row in cleaned.to_numpy()], columns=frame.columns,
                            dtype=object)
-    return escaped.to_markdown(index=False, floatfmt=".4f", missingval="-")
+    floatfmt: str | list[str] = ".4f"
+    if "measured" in frame.columns and "threshold" in frame.columns:
+        # Both columns to as many places as tell every row's pair apart: a FAIL row must never read
+        # 0.7339 | 0.7339 (summary_frame's promise). A column, not a cell: tabulate formats text
+        # that reads as a number with the column's format again.
+        places = max((distinct_places(float(m), float(t)) for m, t in zip(cleaned["measured"], cleaned["threshold"])
+                      if _is_number(m) and _is_number(t)), default=4)
+        floatfmt = [f".{places}f" if column in ("measured", "threshold") else ".4f" for column in frame.columns]
+    return escaped.to_markdown(index=False, floatfmt=floatfmt, missingval="-")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = ()) -> str:

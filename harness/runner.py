@@ -37,7 +37,8 @@ from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions)
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
-from .gates import Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate
+from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
+                    shown)
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SAMPLES_FILE, SERVER_LOG,
                       RunRecord, Skipped, artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
@@ -229,11 +230,18 @@ class Display:
         for column in frame.columns:
             table.add_column(column, overflow="fold")
         colors = {PASS: "green", FAIL: "red", ERROR: "yellow"}
+        columns = list(frame.columns)
         for row in frame.itertuples(index=False):
             cells = [_cell(v) for v in row]
             cells[1] = f"[{colors.get(row.verdict, '')}]{row.verdict}[/]"
+            if _is_number(row.measured) and _is_number(row.threshold):  # a FAIL never reads 0.7339 vs 0.7339
+                cells[columns.index("measured")], cells[columns.index("threshold")] = shown(row.measured, row.threshold)
             table.add_row(*cells)
         self.console.print(table)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def _cell(value: Any) -> str:
@@ -795,21 +803,29 @@ def _gate_line(gate: GateOutcome) -> str:
     a line naming a number the verdict did not rest on would contradict it."""
     numbers = gate.numbers
     metric = numbers.get("metric")
+    # Each comparison's two sides to as many places as tell them apart: "0.7339 vs 0.7339" on a FAIL.
     if gate.mode == "wilson":
         needed = numbers.get("measured_threshold")
-        line = (f"{metric} {numbers['measured']:.4f} (Wilson lower bound {numbers['wilson_lower_bound']:.4f}) "
-                f"vs threshold {numbers['threshold']:.4f}; " + (
-                    f"measured accuracy needed {needed:.4f}" if needed is not None else "no accuracy passes at this n"))
+        measured, needed_text = shown(numbers["measured"], needed) if needed is not None else \
+            (f"{numbers['measured']:.4f}", None)
+        lower, threshold = shown(numbers["wilson_lower_bound"], numbers["threshold"])
+        line = (f"{metric} {measured} (Wilson lower bound {lower}) vs threshold {threshold}; " + (
+            f"measured accuracy needed {needed_text}" if needed_text is not None else "no accuracy passes at this n"))
     elif gate.mode == "recovery":
-        line = (f"{metric} ratio {numbers['recovery_ratio']:.4f} ({numbers['measured']:.4f} / baseline "
-                f"{numbers['baseline_measured']:.4f}) vs recovery minimum {numbers['recovery']:.4f}")
+        ratio, minimum = shown(numbers["recovery_ratio"], numbers["recovery"])
+        measured = shown(numbers["measured"], numbers["measured_threshold"])[0]
+        line = (f"{metric} ratio {ratio} ({measured} / baseline {numbers['baseline_measured']:.4f}) vs recovery "
+                f"minimum {minimum}")
     elif gate.mode == "paired":
+        p_value, alpha = shown(numbers["p_value_worse"], numbers["alpha"], kind="g")
         line = (f"{metric} flips {numbers['flips_right_to_wrong']} right->wrong, {numbers['flips_wrong_to_right']} "
-                f"wrong->right; one-sided p-value {numbers['p_value_worse']:.4g} vs alpha {numbers['alpha']:g}")
+                f"wrong->right; one-sided p-value {p_value} vs alpha {alpha}")
     else:
-        line = f"{metric} {numbers['measured']:.4f} vs threshold {numbers['threshold']:.4f}"
+        measured, threshold = shown(numbers["measured"], numbers["threshold"])
+        line = f"{metric} {measured} vs threshold {threshold}"
     if numbers.get("invalid_rate_passed") is False:
-        invalid = f"invalid_rate {numbers['invalid_rate']:.4f} > max_invalid_rate {numbers['max_invalid_rate']:.4f}"
+        rate, most = shown(numbers["invalid_rate"], numbers["max_invalid_rate"])
+        invalid = f"invalid_rate {rate} > max_invalid_rate {most}"
         return f"{invalid} (accuracy passed: {line})" if numbers.get("accuracy_passed") else f"{line}; {invalid}"
     return line
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..backends import ENGINES
 from ..config import LIST_SUFFIX, EvalConfig, count_test_questions
-from ..gates import absolute, hypothesis, relative, wilson
+from ..gates import absolute, hypothesis, relative, shown, wilson
 from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
                       run_one)
@@ -199,8 +199,9 @@ def format_proposal(p: dict[str, Any]) -> str:
         lines.append(f"# WARNING: at n {ref['n']} no measured accuracy passes the wilson gate with this reference: "
                      "evaluate more questions")
     elif p["failing_runs"]:
-        lines.append(f"# WARNING: the lowest run ({min(p['failing_runs']):.4f}) is below the config's {mode} threshold "
-                     f"({threshold:.4f}): too noisy to gate")
+        lowest, shown_threshold = shown(min(p["failing_runs"]), threshold)  # never "0.7142 is below 0.7142"
+        lines.append(f"# WARNING: the lowest run ({lowest}) is below the config's {mode} threshold "
+                     f"({shown_threshold}): too noisy to gate")
     if mode == "hypothesis" and 3 * p["stdev"] > hyp["margin"]:
         lines.append(f"# WARNING: 3 * stdev = {3 * p['stdev']:.4f} exceeds the hypothesis margin (reference - "
                      f"threshold = {hyp['margin']:.4f}): run-to-run noise alone can fail the gate")

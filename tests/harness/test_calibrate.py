@@ -82,6 +82,13 @@ def test_the_proposal_is_checked_with_the_reference_it_pastes(tmp_path: Path, ga
     assert "# WARNING: the lowest run" in format_proposal(proposal)  # ...and the proposal says so
 
 
+def test_the_noise_warning_tells_apart_a_run_and_a_threshold_that_round_alike(tmp_path: Path) -> None:
+    # 942/1319 = 0.714177 against 0.7214 * 0.99 = 0.714186: at .4f "0.7142 is below 0.7142".
+    text = _proposal(tmp_path, "reference: {value: 0.7}\ngate: {mode: relative, rtol: 0.01}\n",
+                     [942 / 1319, 961 / 1319], 1319)
+    assert "# WARNING: the lowest run (0.71418) is below the config's relative threshold (0.71419)" in text
+
+
 def test_limit_warns_when_the_gate_evaluates_the_whole_test_set(tmp_path: Path) -> None:
     (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n' * 40)
     with_data = "accuracy_threshold: 0.5\nnum_fewshot: 0\ndataset: {test: test.jsonl}\n"

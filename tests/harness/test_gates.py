@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from pathlib import Path
 
@@ -130,6 +131,38 @@ def test_recovery_threshold_on_the_measured_scale_and_the_same_n() -> None:
     # A baseline measured on 50 questions against a run on all 1319: not a recovery of anything.
     with pytest.raises(GateInputError, match="evaluated 1319 questions and the baseline 50.*same num_questions"):
         gates.recovery(0.75, 0.80, 0.95, n=1319, baseline_n=50)
+
+
+def test_a_failed_comparison_is_printed_with_the_places_that_tell_it_apart() -> None:
+    # .4f printed "0.9500 < recovery 0.9500" and "measured 0.6725 < 0.6725": a FAIL that reads as a tie.
+    passed, _, text = gates.recovery(968 / 1319, 1019 / 1319, 0.95, n=1319, baseline_n=1319)
+    assert not passed and "0.94995 < recovery 0.95000 -> FAIL; i.e. measured 0.73389 < baseline * recovery = 0.73393" \
+        in text
+    passed, _, text = gates.hypothesis(887 / 1319, 0.7018, 1319)
+    assert not passed and "= 0.67250 (0.0293 below the reference); measured 0.67248 < 0.67250 -> FAIL" in text
+    # A gap of 1e-9 takes nine places; within the gates' EPSILON the two are equal and print so.
+    assert gates.shown(0.5 - 1e-9, 0.5) == ("0.499999999", "0.500000000")
+    assert gates.shown(0.5 - 1e-13, 0.5) == ("0.5000", "0.5000") and gates.absolute(0.5 - 1e-13, 0.5, 0.0)[0]
+    assert gates.shown(0.7339, 0.75) == ("0.7339", "0.7500")  # apart at 4 places: 4 places
+    assert gates.shown(0.049996, 0.05, kind="g") == ("0.049996", "0.05")  # paired's p-value against alpha
+
+
+def test_printed_comparisons_never_contradict_the_verdict(seed: int) -> None:
+    rng = random.Random(seed)
+    pattern = r"(-?\d+\.\d+) (<|>=) (?:recovery |baseline \* recovery = )?(-?\d+\.\d+) -> (PASS|FAIL)"
+    for _ in range(2000):
+        n = rng.choice([50, 100, 1319])
+        measured, reference = rng.randint(0, n) / n, rng.randint(1, 10_000) / 10_000
+        rtol = rng.choice([0.0, 0.01, 0.05])
+        for passed, _, text in (gates.relative(measured, reference, rtol), gates.hypothesis(measured, reference, n),
+                                gates.wilson(measured, n, reference, rtol),
+                                gates.recovery(measured, reference, 0.95, n=n, baseline_n=n),
+                                gates.absolute(measured, reference, rtol)):
+            compared = re.findall(pattern, text)
+            assert compared, text
+            for left, sign, right, verdict in compared:
+                assert verdict == ("PASS" if passed else "FAIL") and (sign == ">=") == passed, text
+                assert (float(left) >= float(right)) == passed, text
 
 
 # -- paired -------------------------------------------------------------------------------------------

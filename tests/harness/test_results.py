@@ -274,6 +274,19 @@ def test_summary_markdown_tables_every_config_and_details_the_others() -> None:
     assert "### ok" not in text
 
 
+def test_summary_table_tells_apart_a_measured_value_and_threshold_that_round_alike() -> None:
+    # recovery(968/1319 against 1019/1319, 0.95) FAILs by 4e-5: at .4f its row read 0.7339 | 0.7339.
+    failed = _record("close", "FAIL", metrics={"value": 968 / 1319, "n": 1319},
+                     gate={"mode": "recovery", "measured_threshold": 0.95 * 1019 / 1319})
+    other = _record("ok", "PASS", metrics={"value": 0.81, "n": 50}, gate={"mode": "absolute", "threshold": 0.7})
+    errored = _record("err", "ERROR")
+    lines = [line for line in summary_markdown([failed, other, errored]).splitlines() if line.startswith("| ")]
+    cells = {row[0]: row for row in ([cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:])}
+    assert cells["close"][3:5] == ["0.73389", "0.73393"]
+    assert cells["ok"][3:5] == ["0.81000", "0.70000"] and cells["err"][3:5] == ["-", "-"]
+    assert summary_frame([failed]).loc[0, "measured"] == 968 / 1319  # the frame keeps the numbers themselves
+
+
 def test_artifact_paths_of_an_earlier_run_are_written_over(tmp_path: Path) -> None:
     """A developer re-running a config locally passes the same --junit and --output-dir again."""
     junit, out = tmp_path / "junit.xml", tmp_path / "out"

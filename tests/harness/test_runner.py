@@ -613,6 +613,33 @@ def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
                                     "minimum 0.9500")
 
 
+def test_gate_line_and_summary_table_tell_apart_what_rounds_alike(tmp_path: Path) -> None:
+    # At .4f both FAILs below read as ties: "0.6725 vs threshold 0.6725", "ratio 0.9500 vs minimum 0.9500".
+    import io
+
+    from rich.console import Console
+
+    from quantgate.harness.results import RunRecord
+    from quantgate.harness.runner import Display
+
+    hyp = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.7018}\ngate: hypothesis\n"),
+                        {"value": 887 / 1319, "n": 1319})
+    assert not hyp.passed and _gate_line(hyp) == "exact_match,strict-match 0.67248 vs threshold 0.67250"
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    recovery = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 968 / 1319, "n": 1319},
+                             None, Baseline("base", {"value": 1019 / 1319, "n": 1319}))
+    assert not recovery.passed and _gate_line(recovery) == ("exact_match,strict-match ratio 0.94995 (0.73389 / "
+                                                            "baseline 0.7726) vs recovery minimum 0.95000")
+    sink = io.StringIO()
+    records = [RunRecord(name=name, verdict="FAIL", reason="", config={}, metrics={"value": value, "n": 1319},
+                         gate=outcome.to_dict(), timings={"total_s": 1.0})
+               for name, value, outcome in (("hyp", 887 / 1319, hyp), ("rec", 968 / 1319, recovery))]
+    Display(Console(file=sink, width=200)).summary(records)
+    rows = {line.split()[1]: line for line in sink.getvalue().splitlines() if " hyp " in line or " rec " in line}
+    assert "0.67248" in rows["hyp"] and "0.67250" in rows["hyp"], sink.getvalue()
+    assert "0.73389" in rows["rec"] and "0.73393" in rows["rec"], sink.getvalue()
+
+
 def test_one_run_at_a_time_per_output_dir_and_no_stale_summary_speaks_for_a_run(tmp_path: Path,
                                                                                  gsm8k_dir: Path) -> None:
     import fcntl
