@@ -206,7 +206,9 @@ def wilson(measured: float, n: int, reference: float, rtol: float, alpha: float 
     `measured_threshold` is the same condition on the measured scale, so that a table showing
     measured next to a threshold agrees with the verdict.
     """
-    z = _NORMAL.inv_cdf(1 - alpha)
+    # -z(alpha), not z(1 - alpha): 1 - 1e-17 is 1.0 in floating point, where the quantile is
+    # infinite (inv_cdf raises), though any alpha in (0, 0.5) is a valid setting.
+    z = -_NORMAL.inv_cdf(alpha)
     lower = wilson_lower_bound(measured, n, z)
     threshold = reference * (1 - rtol)
     passed = lower >= threshold - EPSILON
@@ -219,7 +221,7 @@ def wilson(measured: float, n: int, reference: float, rtol: float, alpha: float 
         m, mt = shown(measured, measured_threshold)
         needed = f"at n = {n} that takes measured >= {mt}"
     lo, t = shown(lower, threshold)
-    text = (f"wilson: z(1-alpha={1 - alpha:g}) = {z:.4f}; lower bound = (p + z^2/(2n) - z * sqrt(p(1-p)/n + "
+    text = (f"wilson: z(1-alpha) = -z(alpha={alpha:g}) = {z:.4f}; lower bound = (p + z^2/(2n) - z * sqrt(p(1-p)/n + "
             f"z^2/(4n^2))) / (1 + z^2/n) with p = {m}, n = {n} -> {lo}; threshold = reference * "
             f"(1 - rtol) = {reference:.4f} * (1 - {rtol:.4f}) = {t}; lower bound {lo} "
             f"{_cmp(passed)} {t} -> {_verdict(passed)}; {needed}")

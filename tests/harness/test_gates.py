@@ -7,6 +7,7 @@ import random
 import re
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
 
@@ -317,6 +318,25 @@ def test_evaluate_gate_refuses_a_baseline_of_another_metric(tmp_path: Path, mode
         evaluate_gate(cfg, metrics, rows, flexible)
     assert evaluate_gate(cfg, metrics, rows, Baseline("base", {**flexible.metrics, "metric": cfg.metric}, rows)).passed
     assert evaluate_gate(cfg, metrics, rows, Baseline("base", {"value": 1.0, "n": 20}, rows)).passed  # names none
+
+
+@pytest.mark.parametrize("alpha", [1e-17, 1e-300])
+def test_any_alpha_the_config_accepts_gates(tmp_path: Path, alpha: float) -> None:
+    # 1 - 1e-17 == 1.0: z(1 - alpha) as inv_cdf(1 - alpha) raised StatisticsError after the whole eval.
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    metrics = {"value": 0.9, "n": 1319}
+    z = -NormalDist().inv_cdf(alpha)
+    hypothesis = evaluate_gate(config(tmp_path, f"reference: {{value: 0.8}}\n"
+                                                f"gate: {{mode: hypothesis, alpha: {alpha!r}, beta: {alpha!r}}}\n"), metrics)
+    assert all(math.isfinite(v) for v in hypothesis.numbers.values() if isinstance(v, float)), hypothesis.numbers
+    wilson = evaluate_gate(config(tmp_path, f"reference: {{value: 0.8}}\ngate: {{mode: wilson, alpha: {alpha!r}}}\n"),
+                           metrics)
+    assert all(math.isfinite(v) for v in wilson.numbers.values() if isinstance(v, float)), wilson.numbers
+    assert wilson.numbers["z"] == pytest.approx(z) and wilson.numbers["wilson_lower_bound"] == pytest.approx(
+        gates.wilson_lower_bound(0.9, 1319, z))
+    rows = [{"id": i, "correct": True} for i in range(20)]
+    paired = config(tmp_path, f"baseline: base\ngate: {{mode: paired, alpha: {alpha!r}}}\n")
+    assert evaluate_gate(paired, {"value": 1.0, "n": 20}, rows, Baseline("base", {"value": 1.0, "n": 20}, rows)).passed
 
 
 def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
