@@ -696,6 +696,13 @@ class _Loader:
 
     def _check_task(self, config: EvalConfig) -> str:
         """The metric as the installed lm-eval task reports it; few-shot data."""
+        if config.gen_prefix is not None and config.use_chat_completions:
+            # lm-eval sends API chat models the messages only: its "continue the last turn" flag is
+            # lost, and the server (quantgate's, as vLLM's) closes the prefix turn and opens an empty
+            # assistant turn, so the answer does not start with the prefix.
+            self.warn(self._at("gen_prefix"), "with use_chat_completions: true the server closes the prefix's "
+                      "turn and starts a new assistant turn, so the answer does not continue the prefix; use "
+                      "completions (use_chat_completions: false) or drop gen_prefix")
         from .evaluate import EvalSetupError, check_metric, fewshot_from_train, task_config
 
         try:

@@ -500,6 +500,10 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
             problems.append(f"{config.source}: baseline {config.baseline!r}: {exc}")
             return
     item.baseline_name = base.name
+    if base.metric != config.metric:  # known now: the gate would refuse the pair after both evals
+        problems.append(f"{config.source}: baseline {base.name!r} gates {base.metric}, this config {config.metric}: "
+                        f"gate {config.gate.mode} compares one metric; give both the same `metric:`")
+        return
     cached = options.output_dir / base.name / "result.json"
     limit = options.limit if options.limit is not None else base.num_questions
     usable = _usable_cache(cached, base, config.gate.mode, limit) if base.source not in by_source else None

@@ -524,3 +524,12 @@ def test_a_list_file_may_start_with_a_bom(tmp_path: Path) -> None:
     listing = tmp_path / "l.txt"
     listing.write_bytes("\ufeffa.yaml\n".encode())
     assert read_list_file(listing) == [config]
+
+
+def test_gen_prefix_with_chat_completions_is_warned_about(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nuse_chat_completions: true\ngen_prefix: 'Answer:'\n")
+    [warning] = inspect_config(path).warnings
+    assert (warning.line, warning.field) == (4, "gen_prefix")
+    assert "the answer does not continue the prefix" in warning.message
+    assert not inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ngen_prefix: 'Answer:'\n",
+                                    "plain.yaml")).warnings

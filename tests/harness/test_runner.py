@@ -785,3 +785,14 @@ def test_an_output_dir_that_cannot_be_made_is_a_usage_error_unless_the_disk_is_f
     monkeypatch.setattr(Path, "mkdir", failing_mkdir)
     status, output = run_in_process([config], out)
     assert status == code and says in output.replace("\n", ""), output
+
+
+def test_a_baseline_config_of_another_metric_is_refused_before_any_server_starts(tmp_path: Path,
+                                                                                 gsm8k_dir: Path) -> None:
+    base = write_config(tmp_path, "base", gsm8k_dir, metric="exact_match,flexible-extract")
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline=str(base), gate={"mode": "paired"})
+    code, output = run_in_process([cand], tmp_path / "out")
+    assert code == 3, output
+    assert ("baseline 'base' gates exact_match,flexible-extract, this config exact_match,strict-match: gate paired "
+            "compares one metric") in output.replace("\n", "")
+    assert not (tmp_path / "out" / "base" / "result.json").exists()  # nothing ran
