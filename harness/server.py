@@ -295,8 +295,11 @@ def _libc_prctl(option: int, value: int) -> bool:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
-# Leaders of the servers this process started that are still up: adopted processes are theirs, not these.
+# Processes this runner started itself that are still up (server leaders, their watchdogs):
+# adopted processes are the servers' descendants, not these.
 _LEADERS: set[int] = set()
+# The grace a watchdog gives a server it tears down because the runner died (harness/watchdog.py).
+WATCHDOG_GRACE_S = TEARDOWN_GRACE_S
 
 
 def _adopt_orphans() -> None:
@@ -322,10 +325,26 @@ def _adopted_children(after: str) -> dict[int, list[str]]:
     return found
 
 
+def _start_watchdog(pgid: int) -> Any:
+    """The watchdog of server group `pgid` (harness/watchdog.py), a Popen, or None where there is
+    no /proc to watch the runner with."""
+    import subprocess
+
+    own_start = (_stat(os.getpid()) or [None] * 20)[19]
+    if own_start is None:
+        return None
+    dog = subprocess.Popen([sys.executable, "-m", "quantgate.harness.watchdog", str(os.getpid()), own_start,
+                            str(pgid), str(WATCHDOG_GRACE_S)], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _LEADERS.add(dog.pid)
+    return dog
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM the server if the runner dies without tearing it down.
     Not SIGKILL: it reaches the group leader only, and vLLM's API server killed so leaves its
-    engine and worker processes holding the GPU."""
+    engine and worker processes holding the GPU. A server that ignores the SIGTERM is the
+    watchdog's (`_start_watchdog`)."""
     _libc_prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -426,6 +445,7 @@ class LaunchedServer:
         self.exit_status: int | None = None
         self.killed_outside_group: list[int] = []  # descendants that had left the group (setsid)
         self._leader_start: str | None = None  # the leader's start time, once launched
+        self._watchdog: Any = None  # the current attempt's watchdog (Popen), if any
 
     @property
     def base_url(self) -> str:
@@ -502,6 +522,7 @@ class LaunchedServer:
                 )
                 _LEADERS.add(self.process.pid)
                 self._leader_start = (_stat(self.process.pid) or [None] * 20)[19]
+                self._watchdog = _start_watchdog(self.process.pid)
                 log.write(f"# quantgate: pid {self.process.pid} (process group {self.process.pid})\n".encode())
                 log.flush()
                 try:
@@ -611,6 +632,7 @@ class LaunchedServer:
         self.exit_status = self.process.wait(timeout=5.0)
         _LEADERS.discard(pgid)
         self._kill_strays(family, set(group_members(pgid)))
+        self._stop_watchdog()
         self._kill_adopted()
         if self.api_key and self.log_path.exists():  # the log is an artifact: no key in it
             try:
@@ -620,6 +642,17 @@ class LaunchedServer:
                     self.log_path.write_text("# quantgate: the log could not be rewritten without the API key "
                                              "(no space?), so it was emptied\n")
         return self.exit_status
+
+    def _stop_watchdog(self) -> None:
+        """The group is torn down: its watchdog has nothing left to do (it would exit at its next
+        poll; killed now, no teardown waits for it)."""
+        dog, self._watchdog = self._watchdog, None
+        if dog is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            dog.kill()
+        dog.wait()
+        _LEADERS.discard(dog.pid)
 
     def _kill_strays(self, family: dict[int, str], in_group: set[int]) -> None:
         strays = [pid for pid, start in family.items() if pid not in in_group and _still_running(pid, start)]

@@ -363,3 +363,59 @@ def test_a_port_another_process_also_listens_on_is_not_held_alone() -> None:
     finally:
         ours.kill()
         ours.wait()
+
+
+_RUNNER_SCRIPT = """
+import sys, time
+from pathlib import Path
+from quantgate.harness import server as server_mod
+from tests.harness.test_server import _fake
+server_mod.WATCHDOG_GRACE_S = 1.0
+server = server_mod.launch(_fake(Path(sys.argv[1]), "--ignore-sigterm"), Path(sys.argv[2]), startup_timeout_s=30)
+print(server.pgid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_sigkilled_runners_server_that_ignores_sigterm_is_killed_by_its_watchdog(tmp_path: Path,
+                                                                                   gsm8k_dir: Path) -> None:
+    """The runner runs no code when SIGKILLed (the OOM killer, a hard CI kill): the server's
+    SIGTERM from PR_SET_PDEATHSIG is ignored, and only the watchdog is left to escalate."""
+    import subprocess
+
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER_SCRIPT, str(gsm8k_dir), str(tmp_path / "server.log")],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    pgid = int(runner.stdout.readline())
+    try:
+        assert group_members(pgid)
+        runner.kill()
+        runner.wait()
+        deadline = time.monotonic() + 15.0  # SIGTERM, the 1 s grace, SIGKILL, within a poll or two
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], "the server outlived its runner"
+    finally:
+        for pid in group_members(pgid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _watchdogs_of(pgid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"quantgate.harness.watchdog" in argv and str(pgid).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_server_has_a_watchdog_while_up_and_none_after_its_stop(tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(_fake(gsm8k_dir), tmp_path / "server.log", startup_timeout_s=30)
+    try:
+        assert len(_watchdogs_of(server.pgid)) == 1
+    finally:
+        server.stop(grace_s=1.0)
+    assert _watchdogs_of(server.pgid) == [] and server.to_dict()["killed_outside_group"] == []
