@@ -266,6 +266,7 @@ def _parse_native_fp8(qc: dict, source: str) -> QuantConfig:
     if activation not in ("dynamic", "static"):
         raise ModelConfigError(f"{source}: activation_scheme {activation!r} must be 'dynamic' or 'static'")
     ignore = tuple(qc.get("modules_to_not_convert") or ()) + tuple(qc.get("ignored_layers") or ())
+    _check_patterns(ignore, f"{source}: quantization_config.modules_to_not_convert / ignored_layers")
     block = qc.get("weight_block_size")
     if block is not None:
         if activation != "dynamic":
@@ -277,8 +278,31 @@ def _parse_native_fp8(qc: dict, source: str) -> QuantConfig:
     return QuantConfig(Scheme.FP8_TENSOR, "fp8", "weight_scale", None, activation == "static", ignore)
 
 
+def _check_patterns(entries: tuple[str, ...], where: str) -> None:
+    """A "re:" entry that is not a regex, refused where it is read (not as re.error while the
+    model is built)."""
+    for entry in (e for e in entries if isinstance(e, str) and e.startswith("re:")):
+        try:
+            re.compile(entry[3:])
+        except re.error as exc:
+            raise ModelConfigError(f"{where} {entry!r} is not a valid regex ({exc}); fix the pattern after "
+                                   "'re:'") from None
+
+
 def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy, QuantizationType
+
+    # Parts of a compressed-tensors checkpoint that change what its tensors mean, which the
+    # engine does not apply (QuantizationConfig drops them unread): online rotations must be
+    # applied to the activations, and a sparse format stores other tensors.
+    if qc.get("transform_config"):
+        raise ModelConfigError(f"{source}: quantization_config.transform_config (online rotations such as QuIP or "
+                               "SpinQuant's Hadamard transforms) is not supported: the built-in engine would serve "
+                               "the rotated weights without the rotations; export without transforms")
+    sparsity = qc.get("sparsity_config") or {}
+    if isinstance(sparsity, dict) and sparsity.get("format", "dense") != "dense":
+        raise ModelConfigError(f"{source}: quantization_config.sparsity_config format {sparsity.get('format')!r} is "
+                               "not supported (only dense weights); export a dense checkpoint")
 
     try:
         parsed = QuantizationConfig.model_validate(qc)
@@ -293,12 +317,8 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
         raise ModelConfigError(f"{source}: {len(groups)} config_groups; only one quantization group is supported")
     group = groups[0]
     targets = tuple(group.targets)
-    for target in (t for t in targets if t.startswith("re:")):
-        try:
-            re.compile(target[3:])
-        except re.error as exc:
-            raise ModelConfigError(f"{source}: config_groups target {target!r} is not a valid regex ({exc}); "
-                                   "fix the pattern after 're:'") from None
+    _check_patterns(targets, f"{source}: quantization_config.config_groups target")
+    _check_patterns(tuple(parsed.ignore or ()), f"{source}: quantization_config.ignore")
     w = group.weights
     if w is None or w.type != QuantizationType.FLOAT or w.num_bits != 8:
         raise ModelConfigError(f"{source}: only 8-bit float weights are supported by the built-in engine")
@@ -318,8 +338,24 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
     scheme = strategies[w.strategy]
     block = tuple(w.block_structure) if scheme is Scheme.FP8_BLOCK else None
     act = group.input_activations
-    static = bool(act is not None and not act.dynamic and scheme is Scheme.FP8_TENSOR)
-    if act is not None and not act.dynamic and scheme is not Scheme.FP8_TENSOR:
+    if act is None:  # W8A16: activations stay 16-bit; this scheme's kernels would quantize them
+        raise ModelConfigError(f"{source}: config_groups has no input_activations (FP8 weight-only, W8A16): the "
+                               "built-in engine serves FP8 checkpoints with FP8 activations (W8A8) and would add "
+                               "activation rounding the checkpoint never had; export with FP8 input_activations, "
+                               "or serve it with engine: vllm")
+    if act.type != QuantizationType.FLOAT or act.num_bits != 8 or not act.symmetric:
+        raise ModelConfigError(f"{source}: input_activations must be 8-bit symmetric float (FP8), got "
+                               f"{getattr(act.type, 'value', act.type)} {act.num_bits}-bit"
+                               f"{'' if act.symmetric else ' asymmetric'}: the built-in engine quantizes activations "
+                               "to FP8 only")
+    supported = {QuantizationStrategy.TOKEN, QuantizationStrategy.TENSOR} | (
+        {QuantizationStrategy.GROUP} if scheme is Scheme.FP8_BLOCK else set())
+    if act.strategy not in supported:
+        raise ModelConfigError(f"{source}: input_activations strategy {getattr(act.strategy, 'value', act.strategy)!r} "
+                               f"is not supported with {scheme.value} weights (token or tensor"
+                               f"{', or group for block weights' if scheme is Scheme.FP8_BLOCK else ''})")
+    static = bool(not act.dynamic and scheme is Scheme.FP8_TENSOR)
+    if not act.dynamic and scheme is not Scheme.FP8_TENSOR:
         raise ModelConfigError(f"{source}: static input activations are only supported with tensor weights")
     return QuantConfig(scheme, "compressed-tensors", "weight_scale", block, static, tuple(parsed.ignore or ()),
                        targets)

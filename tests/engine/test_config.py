@@ -92,6 +92,37 @@ def test_compressed_tensors_targets_match_as_compressed_tensors_does():
         parse_quant_config(_targeted(["re:(gate"]))
 
 
+def _act(**changes) -> dict:
+    qc = _ct("channel")
+    qc["config_groups"]["g"]["input_activations"] = (None if changes.get("none") else
+                                                     {**qc["config_groups"]["g"]["input_activations"], **changes})
+    return qc
+
+
+@pytest.mark.parametrize("qc, message", [
+    # what a producer wrote that the engine would otherwise serve with other numbers, silently
+    (_act(none=True), "no input_activations (FP8 weight-only, W8A16)"),
+    (_act(type="int"), "input_activations must be 8-bit symmetric float (FP8), got int 8-bit"),
+    (_act(num_bits=4), "got float 4-bit"),
+    (_act(symmetric=False), "asymmetric"),
+    (_act(strategy="group", group_size=128), "input_activations strategy 'group' is not supported with fp8-channel"),
+    ({**_ct("channel"), "transform_config": {"config_groups": {"u": {"type": "hadamard", "apply": []}}}},
+     "transform_config (online rotations"),
+    ({**_ct("channel"), "sparsity_config": {"format": "sparse-24-bitmask"}},
+     "sparsity_config format 'sparse-24-bitmask' is not supported"),
+    ({**_ct("channel"), "ignore": ["lm_head", "re:(["]}, "quantization_config.ignore 're:([' is not a valid regex"),
+    ({"quant_method": "fp8", "modules_to_not_convert": ["re:(["]}, "modules_to_not_convert / ignored_layers 're:(['"),
+])
+def test_compressed_tensors_parts_the_engine_would_ignore_are_refused(qc, message):
+    with pytest.raises(ModelConfigError, match=re.escape(message)):
+        parse_quant_config(qc)
+
+
+def test_what_quantize_writes_still_parses():
+    for fields in ({"transform_config": {}, "sparsity_config": {}}, {"sparsity_config": {"format": "dense"}}):
+        assert parse_quant_config({**_ct("channel"), **fields}).scheme is Scheme.FP8_CHANNEL
+
+
 @pytest.mark.parametrize("change,message", [
     ({"architectures": ["MistralForCausalLM"]}, "not supported by the built-in engine"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
