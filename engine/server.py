@@ -279,7 +279,15 @@ class OpenAIServer:
         return ids
 
     def top_dict(self, top: dict[int, float] | None) -> dict[str, float] | None:
-        return None if top is None else {self.token_text(t): _finite(lp) for t, lp in top.items()}
+        """Token text -> logprob. Tokens inside one UTF-8 character all read "\ufffd": where texts
+        collide the most likely one's logprob stays, so the entry's best is still the best token's
+        (lm-eval's is_greedy takes the max; a later, less likely token overwrote it)."""
+        if top is None:
+            return None
+        out: dict[str, float] = {}
+        for t, lp in sorted(top.items(), key=lambda item: -item[1]):
+            out.setdefault(self.token_text(t), _finite(lp))
+        return out
 
     # -- /v1/completions
 

@@ -744,3 +744,19 @@ def test_a_request_cancelled_by_a_forced_quit_still_gets_an_openai_error(content
         assert body.endswith(b"data: [DONE]\n\n") and b'"code":"server_shutting_down"' in body
         assert sent[-1]["more_body"] is False
 
+
+
+def test_top_logprobs_keep_the_likeliest_of_tokens_whose_texts_collide(engine) -> None:
+    """Tokens that hold part of one UTF-8 character all read "\\ufffd" alone: the entry keeps the
+    likeliest one's logprob, so its best is still the best token's (lm-eval's is_greedy). A random
+    prompt of the echo test hit it: a less likely "\\ufffd" token had overwritten the chosen one."""
+    from quantgate.engine.server import OpenAIServer
+
+    loaded, async_engine = engine
+    settings = ServerSettings(served_model_names=(NAME,), max_model_len=MAX_MODEL_LEN)
+    server = OpenAIServer(async_engine, loaded, settings, metrics=None)  # top_dict reads no metrics
+    partial = [t for t in range(loaded.model_config.vocab_size) if server.token_text(t) == "\ufffd"][:3]
+    assert len(partial) >= 2, "the tiny tokenizer has byte tokens inside multi-byte characters"
+    top = {partial[0]: -0.5, 5: -2.0, partial[1]: -4.35}  # the engine's order: likeliest first
+    assert server.top_dict(top)["\ufffd"] == -0.5
+    assert max(server.top_dict(top).values()) == -0.5
