@@ -297,7 +297,7 @@ def _libc_prctl(option: int, value: int) -> bool:
 _PR_SET_CHILD_SUBREAPER = 36
 # Processes this runner started itself that are still up (server leaders, their watchdogs):
 # adopted processes are the servers' descendants, not these.
-_LEADERS: set[int] = set()
+_STARTED_HERE: set[int] = set()
 # The grace a watchdog gives a server it tears down because the runner died (harness/watchdog.py).
 WATCHDOG_GRACE_S = TEARDOWN_GRACE_S
 
@@ -319,7 +319,7 @@ def _adopted_children(after: str) -> dict[int, list[str]]:
     found = {}
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if (fields is not None and int(fields[1]) == me and int(entry.name) not in _LEADERS
+        if (fields is not None and int(fields[1]) == me and int(entry.name) not in _STARTED_HERE
                 and int(fields[19]) > int(after)):
             found[int(entry.name)] = fields
     return found
@@ -336,7 +336,7 @@ def _start_watchdog(pgid: int) -> Any:
     dog = subprocess.Popen([sys.executable, "-m", "quantgate.harness.watchdog", str(os.getpid()), own_start,
                             str(pgid), str(WATCHDOG_GRACE_S)], stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _LEADERS.add(dog.pid)
+    _STARTED_HERE.add(dog.pid)
     return dog
 
 
@@ -520,7 +520,7 @@ class LaunchedServer:
                     env=env, start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 )
-                _LEADERS.add(self.process.pid)
+                _STARTED_HERE.add(self.process.pid)
                 self._leader_start = (_stat(self.process.pid) or [None] * 20)[19]
                 self._watchdog = _start_watchdog(self.process.pid)
                 log.write(f"# quantgate: pid {self.process.pid} (process group {self.process.pid})\n".encode())
@@ -630,7 +630,7 @@ class LaunchedServer:
                     break
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
-        _LEADERS.discard(pgid)
+        _STARTED_HERE.discard(pgid)
         self._kill_strays(family, set(group_members(pgid)))
         self._stop_watchdog()
         self._kill_adopted()
@@ -652,7 +652,7 @@ class LaunchedServer:
         with contextlib.suppress(ProcessLookupError):
             dog.kill()
         dog.wait()
-        _LEADERS.discard(dog.pid)
+        _STARTED_HERE.discard(dog.pid)
 
     def _kill_strays(self, family: dict[int, str], in_group: set[int]) -> None:
         strays = [pid for pid, start in family.items() if pid not in in_group and _still_running(pid, start)]

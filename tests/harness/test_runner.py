@@ -344,13 +344,19 @@ def test_a_baseline_measured_on_other_questions_is_exit_3_not_a_retry(tmp_path: 
     assert "evaluated 6 questions and the baseline 4" in cand["reason"]
 
 
-def test_a_recovery_baseline_of_another_test_file_is_exit_3_not_a_pass(tmp_path: Path, gsm8k_dir: Path) -> None:
-    # As many questions (num_questions 12 both) of another test file: the ratio compares nothing.
+def _reversed_test_data(tmp_path: Path, gsm8k_dir: Path) -> Path:
+    """As many questions as gsm8k_dir's test file, in another order: another test file."""
     other = tmp_path / "other"
     other.mkdir()
     rows = (gsm8k_dir / "test.jsonl").read_text().splitlines(keepends=True)
     (other / "test.jsonl").write_text("".join(reversed(rows)))
     (other / "train.jsonl").write_text((gsm8k_dir / "train.jsonl").read_text())
+    return other
+
+
+def test_a_recovery_baseline_of_another_test_file_is_exit_3_not_a_pass(tmp_path: Path, gsm8k_dir: Path) -> None:
+    # As many questions (num_questions 12 both) of another test file: the ratio compares nothing.
+    other = _reversed_test_data(tmp_path, gsm8k_dir)
     write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})
     candidate = write_config(tmp_path, "cand", other, {"accuracy": 1.0}, baseline="base",
                              gate={"mode": "recovery"}, accuracy_threshold=None)
@@ -365,11 +371,7 @@ def test_a_recovery_baseline_without_samples_is_matched_by_its_test_file(tmp_pat
     assert run_in_process([base], tmp_path / "first")[0] == 0
     baseline = tmp_path / "first" / "base" / "result.json"
     (baseline.parent / "samples.jsonl").unlink()  # a result shared without its samples: only the hashes are left
-    other = tmp_path / "other"
-    other.mkdir()
-    rows = (gsm8k_dir / "test.jsonl").read_text().splitlines(keepends=True)
-    (other / "test.jsonl").write_text("".join(reversed(rows)))
-    (other / "train.jsonl").write_text((gsm8k_dir / "train.jsonl").read_text())
+    other = _reversed_test_data(tmp_path, gsm8k_dir)
     candidate = write_config(tmp_path, "cand", other, {"accuracy": 1.0}, baseline=str(baseline),
                              gate={"mode": "recovery"}, accuracy_threshold=None)
     code, output = run_in_process([candidate], tmp_path / "out")

@@ -74,38 +74,29 @@ def test_launch_health_and_teardown_of_the_whole_group(tmp_path: Path, gsm8k_dir
     assert not any(pid_alive(pid) for pid in members)
 
 
-def test_teardown_kills_a_descendant_that_left_the_process_group(tmp_path: Path, gsm8k_dir: Path) -> None:
-    server = launch(_fake(gsm8k_dir, "--spawn-setsid-child"), tmp_path / "server.log", startup_timeout_s=30)
-    child = int((tmp_path / "server.log").read_text().split("setsid child pid ")[1].split()[0])
+@pytest.mark.parametrize("flag, logged_as, outside, reported", [
+    # a worker that called setsid(): still a descendant, no longer in the group
+    ("--spawn-setsid-child", "setsid child pid ", lambda pid, pgid: pid not in group_members(pgid),
+     "left its process group (setsid), so the group's teardown missed them: pid(s) {pid}"),
+    # a daemon that double-forked: its parent exited at once, so it is nobody's descendant; found
+    # because quantgate is its subreaper
+    ("--spawn-daemon", "daemon pid ", lambda pid, pgid: pid not in descendants(pgid),
+     "(a daemon that double-forked, re-parented to quantgate): pid(s) {pid}"),
+], ids=["setsid", "double-fork"])
+def test_teardown_kills_processes_that_escaped_the_process_group(tmp_path: Path, gsm8k_dir: Path, flag: str,
+                                                                 logged_as: str, outside, reported: str) -> None:
+    server = launch(_fake(gsm8k_dir, flag), tmp_path / "server.log", startup_timeout_s=30)
+    escaped = int((tmp_path / "server.log").read_text().split(logged_as)[1].split()[0])
     try:
-        assert pid_alive(child) and child not in group_members(server.pgid)
+        assert pid_alive(escaped) and outside(escaped, server.pgid)
         server.stop(grace_s=0.5)
-        assert not pid_alive(child)
-        assert server.to_dict()["killed_outside_group"] == [child]
-        assert f"left its process group (setsid), so the group's teardown missed them: pid(s) {child}" in \
-            (tmp_path / "server.log").read_text()
+        assert not Path(f"/proc/{escaped}").exists()  # killed and reaped: no zombie either
+        assert server.to_dict()["killed_outside_group"] == [escaped]
+        assert reported.format(pid=escaped) in (tmp_path / "server.log").read_text()
     finally:
         server.stop(grace_s=0.5)
-        if pid_alive(child):  # the test failed: leave nothing behind
-            os.kill(child, signal.SIGKILL)
-
-
-def test_teardown_kills_a_daemon_that_double_forked_away_from_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
-    """Its parent exited at once, so it is nobody's descendant: it is found because quantgate is its
-    subreaper, and reaped (no zombie is left either)."""
-    server = launch(_fake(gsm8k_dir, "--spawn-daemon"), tmp_path / "server.log", startup_timeout_s=30)
-    daemon = int((tmp_path / "server.log").read_text().split("daemon pid ")[1].split()[0])
-    try:
-        assert pid_alive(daemon) and daemon not in descendants(server.pgid)
-        server.stop(grace_s=0.5)
-        assert not Path(f"/proc/{daemon}").exists()  # killed and reaped
-        assert server.to_dict()["killed_outside_group"] == [daemon]
-        assert f"(a daemon that double-forked, re-parented to quantgate): pid(s) {daemon}" in \
-            (tmp_path / "server.log").read_text()
-    finally:
-        server.stop(grace_s=0.5)
-        if pid_alive(daemon):  # the test failed: leave nothing behind
-            os.kill(daemon, signal.SIGKILL)
+        if pid_alive(escaped):  # the test failed: leave nothing behind
+            os.kill(escaped, signal.SIGKILL)
 
 
 def test_exit_during_startup_fails_within_seconds_not_at_the_timeout(tmp_path: Path,
