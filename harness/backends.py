@@ -53,6 +53,54 @@ VLLM_MOE_LOG_NAMES: dict[str, str] = {
     "batched_vllm_cutlass": "cutlass",
 }
 
+# The `--linear-backend` value of each linear kernel class vLLM's `Selected <Class> for ...` and
+# `Using <Class> for ...` lines name: `_LINEAR_BACKEND_KERNEL_MAP` in
+# vllm/model_executor/kernels/linear/__init__.py (vllm-project/vllm main at 006fc89, 2026), the
+# table `--linear-backend` itself filters by. A class maps through this table alone: names share
+# words across backends (FlashInferFp8DeepGEMMDynamicBlockScaledKernel is flashinfer_cutlass, not
+# deep_gemm), so no backend is guessed from a spelling. A class missing here (a newer vLLM, a
+# CPU/ROCm kernel) has no backend, and only an expectation naming that class matches it.
+VLLM_LINEAR_KERNEL_BACKENDS: dict[str, str] = {kernel: backend for backend, kernels in {
+    "b12x": ("B12xFp8BlockScaledMMKernel", "B12xMxFp4LinearKernel", "B12xMxfp8LinearKernel",
+             "B12xNvFp4LinearKernel", "B12xTensorFP8ScaledMMLinearKernel"),
+    "cutlass": ("CutlassInt8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel", "CutlassFp8BlockScaledMMKernel",
+                "CutlassW4A8LinearKernel", "CutlassNvFp4LinearKernel"),
+    "flashinfer_cutlass": ("FlashInferFP8ScaledMMLinearKernel", "FlashInferFp8DeepGEMMDynamicBlockScaledKernel",
+                           "FlashInferCutlassMxfp8LinearKernel", "FlashInferCutlassNvFp4LinearKernel",
+                           "FlashInferMxFp4LinearKernel"),
+    "flashinfer_cutedsl": ("FlashInferCuteDslNvFp4LinearKernel", "FlashInferCuteDslNvFp4W4A16LinearKernel",
+                           "FlashInferCutedslMxfp8LinearKernel"),
+    "flashinfer_trtllm": ("FlashInferTrtllmMxfp8LinearKernel", "FlashInferTrtllmNvFp4LinearKernel"),
+    "flashinfer_cudnn": ("FlashInferCudnnNvFp4LinearKernel",),
+    "flashinfer_b12x": ("FlashInferB12xNvFp4LinearKernel",),
+    "humming": ("HummingFP8ScaledMMLinearKernel", "HummingInt8ScaledMMLinearKernel", "HummingLinearKernel",
+                "HummingMxfp8LinearKernel", "HummingMxFp4LinearKernel", "HummingMxFp6LinearKernel",
+                "HummingNvFp4LinearKernel"),
+    "marlin": ("MarlinFP8ScaledMMLinearKernel", "MarlinLinearKernel", "MarlinMxfp8LinearKernel",
+               "MarlinNvFp4LinearKernel", "MarlinMxFp4LinearKernel"),
+    "triton": ("TritonInt8ScaledMMLinearKernel", "TritonFp8BlockScaledMMKernel", "TritonW4A16LinearKernel"),
+    "deep_gemm": ("DeepGemmFp8BlockScaledMMKernel", "DeepGemmMxfp8BmmLinearKernel"),
+    "torch": ("PerTensorTorchFP8ScaledMMLinearKernel", "ChannelWiseTorchFP8ScaledMMLinearKernel",
+              "RowWiseTorchFP8ScaledMMLinearKernel", "BlockWiseTorchFP8ScaledMMLinearKernel", "TorchNvFp4LinearKernel"),
+    "aiter": ("AiterInt8ScaledMMLinearKernel", "AiterFp8BlockScaledMMKernel", "AiterPerTokenFp8ScaledMMLinearKernel",
+              "AiterPreshuffledPerTokenFp8ScaledMMLinearKernel", "AiterMxfp4LinearKernel"),
+    "machete": ("MacheteLinearKernel",),
+    "fbgemm": ("FbgemmNvFp4LinearKernel",),
+    "conch": ("ConchLinearKernel",),
+    "exllama": ("ExllamaLinearKernel",),
+    "emulation": ("EmulationMxfp8LinearKernel", "EmulationNvFp4LinearKernel", "EmulationMxfp6LinearKernel",
+                  "EmulationMxfp4LinearKernel"),
+    "xpu": ("XPUW8A8FP8LinearKernel", "XPUFp8BlockScaledMMKernel"),
+    "xpu_woq": ("XPUW8A16FP8LinearKernel",),
+}.items() for kernel in kernels}
+
+# MoE backends whose vLLM experts class picks its kernel per call and says so only in DEBUG lines:
+# `deep_gemm` is TritonOrDeepGemmExperts (fused_moe/experts/triton_deep_gemm_moe.py), which runs
+# Triton whenever `_valid_deep_gemm` (experts/deep_gemm_moe.py) refuses a shape, logging
+# `DeepGemm disabled ...` with `debug_once`. The log level that makes those lines visible.
+VLLM_MOE_DEBUG_PROOF: frozenset[str] = frozenset({"deep_gemm"})
+VLLM_DEBUG_ENV = ("VLLM_LOGGING_LEVEL", "DEBUG")
+
 FLAGS: dict[Layer, str] = {"linear": "--linear-backend", "moe": "--moe-backend"}
 
 
@@ -92,8 +140,9 @@ def known_backends(engine: Engine, layer: Layer) -> tuple[str, ...]:
 def known_kernel_classes(engine: Engine, layer: Layer) -> tuple[str, ...]:
     """Kernel class names that can appear in the engine's selection report.
 
-    Empty for vLLM: its class names change between releases, so any CamelCase class name
-    is accepted there and checked against the server log at run time instead.
+    Empty for vLLM: its class names change between releases, so any CamelCase linear class
+    name is accepted there and checked against the server log at run time instead (its MoE
+    choices are logged by backend name only).
     """
     if engine == "builtin":
         return _builtin_registry()[1][layer]
@@ -116,11 +165,20 @@ def check_expected_kernel(engine: Engine, layer: Layer, name: str) -> UnknownNam
     if canonical(name) in {canonical(b) for b in backends} or name in classes:
         return None
     if engine == "vllm" and _looks_like_class_name(name):
-        return None
+        if layer == "linear":
+            return None
+        return UnknownName(f"expect.moe_kernel {name!r} can never be checked on engine vllm: vLLM logs its MoE choice "
+                           f"by backend (`Using <NAME> Fp8 MoE backend`), never by class; name a --moe-backend value "
+                           f"(known: {', '.join(backends)})")
     hint = " (`auto` is a request, not a kernel: name the backend that must run)" if canonical(name) == "auto" else ""
     return UnknownName(
         _unknown_message(engine, layer, name, backends + classes, what=f"{layer} backend or kernel class") + hint
     )
+
+
+def vllm_linear_backend(kernel_class: str) -> str | None:
+    """The vLLM `--linear-backend` a linear kernel class belongs to (VLLM_LINEAR_KERNEL_BACKENDS)."""
+    return VLLM_LINEAR_KERNEL_BACKENDS.get(kernel_class)
 
 
 def log_name_to_backend(name: str) -> str | None:

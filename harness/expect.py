@@ -2,10 +2,18 @@
 
 The built-in engine answers `GET /v1/kernels` (per module: kernel, backend, rejected
 candidates). vLLM has no such endpoint; its log says what it chose: `Selected <Kernel> for
-<module>` per linear kernel choice and `Using <NAME> Fp8 MoE backend` for fused MoE. Either
+<module>` per FP8/INT8 linear kernel choice, `Using <Kernel> for mixed-precision linear` (or
+`for <FORMAT> GEMM`) for the others, and `Using <NAME> Fp8 MoE backend` for fused MoE. Either
 way the report is normalised to `{"source", "platform", "modules": {name: {layer, scheme,
 kernel, backend, scale_attr, rejected}}}` and recorded in result.json (`scheme` and `scale_attr`,
 the checkpoint name the scales were read from, are None where a vLLM log does not say).
+
+vLLM's log names the class it selected. A class that picks its kernel per call says so, if at
+all, in DEBUG lines: vLLM's `deep_gemm` MoE runs Triton for every shape DeepGEMM refuses (an
+expert width N <= 512, as Qwen3-30B-A3B's at TP=2, never runs DeepGEMM). So a deep_gemm MoE
+expectation is checked against those lines: the runner starts vLLM with VLLM_LOGGING_LEVEL=DEBUG
+(`proof_env`), a refusal for the model's own shape fails the check, and one only for batches
+below DeepGEMM's row alignment is recorded as a note (that fallback is the backend's design).
 
 A mismatch fails the run even when accuracy passes, and so does an expectation that cannot
 be checked (no report, or no module of that layer): a run that cannot prove its backend
@@ -21,12 +29,21 @@ from typing import Any
 
 import httpx
 
-from .backends import FLAGS, VLLM_LINEAR_BACKENDS, canonical, log_name_to_backend
-from .config import Expect
+from .backends import (FLAGS, VLLM_DEBUG_ENV, VLLM_MOE_DEBUG_PROOF, canonical, log_name_to_backend,
+                       vllm_linear_backend)
+from .config import EvalConfig, Expect
 from .server import auth_headers
 
 _SELECTED = re.compile(r"Selected (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for (?P<module>\S+)")
+# choose_mp_linear_kernel and the MXFP8/MXFP4/NVFP4 selectors (vllm/model_executor/kernels/linear/__init__.py).
+_USING_LINEAR = re.compile(r"Using (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for "
+                           r"(?P<module>mixed-precision linear|CompressedTensorsWNA16|[A-Z][A-Za-z0-9]* GEMM)")
 _MOE = re.compile(r"Using (?P<name>[A-Za-z0-9_]+) Fp8 MoE backend")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DEBUG_LINE = re.compile(r"(?:^|\s)DEBUG \d\d-\d\d \d\d:\d\d:\d\d")  # vLLM's `%(levelname)s %(asctime)s ...`
+_DEEPGEMM_REFUSED = re.compile(r"DeepGemm disabled.*")
+_DEEPGEMM_SMALL_M = re.compile(r"unaligned problem size\. M: (?P<m>\d+), N: (?P<n>\d+), K: (?P<k>\d+)\. "
+                               r"M should >= (?P<align>\d+)")
 MOE_LOG_MODULE = "fused_moe"  # vLLM's MoE lines name no layer: every MoE choice is filed under this
 _SHOWN_MODULES = 6
 
@@ -48,18 +65,6 @@ def report_from_server(base_url: str, timeout_s: float = 10.0, api_key: str | No
     return {"source": "GET /v1/kernels", "platform": body.get("platform"), "modules": body["modules"]}
 
 
-def _squash(name: str) -> str:
-    return canonical(name).replace("_", "")
-
-
-def vllm_linear_backend(kernel_class: str) -> str | None:
-    """The vLLM `--linear-backend` a kernel class belongs to: the longest backend name in the
-    class name (FlashInferCutlassFp8... is flashinfer_cutlass, not cutlass)."""
-    squashed = _squash(kernel_class)
-    names = [b for b in VLLM_LINEAR_BACKENDS if b != "auto" and _squash(b) in squashed]
-    return max(names, key=len) if names else None
-
-
 def _add_choice(modules: dict[str, dict[str, Any]], module: str, entry: dict[str, Any]) -> None:
     """`module`'s first kernel under its name, each other distinct kernel under `<module>#2`,
     `#3`...: vLLM names a method class, not a layer (one line per distinct argument set, repeated
@@ -78,20 +83,38 @@ def report_from_vllm_log(log: str | Iterable[str]) -> dict[str, Any] | None:
     line at a time: neither pattern spans lines); None when it names none."""
     modules: dict[str, dict[str, Any]] = {}
     moe_names: dict[str, None] = {}  # filed after every linear choice, in the order first seen
+    deepgemm_refusals: dict[str, None] = {}
+    debug_logged = False
     for line in log.splitlines() if isinstance(log, str) else log:
-        for match in _SELECTED.finditer(line):
+        for match in [*_SELECTED.finditer(line), *_USING_LINEAR.finditer(line)]:
             kernel = match["kernel"]
             _add_choice(modules, match["module"], {"layer": "linear", "scheme": None, "kernel": kernel,
                                                    "backend": vllm_linear_backend(kernel), "scale_attr": None,
                                                    "rejected": []})
         moe_names.update(dict.fromkeys(match["name"] for match in _MOE.finditer(line)))
+        if not debug_logged or "DeepGemm" in line:
+            plain = _ANSI.sub("", line)
+            debug_logged = debug_logged or bool(_DEBUG_LINE.search(plain))
+            deepgemm_refusals.update(dict.fromkeys(m.group(0).strip() for m in _DEEPGEMM_REFUSED.finditer(plain)))
     for name in moe_names:
         _add_choice(modules, MOE_LOG_MODULE, {"layer": "moe", "scheme": None, "kernel": name,
                                               "backend": log_name_to_backend(name), "scale_attr": None,
                                               "rejected": []})
     if not modules:
         return None
-    return {"source": "server log", "platform": None, "modules": modules}
+    return {"source": "server log", "platform": None, "modules": modules, "debug_logged": debug_logged,
+            "deepgemm_refusals": list(deepgemm_refusals)}
+
+
+def proof_env(config: EvalConfig) -> dict[str, str]:
+    """Server environment a vLLM config's `expect:` needs to be provable, beyond its own `env`:
+    DEBUG logging for a deep_gemm MoE expectation (module docstring). Empty otherwise, and when
+    the config sets the variable itself (lint refuses a level that hides the lines)."""
+    name, level = VLLM_DEBUG_ENV
+    wanted = config.expect.moe_kernel
+    if config.engine != "vllm" or wanted is None or canonical(wanted) not in VLLM_MOE_DEBUG_PROOF or name in config.env:
+        return {}
+    return {name: level}
 
 
 def kernel_matches(expected: str, kernel: str | None, backend: str | None) -> bool:
@@ -121,6 +144,7 @@ class ExpectCheck:
     mismatches: list[dict[str, Any]] = field(default_factory=list)  # module, layer, expected, kernel, backend
     problems: list[str] = field(default_factory=list)  # one line per failed expectation
     from_server_args: list[str] = field(default_factory=list)  # layers whose expectation server_args implied
+    notes: list[str] = field(default_factory=list)  # what a passing check still leaves open
 
     @property
     def message(self) -> str:
@@ -128,7 +152,7 @@ class ExpectCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "expected": self.expected, "mismatches": self.mismatches,
-                "from_server_args": self.from_server_args, "message": self.message or None}
+                "from_server_args": self.from_server_args, "notes": self.notes, "message": self.message or None}
 
 
 def _modules_checked(modules: dict[str, dict[str, Any]], layer: str) -> dict[str, dict[str, Any]]:
@@ -167,8 +191,41 @@ def verify(expect: Expect, report: dict[str, Any] | None, where: str,
                                      "kernel": m.get("kernel"), "backend": m.get("backend")})
         if wrong:
             check.problems.append(_mismatch_line(subject, layer, name, modules, wrong) + fix)
+        elif layer == "moe" and report["source"] == "server log" and canonical(name) in VLLM_MOE_DEBUG_PROOF:
+            _check_deepgemm_ran(check, subject, name, report, fix)
     check.passed = not check.problems
     return check
+
+
+def _check_deepgemm_ran(check: ExpectCheck, subject: str, name: str, report: dict[str, Any], fix: str) -> None:
+    """vLLM selected deep_gemm MoE: did DeepGEMM run, or Triton in its place (module docstring)?"""
+    refusals = report.get("deepgemm_refusals") or []
+    of_shape = [line for line in refusals if not _small_batches_only(line)]
+    variable, level = VLLM_DEBUG_ENV
+    if of_shape:
+        check.mismatches.append({"module": MOE_LOG_MODULE, "layer": "moe", "expected": name,
+                                 "kernel": "TritonExperts (deep_gemm's fallback)", "backend": "triton"})
+        more = f" (and {len(of_shape) - 1} more such lines)" if len(of_shape) > 1 else ""
+        check.problems.append(f"{subject}: expected {name!r}; vLLM selected its deep_gemm MoE backend, but that "
+                              f"backend ran Triton, not DeepGEMM, for this model's expert shapes: {of_shape[0]!r}{more}"
+                              + fix)
+    elif not report.get("debug_logged"):
+        check.problems.append(f"{subject} {name!r} cannot be verified: vLLM's deep_gemm MoE backend runs Triton for "
+                              "every shape DeepGEMM refuses and says so only at DEBUG level, and the server log has no "
+                              f"DEBUG lines; start vLLM with {variable}={level} (the runner does unless the config's "
+                              f"env sets {variable})" + fix)
+    elif refusals:
+        check.notes.append(f"moe: vLLM ran Triton for batches below DeepGEMM's row alignment, as its deep_gemm "
+                           f"backend is designed to ({refusals[0]!r}); DeepGEMM ran the larger ones")
+
+
+def _small_batches_only(refusal: str) -> bool:
+    """A `DeepGemm disabled` line that refuses only a batch's row count, not the expert shape."""
+    match = _DEEPGEMM_SMALL_M.search(refusal)
+    if match is None:
+        return False
+    align = int(match["align"])
+    return align > 0 and int(match["n"]) % align == 0 and int(match["k"]) % align == 0
 
 
 def _mismatch_line(subject: str, layer: str, expected: str, modules: dict[str, Any], wrong: dict[str, Any]) -> str:

@@ -434,7 +434,8 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
                             "engine serves local Hugging Face folders: fix the path, or set `engine: vllm` for a hub id")
             return None
         try:
-            command = build_command(config.engine, model, config.server_args, config.env, config.vllm_command,
+            command = build_command(config.engine, model, config.server_args,
+                                    {**config.env, **expect_mod.proof_env(config)}, config.vllm_command,
                                     require_executable=options.check_machine)
         except ServerCommandError as exc:
             problems.append(f"{config.source}: {exc}")
@@ -786,7 +787,8 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
                               else " (accuracy passed, but nothing proves which kernel ran)")
     else:
         record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
-            f"; kernels as expected ({', '.join(_expected_text(check))})" if check else "")
+            f"; kernels as expected ({', '.join(_expected_text(check))})" if check else "") + "".join(
+            f"; note: {note}" for note in (check.notes if check else []))
 
 
 def _expected_text(check: expect_mod.ExpectCheck) -> list[str]:

@@ -36,6 +36,13 @@ def test_expected_kernel_accepts_classes_and_rejects_auto() -> None:
     assert "engine vllm" not in problem.message  # vLLM would refuse it as well
 
 
+def test_vllm_moe_expectations_name_backends_not_classes() -> None:
+    """vLLM logs its MoE choice by backend name only: a class name could never be matched."""
+    problem = backends.check_expected_kernel("vllm", "moe", "MarlinExperts")
+    assert problem is not None and "never by class" in problem.message and "marlin" in problem.message
+    assert backends.check_expected_kernel("vllm", "moe", "marlin") is None
+
+
 def test_vllm_moe_log_names_map_to_flag_values() -> None:
     assert backends.log_name_to_backend("DEEPGEMM") == "deep_gemm"
     assert backends.log_name_to_backend("FLASHINFER_CUTLASS") == "flashinfer_cutlass"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from quantgate.harness.config import Expect
-from quantgate.harness.expect import (MOE_LOG_MODULE, kernel_matches, report_from_server, report_from_vllm_log,
-                                      verify, vllm_linear_backend)
+from quantgate.harness.config import Expect, inspect_config, load_config
+from quantgate.harness.backends import vllm_linear_backend
+from quantgate.harness.expect import (MOE_LOG_MODULE, kernel_matches, proof_env, report_from_server,
+                                      report_from_vllm_log, verify)
 from quantgate.harness.server import build_command, launch
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
@@ -17,7 +18,7 @@ gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 VLLM_LOG = """\
 INFO 11-29 10:00:01 [gpu_model_runner.py:2000] Starting to load model Qwen/Qwen3-30B-A3B-FP8...
 (VllmWorker TP0 pid=4242) INFO 11-29 10:00:02 [fp8.py:321] Selected CutlassFp8BlockScaledMMKernel for model.layers.0.self_attn.qkv_proj
-(VllmWorker TP0 pid=4242) INFO 11-29 10:00:02 [fp8.py:321] Selected FlashInferCutlassFP8ScaledMMLinearKernel for model.layers.0.self_attn.o_proj
+(VllmWorker TP0 pid=4242) INFO 11-29 10:00:02 [fp8.py:321] Selected FlashInferFP8ScaledMMLinearKernel for model.layers.0.self_attn.o_proj
 INFO 11-29 10:00:03 [fp8.py:400] Using DEEPGEMM Fp8 MoE backend out of potential backends: ['DEEPGEMM', 'TRITON']
 """
 
@@ -36,7 +37,7 @@ def test_vllm_log_lines_become_a_kernel_report() -> None:
     modules = report["modules"]
     assert modules["model.layers.0.self_attn.qkv_proj"]["kernel"] == "CutlassFp8BlockScaledMMKernel"
     assert modules["model.layers.0.self_attn.qkv_proj"]["backend"] == "cutlass"
-    assert modules["model.layers.0.self_attn.o_proj"]["backend"] == "flashinfer_cutlass"  # the longest name wins
+    assert modules["model.layers.0.self_attn.o_proj"]["backend"] == "flashinfer_cutlass"
     assert modules[MOE_LOG_MODULE] == {"layer": "moe", "scheme": None, "kernel": "DEEPGEMM", "backend": "deep_gemm",
                                        "scale_attr": None, "rejected": []}
     assert report_from_vllm_log("INFO nothing about kernels here") is None
@@ -65,7 +66,93 @@ def test_every_distinct_kernel_a_vllm_log_names_is_checked() -> None:
 def test_vllm_kernel_class_to_backend() -> None:
     assert vllm_linear_backend("MarlinFP8ScaledMMLinearKernel") == "marlin"
     assert vllm_linear_backend("PerTensorTorchFP8ScaledMMLinearKernel") == "torch"
+    # vLLM's own table, not the class name's words: its default block-FP8 kernel on Hopper is a
+    # FlashInfer kernel, not DeepGEMM; the weight-only XPU kernel is xpu_woq, not xpu.
+    assert vllm_linear_backend("FlashInferFp8DeepGEMMDynamicBlockScaledKernel") == "flashinfer_cutlass"
+    assert vllm_linear_backend("FlashInferMxFp4LinearKernel") == "flashinfer_cutlass"
+    assert vllm_linear_backend("XPUW8A16FP8LinearKernel") == "xpu_woq"
     assert vllm_linear_backend("SomethingNew") is None
+
+
+def _vllm_line(text: str, level: str = "INFO") -> str:
+    return f"(EngineCore_DP0 pid=7) {level} 11-30 10:00:02 [__init__.py:634] {text}"
+
+
+def test_a_flashinfer_kernel_named_after_deepgemm_is_not_deep_gemm() -> None:
+    report = report_from_vllm_log(_vllm_line(
+        "Selected FlashInferFp8DeepGEMMDynamicBlockScaledKernel for Fp8LinearMethod"))
+    assert not verify(Expect(linear_kernel="deep_gemm"), report, "server.log").passed
+    assert verify(Expect(linear_kernel="flashinfer_cutlass"), report, "server.log").passed
+    unknown = report_from_vllm_log(_vllm_line("Selected NewerFp8Kernel for Fp8LinearMethod"))
+    assert not verify(Expect(linear_kernel="cutlass"), unknown, "server.log").passed
+    assert verify(Expect(linear_kernel="NewerFp8Kernel"), unknown, "server.log").passed  # the class itself
+
+
+def test_mixed_precision_and_gemm_selection_lines_are_linear_choices() -> None:
+    report = report_from_vllm_log("\n".join([
+        _vllm_line("Using MacheteLinearKernel for mixed-precision linear"),
+        _vllm_line("Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM")]))
+    assert report is not None
+    assert {m: (e["kernel"], e["backend"]) for m, e in report["modules"].items()} == {
+        "mixed-precision linear": ("MacheteLinearKernel", "machete"),
+        "NVFP4 GEMM": ("FlashInferCutlassNvFp4LinearKernel", "flashinfer_cutlass")}
+    check = verify(Expect(linear_kernel="machete"), report, "server.log")
+    assert not check.passed and [m["module"] for m in check.mismatches] == ["NVFP4 GEMM"]
+
+
+_DEEPGEMM_SELECTED = _vllm_line("Using DEEPGEMM Fp8 MoE backend out of potential backends: ['TRITON', 'DEEPGEMM']")
+
+
+def test_deep_gemm_moe_cannot_be_proven_without_debug_lines() -> None:
+    """vLLM's deep_gemm MoE runs Triton for shapes DeepGEMM refuses and logs that only at DEBUG."""
+    check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log(_DEEPGEMM_SELECTED), "server.log")
+    assert not check.passed and "cannot be verified" in check.message and "VLLM_LOGGING_LEVEL=DEBUG" in check.message
+
+
+def test_deep_gemm_moe_that_ran_triton_for_the_models_shape_fails() -> None:
+    # Qwen3-30B-A3B at TP=2: each rank's expert width is 768 / 2 = 384 <= 512.
+    refused = _vllm_line("DeepGemm disabled for N <= 512. M: 4096, N: 384, K: 2048. This means we will fallback "
+                         "to triton for this specific shape for further speed up.", level="DEBUG")
+    check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log(f"{_DEEPGEMM_SELECTED}\n{refused}"), "log")
+    assert not check.passed
+    assert "ran Triton, not DeepGEMM" in check.message and "N: 384" in check.message
+    assert check.mismatches and check.mismatches[0]["backend"] == "triton"
+
+
+def test_deep_gemm_moe_falling_back_only_for_small_batches_passes_with_a_note() -> None:
+    small = _vllm_line("DeepGemm disabled due to unaligned problem size. M: 1, N: 768, K: 2048. M should >= 128 "
+                       "and N and K must be multiples of 128. This is not an error and we will fall back to triton.",
+                       level="\x1b[36mDEBUG\x1b[0m")  # vLLM's colour formatter
+    check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log(f"{_DEEPGEMM_SELECTED}\n{small}"), "log")
+    assert check.passed, check.message
+    assert len(check.notes) == 1 and "below DeepGEMM's row alignment" in check.notes[0]
+    unaligned_n = small.replace("N: 768", "N: 760")
+    assert not verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log(f"{_DEEPGEMM_SELECTED}\n{unaligned_n}"),
+                      "log").passed
+    quiet = _vllm_line("Scheduler running", level="DEBUG")
+    check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log(f"{_DEEPGEMM_SELECTED}\n{quiet}"), "log")
+    assert check.passed and not check.notes
+
+
+def test_the_runner_starts_vllm_with_debug_logs_only_for_a_deep_gemm_moe_expectation(tmp_path: Path) -> None:
+    def env(text: str) -> dict:
+        path = tmp_path / "c.yaml"
+        path.write_text("model_name: m\naccuracy_threshold: 0.5\n" + text)
+        return proof_env(load_config(path))
+
+    assert env("engine: vllm\nexpect: {moe_kernel: deep-gemm}\n") == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert env("engine: vllm\nexpect: {moe_kernel: triton}\n") == {}
+    assert env("engine: builtin\nexpect: {moe_kernel: triton}\n") == {}
+    assert env("engine: vllm\nexpect: {moe_kernel: deep_gemm}\nenv: {VLLM_LOGGING_LEVEL: debug}\n") == {}
+    [error] = inspect_config(write_text(tmp_path, "engine: vllm\nexpect: {moe_kernel: deep_gemm}\n"
+                                        "env: {VLLM_LOGGING_LEVEL: INFO}\n")).errors
+    assert error.field == "env.VLLM_LOGGING_LEVEL" and "needs VLLM_LOGGING_LEVEL=DEBUG" in error.message
+
+
+def write_text(directory: Path, text: str) -> Path:
+    path = directory / "lint.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\n" + text)
+    return path
 
 
 def test_names_match_by_backend_or_class_ignoring_case_and_dashes() -> None:
@@ -73,7 +160,7 @@ def test_names_match_by_backend_or_class_ignoring_case_and_dashes() -> None:
     assert kernel_matches("Marlin", "MarlinFp8LinearKernel", "marlin")
     assert kernel_matches("MarlinFp8LinearKernel", "MarlinFp8LinearKernel", None)
     assert not kernel_matches("marlin", "EmulationLinearKernel", "emulation")
-    assert not kernel_matches("cutlass", "FlashInferCutlassFP8ScaledMMLinearKernel", "flashinfer_cutlass")
+    assert not kernel_matches("cutlass", "FlashInferFP8ScaledMMLinearKernel", "flashinfer_cutlass")
 
 
 def test_mismatch_names_expected_and_actual_kernel_per_module() -> None:
