@@ -640,13 +640,13 @@ class _Loader:
             if problem:
                 self.error(["expect", f"{layer}_kernel"], problem.message, value=True)
         variable, level = backends.VLLM_DEBUG_ENV
-        moe = config.expect.moe_kernel
+        moe = config.expect.moe_kernel or config.backend_flags().get(backends.FLAGS["moe"])
         if (config.engine == "vllm" and moe is not None and backends.canonical(moe) in backends.VLLM_MOE_DEBUG_PROOF
                 and config.env.get(variable, level).strip().upper() != level):
-            self.error(["env", variable], f"expect.moe_kernel {moe} needs {variable}={level}: vLLM's deep_gemm MoE runs "
-                       "Triton for every shape DeepGEMM refuses and says so only in DEBUG lines, so at "
-                       f"{config.env[variable]} nothing can prove DeepGEMM ran; drop {variable} (the runner then sets "
-                       f"{level}) or set it to {level}", value=True)
+            self.error(["env", variable], f"a deep_gemm MoE expectation ({moe}) needs {variable}={level}: vLLM's "
+                       "deep_gemm MoE runs Triton for every shape DeepGEMM refuses and says so only in DEBUG lines, "
+                       f"so at {config.env[variable]} nothing can prove DeepGEMM ran; drop {variable} (the runner "
+                       f"then sets {level}) or set it to {level}", value=True)
 
     def _check_gate(self, config: EvalConfig) -> GateSpec:
         """The gate with its mode settled; a missing input is an error now, not after the run."""

@@ -107,11 +107,11 @@ def report_from_vllm_log(log: str | Iterable[str]) -> dict[str, Any] | None:
 
 
 def proof_env(config: EvalConfig) -> dict[str, str]:
-    """Server environment a vLLM config's `expect:` needs to be provable, beyond its own `env`:
-    DEBUG logging for a deep_gemm MoE expectation (module docstring). Empty otherwise, and when
+    """Server environment a vLLM config's `expect:` (or its implied one) needs to be provable,
+    beyond its own `env`: DEBUG logging for deep_gemm MoE (module docstring). Empty otherwise, and when
     the config sets the variable itself (lint refuses a level that hides the lines)."""
     name, level = VLLM_DEBUG_ENV
-    wanted = config.expect.moe_kernel
+    wanted = config.expect.moe_kernel or config.backend_flags().get(FLAGS["moe"])
     if config.engine != "vllm" or wanted is None or canonical(wanted) not in VLLM_MOE_DEBUG_PROOF or name in config.env:
         return {}
     return {name: level}
@@ -124,11 +124,22 @@ def kernel_matches(expected: str, kernel: str | None, backend: str | None) -> bo
         kernel == expected or canonical(kernel) == wanted))
 
 
+# Why server_args' backend flags are checked as expectations, and the fix a failure names: a
+# server this run did not start never had them applied; vLLM, given a backend with no kernel for
+# a layer type, warns and selects automatically for it. (The built-in engine refuses to start.)
+IMPLIED_WHY: dict[str, tuple[str, str]] = {
+    "attached": ("not applied to a server this run did not start",
+                 "start that server with {flag} {name} (or run without --server-url), or drop the flag from "
+                 "server_args"),
+    "vllm": ("vLLM selects automatically for a layer type that backend has no kernel for",
+             "name a backend that serves these layers in {flag}, or drop the flag from server_args"),
+}
+
+
 def implied_by_server_args(expect: Expect, backend_flags: dict[str, str]) -> dict[str, str]:
     """The backends server_args name explicitly (not `auto`) for the layers `expect:` leaves
-    unset, by layer (`backend_flags`: EvalConfig.backend_flags()). For a server this run did not
-    start (--server-url) those flags were never applied: the server must prove it ran them, or a
-    run of another kernel would pass for the config's."""
+    unset, by layer (`backend_flags`: EvalConfig.backend_flags()). A server that may not have run
+    them (IMPLIED_WHY) must prove it did, or a run of another kernel would pass for the config's."""
     implied = {}
     for layer, flag in FLAGS.items():
         value = backend_flags.get(flag)
@@ -163,19 +174,19 @@ def _modules_checked(modules: dict[str, dict[str, Any]], layer: str) -> dict[str
 
 
 def verify(expect: Expect, report: dict[str, Any] | None, where: str,
-           implied: dict[str, str] | None = None) -> ExpectCheck:
+           implied: dict[str, str] | None = None, implied_why: str = "attached") -> ExpectCheck:
     """Check `expect`, and what server_args `implied` where it says nothing (see
-    `implied_by_server_args`), against `report`; `where` says where a report was looked for."""
+    `implied_by_server_args`; `implied_why` a key of IMPLIED_WHY), against `report`; `where`
+    says where a report was looked for."""
     explicit = {layer: name for layer, name in (("linear", expect.linear_kernel), ("moe", expect.moe_kernel)) if name}
     implied = {layer: name for layer, name in (implied or {}).items() if layer not in explicit}
     check = ExpectCheck(passed=True, expected={**explicit, **implied}, from_server_args=list(implied))
     for layer, name in check.expected.items():
         subject, fix = f"expect.{layer}_kernel", ""
         if layer in implied:
-            subject = f"server_args' {FLAGS[layer]} (not applied to a server this run did not start, so checked " \
-                      f"as {subject})"
-            fix = f"; start that server with {FLAGS[layer]} {name} (or run without --server-url), or drop the flag " \
-                  "from server_args"
+            why, remedy = IMPLIED_WHY[implied_why]
+            subject = f"server_args' {FLAGS[layer]} ({why}, so checked as {subject})"
+            fix = "; " + remedy.format(flag=FLAGS[layer], name=name)
         if report is None:
             check.problems.append(f"{subject} {name!r} cannot be verified: no kernel report ({where}){fix}")
             continue

@@ -769,8 +769,9 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
         record.reason = "no question was evaluated (empty test set or limit 0)"
         return
     implied = _implied_expectations(config, server)
-    check = expect_mod.verify(config.expect, report, where, implied) if (config.expect.linear_kernel or
-                                                                         config.expect.moe_kernel or implied) else None
+    check = expect_mod.verify(config.expect, report, where, implied,
+                              "attached" if isinstance(server, AttachedServer) else config.engine) if (
+        config.expect.linear_kernel or config.expect.moe_kernel or implied) else None
     gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item),
                                       dataset=outcome.dataset_sha256)
     record.gate = gate.to_dict()
@@ -797,9 +798,11 @@ def _expected_text(check: expect_mod.ExpectCheck) -> list[str]:
 
 
 def _implied_expectations(config: EvalConfig, server: Server) -> dict[str, str]:
-    """The backends server_args ask for, by layer, that an attached server (--server-url) must
-    prove it ran: it was started by someone else, so the flags were never applied to it."""
-    if not isinstance(server, AttachedServer):
+    """The backends server_args ask for, by layer, that the server must prove it ran: an attached
+    server (--server-url) was started by someone else, so the flags were never applied to it, and
+    vLLM falls back to automatic selection for a layer type the backend has no kernel for. Not
+    the built-in engine this run started: it refuses to start instead (strict selection)."""
+    if not isinstance(server, AttachedServer) and config.engine == "builtin":
         return {}
     return expect_mod.implied_by_server_args(config.expect, config.backend_flags())
 

@@ -31,6 +31,9 @@ KERNEL_CLASSES = {
     "torch": "TorchScaledMMLinearKernel",
 }
 MOE_CLASSES = {"emulation": "EmulationMoEKernel", "marlin": "MarlinMoEKernel", "triton": "TritonFusedMoEKernel"}
+# What its log names, as vLLM's `Selected <Class> for ...` lines do: vLLM's own classes.
+VLLM_KERNEL_CLASSES = {"marlin": "MarlinFP8ScaledMMLinearKernel", "triton": "TritonFp8BlockScaledMMKernel",
+                       "torch": "BlockWiseTorchFP8ScaledMMLinearKernel", "cutlass": "CutlassFp8BlockScaledMMKernel"}
 LINEAR_MODULES = [f"model.layers.{i}.{m}" for i in range(2) for m in
                   ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
 
@@ -200,7 +203,7 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                     hang = False
                     engine.answered += 1
                 if args.late_kernel and seen == 0:
-                    kernel = KERNEL_CLASSES.get(args.late_kernel, args.late_kernel)
+                    kernel = VLLM_KERNEL_CLASSES.get(args.late_kernel, args.late_kernel)
                     print(f"INFO [fake] Selected {kernel} for {LINEAR_MODULES[0]}", flush=True)
             if hang:
                 time.sleep(3600)
@@ -269,7 +272,8 @@ def main(argv: list[str]) -> int:
     engine = FakeEngine(args)
     for name, entry in engine.kernels()["modules"].items():
         if entry["layer"] == "linear" and entry["scheme"] != "unquantized":  # as vLLM logs them
-            print(f"INFO [fake] Selected {entry['kernel']} for {name}", flush=True)
+            print(f"INFO [fake] Selected {VLLM_KERNEL_CLASSES.get(entry['backend'], entry['kernel'])} for {name}",
+                  flush=True)
     if args.moe_backend:
         print(f"INFO [fake] Using {args.moe_backend.title()} Fp8 MoE backend", flush=True)
     server = ThreadingHTTPServer((args.host, args.port), _handler(engine))  # EADDRINUSE ends the process

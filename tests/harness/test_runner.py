@@ -88,7 +88,7 @@ def test_a_vllm_kernel_choice_logged_at_the_first_request_is_checked_too(tmp_pat
     result = load_json(tmp_path / "out" / "late" / "result.json")
     assert code == 1 and result["verdict"] == "FAIL", output
     assert [m["module"] for m in result["expect"]["mismatches"]] == ["model.layers.0.self_attn.qkv_proj#2"]
-    assert "TritonBlockFp8LinearKernel" in result["reason"]
+    assert "TritonFp8BlockScaledMMKernel (backend triton)" in result["reason"]
 
 
 def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: Path,
@@ -798,3 +798,15 @@ def test_a_baseline_config_of_another_metric_is_refused_before_any_server_starts
     assert ("baseline 'base' gates exact_match,flexible-extract, this config exact_match,strict-match: gate paired "
             "compares one metric") in output.replace("\n", "")
     assert not (tmp_path / "out" / "base" / "result.json").exists()  # nothing ran
+
+
+def test_vllm_must_prove_the_backend_server_args_ask_for(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """vLLM, given a --linear-backend with no kernel for a layer type, warns and selects
+    automatically: without `expect:`, server_args' backend is checked as one."""
+    config = write_config(tmp_path, "fellback", gsm8k_dir, {"linear_backend": "marlin", "late_kernel": "cutlass"})
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "fellback" / "result.json")
+    assert code == 1 and result["verdict"] == "FAIL", output
+    assert result["expect"]["from_server_args"] == ["linear"]
+    assert "vLLM selects automatically for a layer type that backend has no kernel for" in result["reason"]
+    assert "CutlassFp8BlockScaledMMKernel (backend cutlass)" in result["reason"]
