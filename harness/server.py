@@ -35,6 +35,9 @@ TEARDOWN_GRACE_S = 10.0
 # outlives the job.
 INTERRUPTED_GRACE_S = 3.0
 FOREIGN_LISTENER_WAIT_S = 30.0
+# Set in every launched server's environment to the runner's pid: a listener on our port whose
+# process carries another runner's pid is that run's server, never a proxy of ours.
+RUNNER_ENV = "QUANTGATE_RUNNER_PID"
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
 ARGPARSE_EXIT = 2
@@ -249,11 +252,10 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
-def listening_sockets(pid: int, port: int) -> tuple[int, int] | None:
-    """(held, all): how many of the listening sockets of TCP `port` `pid` and its descendants
-    hold, and how many there are; None where /proc cannot tell. A /health answer on a port proves
-    nothing by itself: another job's server may have bound it first while ours still loads, or
-    beside ours (SO_REUSEPORT, as vLLM binds), and the kernel then shares the requests."""
+def _listening_inodes(port: int) -> set[str] | None:
+    """The socket inodes listening on TCP `port`; None without /proc."""
+    if not Path("/proc/net/tcp").exists():
+        return None
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -264,20 +266,51 @@ def listening_sockets(pid: int, port: int) -> tuple[int, int] | None:
             # local_address is HEXIP:HEXPORT; state 0A is LISTEN; the inode is the tenth field
             if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
-    if not Path("/proc/net/tcp").exists():
+    return inodes
+
+
+def _sockets_of(pid: int) -> set[str]:
+    held: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    held.add(link[len("socket:["):-1])
+    return held
+
+
+def listening_sockets(pid: int, port: int) -> tuple[int, int] | None:
+    """(held, all): how many of the listening sockets of TCP `port` `pid` and its descendants
+    hold, and how many there are; None where /proc cannot tell. A /health answer on a port proves
+    nothing by itself: another job's server may have bound it first while ours still loads, or
+    beside ours (SO_REUSEPORT, as vLLM binds), and the kernel then shares the requests."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
         return None
     held: set[str] = set()
     for member in (pid, *descendants(pid)):
-        try:
-            fds = os.listdir(f"/proc/{member}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"/proc/{member}/fd/{fd}")
-                if link.startswith("socket:["):
-                    held.add(link[len("socket:["):-1])
+        held |= _sockets_of(member)
     return len(inodes & held), len(inodes)
+
+
+def other_run_listening(port: int) -> int | None:
+    """The pid of another quantgate run whose server listens on `port` (its processes carry
+    RUNNER_ENV naming that run), or None: none does, or /proc does not say (another user's
+    processes, a container's proxy)."""
+    inodes = _listening_inodes(port) or set()
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not (_sockets_of(int(entry.name)) & inodes):
+            continue
+        with contextlib.suppress(OSError):
+            for item in (entry / "environ").read_bytes().split(b"\0"):
+                if item.startswith(RUNNER_ENV.encode() + b"="):
+                    runner = int(item.split(b"=", 1)[1] or 0)
+                    if runner != os.getpid():
+                        return runner
+    return None
 
 
 def _still_running(pid: int, start_time: str) -> bool:
@@ -497,7 +530,7 @@ class LaunchedServer:
         import subprocess
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.command.env}
+        env = {**os.environ, **self.command.env, RUNNER_ENV: str(os.getpid())}
         started = time.monotonic()
         preferred, host = self.command.preferred_port, self.command.host
         _adopt_orphans()
@@ -559,8 +592,20 @@ class LaunchedServer:
                                            startup_s=time.monotonic() - started)
                 # Held by no process of ours: most often another job's server on the same fixed port
                 # while ours still loads and will fail to bind (then relaunched): wait for that. A
-                # wrapper whose listener lives elsewhere (a container's proxy) stays up, and counts.
+                # wrapper whose listener lives elsewhere (a container's proxy) stays up, and counts,
+                # but never another quantgate run's server: ours may bind only after loading.
                 owned = held == total
+                if not owned and foreign_since is None and (other := other_run_listening(self.port)) is not None:
+                    self.stop()
+                    with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                        log.write(f"# quantgate: port {self.port} is answered by the server of another quantgate "
+                                  f"run (pid {other}); relaunching on another port\n")
+                    if attempt < PORT_ATTEMPTS:
+                        return False
+                    raise ServerStartError(f"other quantgate runs' servers answered on each port tried "
+                                           f"({self.ports_tried}); a fixed --port in server_args collides with other "
+                                           "jobs: drop it", exit_status=None, log_tail=self.log_tail(),
+                                           startup_s=time.monotonic() - started)
                 foreign_since = None if owned else (foreign_since or time.monotonic())
                 if owned or time.monotonic() - foreign_since >= FOREIGN_LISTENER_WAIT_S:
                     if not owned:

@@ -196,6 +196,41 @@ def test_a_port_answered_by_another_jobs_server_is_not_taken_for_ours(tmp_path: 
     assert "already in use" in (tmp_path / "server.log").read_text().lower()
 
 
+@pytest.mark.parametrize("other_run", [True, False], ids=["another-quantgate-run", "a-proxy"])
+def test_a_listener_of_another_quantgate_run_is_never_taken_for_ours(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, other_run: bool) -> None:
+    """Ours binds only after loading (a slow engine), so the port looked free and another job's
+    server answers on it meanwhile. That server carries its runner's pid: ours is relaunched at
+    once. A listener without it (a container's proxy) is still taken after the wait."""
+    import subprocess
+
+    port = free_port("127.0.0.1")
+    env = {**os.environ, server_mod.RUNNER_ENV: "1"} if other_run else {
+        k: v for k, v in os.environ.items() if k != server_mod.RUNNER_ENV}
+    listener = subprocess.Popen(_fake(gsm8k_dir, port=port).with_port(port), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not server_mod.listening_sockets(listener.pid, port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setattr(server_mod, "port_is_free", lambda p, host="127.0.0.1": True)
+        monkeypatch.setattr(server_mod, "FOREIGN_LISTENER_WAIT_S", 0.5)
+        server = launch(_fake(gsm8k_dir, "--startup-delay", "2" if other_run else "30", port=port),
+                        tmp_path / "server.log", startup_timeout_s=60)
+        try:
+            log = (tmp_path / "server.log").read_text()
+            if other_run:
+                assert server.port != port and not server.foreign_listener
+                assert "answered by the server of another quantgate run (pid 1)" in log
+            else:
+                assert server.port == port and server.foreign_listener and "taken as its own (a proxy)" in log
+        finally:
+            server.stop()
+    finally:
+        listener.kill()
+        listener.wait()
+
+
 def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
     cmd = _fake(gsm8k_dir, "--startup-delay", "60")
     started = time.monotonic()
