@@ -247,7 +247,9 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        # vLLM hands string-format templates (Qwen3's among them) the parts joined by newlines;
+        # the same request must render the same prompt on both engines.
+        return "\n".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from quantgate.engine.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS, CompletionRequest
+from quantgate.engine.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS, ChatMessage, CompletionRequest
 
 
 def test_stop_lists_within_the_limits_pass() -> None:
@@ -24,3 +24,10 @@ def test_too_many_or_too_long_stop_strings_are_refused(stop: list[str] | str, me
         CompletionRequest(prompt="p", stop=stop)
     (error,) = info.value.errors()
     assert error["loc"] == ("stop",) and message in error["msg"]
+
+
+def test_chat_text_parts_join_with_newlines_as_vllm_does() -> None:
+    parts = [{"type": "text", "text": "Question: 1"}, {"type": "text", "text": "Answer: 2"}]
+    assert ChatMessage(role="user", content=parts).text() == "Question: 1\nAnswer: 2"
+    assert ChatMessage(role="user", content=parts[:1]).text() == "Question: 1"
+    assert ChatMessage(role="user", content=[]).text() == ""

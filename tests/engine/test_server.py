@@ -258,13 +258,14 @@ def test_chat_equals_completion_of_the_rendered_template(client: TestClient, eng
 
 def test_chat_content_parts_and_max_completion_tokens(client: TestClient) -> None:
     as_text = client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "hello there"}], "max_completion_tokens": 3, "temperature": 0})
-    as_parts = client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello "},
+        "messages": [{"role": "user", "content": "hello\nthere"}], "max_completion_tokens": 3, "temperature": 0})
+    as_parts = client.post("/v1/chat/completions", json={  # vLLM joins text parts with newlines
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"},
                                                   {"type": "text", "text": "there"}]}],
         "max_tokens": 3, "temperature": 0})
     assert as_text.status_code == as_parts.status_code == 200
     assert as_text.json()["choices"][0]["message"] == as_parts.json()["choices"][0]["message"]
+    assert as_text.json()["usage"]["prompt_tokens"] == as_parts.json()["usage"]["prompt_tokens"]
     assert as_text.json()["usage"]["completion_tokens"] <= 3
 
 
