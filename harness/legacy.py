@@ -33,7 +33,16 @@ FLASHINFER_MOE_MODES = {
     "latency": "flashinfer_trtllm",
     "masked_gemm": "flashinfer_cutedsl",
 }
+_FLASHINFER_MODE_VAR = "VLLM_FLASHINFER_MOE_BACKEND"
+_FLASHINFER_DEFAULT_MODE = "latency"  # vLLM's default; see _flashinfer_moe
 _FLASHINFER_SWITCHES = ("VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP16")
+# What can serve a layer type once FlashInfer is ruled out, by switch. vLLM's NVFP4 MoE
+# (NvFp4MoeBackend) has no triton or deep_gemm backend, and DeepGEMM is block-FP8 only.
+_NOT_FLASHINFER = {
+    "VLLM_USE_FLASHINFER_MOE_FP8": ("FP8", "triton, deep_gemm, cutlass"),
+    "VLLM_USE_FLASHINFER_MOE_FP4": ("FP4", "cutlass, marlin"),
+    "VLLM_USE_FLASHINFER_MOE_FP16": ("unquantized", "triton"),
+}
 
 
 @dataclass(frozen=True)
@@ -44,9 +53,18 @@ class Forbids:
     flags: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Follows:
+    """The value only qualifies what one of `switches` turns on (`VLLM_FLASHINFER_MOE_BACKEND`):
+    it is replaced together with such a switch that emitted flags, and otherwise left in place,
+    so that the next migrate still reads it once that switch can be migrated."""
+
+    switches: tuple[str, ...]
+
+
 # What one variable stands for: flags to add ([] = drop it, it switches nothing on),
-# Forbids, or None = no public equivalent (the author must decide; see `advice`).
-Rewrite = list[str] | Forbids | None
+# Forbids, Follows, or None = no public equivalent (the author must decide; see `advice`).
+Rewrite = list[str] | Forbids | Follows | None
 
 
 @dataclass(frozen=True)
@@ -54,7 +72,7 @@ class LegacyVar:
     name: str
     meaning: str
     rewrite: Callable[[str, Mapping[str, str]], Rewrite]
-    advice: str  # what to do when `rewrite` gives Forbids or None
+    advice: str  # what to do when `rewrite` gives Forbids or None, or a Follows left unresolved
 
 
 def _switch(*flags: str) -> Callable[[str, Mapping[str, str]], Rewrite]:
@@ -64,13 +82,18 @@ def _switch(*flags: str) -> Callable[[str, Mapping[str, str]], Rewrite]:
 def _flashinfer_moe(value: str, env: Mapping[str, str]) -> Rewrite:
     if not is_on(value):
         return Forbids(("--moe-backend",))
-    mode = env.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput").strip().lower()
-    return ["--moe-backend", FLASHINFER_MOE_MODES.get(mode, "flashinfer_cutlass")]
+    # vLLM's default flavour is "latency" (TensorRT-LLM): vllm/envs.py declares
+    # env_with_choices("VLLM_FLASHINFER_MOE_BACKEND", "latency", ["throughput", "latency",
+    # "masked_gemm"]) (its comment calling "throughput" the default is stale), and the newer
+    # FlashInferSettings keeps "latency". A switch without the variable ran flashinfer_trtllm.
+    mode = env.get(_FLASHINFER_MODE_VAR, _FLASHINFER_DEFAULT_MODE).strip().lower()
+    return ["--moe-backend", FLASHINFER_MOE_MODES.get(mode, FLASHINFER_MOE_MODES[_FLASHINFER_DEFAULT_MODE])]
 
 
 def _flashinfer_mode(value: str, env: Mapping[str, str]) -> Rewrite:
-    # A mode chooses nothing by itself; the VLLM_USE_FLASHINFER_MOE_* switch emits the flag.
-    return []
+    # A flavour chooses nothing by itself: the VLLM_USE_FLASHINFER_MOE_* switch that reads it
+    # emits the flag, and the flavour goes with that switch (see `translate`).
+    return Follows(_FLASHINFER_SWITCHES)
 
 
 def _deep_gemm(value: str, env: Mapping[str, str]) -> Rewrite:
@@ -109,11 +132,15 @@ LEGACY_VARS: dict[str, LegacyVar] = {v.name: v for v in [
               "VLLM_MOE_USE_DEEP_GEMM=0 only rules DeepGEMM out: name the MoE backend that must run "
               "with --moe-backend (e.g. triton, cutlass)"),
     *[LegacyVar(name, f"chose FlashInfer for {kind} MoE (flavour from VLLM_FLASHINFER_MOE_BACKEND)",
-                _flashinfer_moe, f"{name}=0 only rules FlashInfer out: name the MoE backend that must run "
-                "with --moe-backend (e.g. triton, deep_gemm)")
-      for name, kind in zip(_FLASHINFER_SWITCHES, ("FP8", "FP4", "unquantized"))],
-    LegacyVar("VLLM_FLASHINFER_MOE_BACKEND", "chose the FlashInfer MoE flavour: throughput -> flashinfer_cutlass, "
-              "latency -> flashinfer_trtllm, masked_gemm -> flashinfer_cutedsl", _flashinfer_mode, ""),
+                _flashinfer_moe, f"{name}=0 only rules FlashInfer out: name the {kind} MoE backend that must run "
+                f"with --moe-backend (e.g. {examples})")
+      for name, (kind, examples) in _NOT_FLASHINFER.items()],
+    LegacyVar(_FLASHINFER_MODE_VAR, "chose the FlashInfer MoE flavour: throughput -> flashinfer_cutlass, "
+              "latency (vLLM's default) -> flashinfer_trtllm, masked_gemm -> flashinfer_cutedsl", _flashinfer_mode,
+              "it only picks the flavour of the FlashInfer MoE that a VLLM_USE_FLASHINFER_MOE_* switch set to 1 "
+              "turns on, and no such switch here was migrated (none is on, or it needs manual migration): keep it "
+              "while that switch stays, or name the flavour with --moe-backend (throughput: flashinfer_cutlass, "
+              "latency: flashinfer_trtllm, masked_gemm: flashinfer_cutedsl) and remove the variables"),
     LegacyVar("VLLM_NVFP4_GEMM_BACKEND", "chose the NVFP4 linear kernel", _nvfp4_gemm, ""),
     LegacyVar("VLLM_MXFP4_USE_MARLIN", "forced Marlin for MXFP4 MoE layers", _switch("--moe-backend", "marlin"), ""),
     LegacyVar("VLLM_USE_DEEP_GEMM_E8M0", "chose DeepGEMM's UE8M0 scale format: a numeric format, not a backend",
@@ -145,6 +172,8 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
     picked: dict[str, str] = {}
     out = Translation()
     forbids: list[tuple[str, Forbids]] = []
+    follows: list[tuple[str, Follows]] = []
+    emitted: set[str] = set()  # replaced by flags it stands for (not merely dropped or satisfied)
     for name in legacy_names(plain):
         var = LEGACY_VARS[name]
         rewrite = var.rewrite(plain[name], plain)
@@ -152,6 +181,8 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
             out.unresolved[name] = var.advice
         elif isinstance(rewrite, Forbids):
             forbids.append((name, rewrite))
+        elif isinstance(rewrite, Follows):
+            follows.append((name, rewrite))
         else:
             conflict = _conflict(rewrite, {**already, **picked})
             if conflict:
@@ -162,10 +193,17 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
                     picked[flag] = value
                     out.flags += [flag, value]
             out.replaced.append(name)
+            if rewrite:
+                emitted.add(name)
     for name, rule in forbids:
         if all(flag in already or flag in picked for flag in rule.flags):
             out.replaced.append(name)
         else:
+            out.unresolved[name] = LEGACY_VARS[name].advice
+    for name, rule in follows:
+        if emitted.intersection(rule.switches):
+            out.replaced.append(name)
+        else:  # removing it would lose the flavour an unresolved (or absent) switch still needs
             out.unresolved[name] = LEGACY_VARS[name].advice
     return out
 

@@ -11,7 +11,10 @@ from quantgate.harness.legacy import LEGACY_VARS, translate
     ({"VLLM_TEST_FORCE_FP8_MARLIN": "1"}, ["--linear-backend", "marlin", "--moe-backend", "marlin"]),
     ({"VLLM_USE_DEEP_GEMM": "1", "VLLM_USE_DEEP_GEMM_MOE": "1"},
      ["--linear-backend", "deep_gemm", "--moe-backend", "deep_gemm"]),
-    ({"VLLM_USE_FLASHINFER_MOE_FP8": "1"}, ["--moe-backend", "flashinfer_cutlass"]),
+    # vLLM's default flavour is latency (env_with_choices("VLLM_FLASHINFER_MOE_BACKEND", "latency", ...)).
+    ({"VLLM_USE_FLASHINFER_MOE_FP8": "1"}, ["--moe-backend", "flashinfer_trtllm"]),
+    ({"VLLM_USE_FLASHINFER_MOE_FP8": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"},
+     ["--moe-backend", "flashinfer_cutlass"]),
     ({"VLLM_USE_FLASHINFER_MOE_FP8": "true", "VLLM_FLASHINFER_MOE_BACKEND": "latency"},
      ["--moe-backend", "flashinfer_trtllm"]),
     ({"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "masked_gemm"},
@@ -32,7 +35,7 @@ def test_switch_off_is_dropped_without_flags() -> None:
 
 def test_ruling_a_backend_out_needs_an_explicit_choice() -> None:
     result = translate({"VLLM_USE_DEEP_GEMM": "0", "VLLM_USE_DEEP_GEMM_MOE": "0", "VLLM_USE_FLASHINFER_MOE_FP8": "1"})
-    assert result.flags == ["--moe-backend", "flashinfer_cutlass"]
+    assert result.flags == ["--moe-backend", "flashinfer_trtllm"]
     assert "VLLM_USE_DEEP_GEMM_MOE" in result.replaced  # satisfied by the explicit --moe-backend
     assert "--linear-backend" in result.unresolved["VLLM_USE_DEEP_GEMM"]
     # It turns DeepGEMM off for vLLM's MoE as well: both layers must name what runs instead.
@@ -62,3 +65,32 @@ def test_variables_without_public_flag_are_unresolved_with_advice() -> None:
 def test_every_variable_says_what_it_did() -> None:
     for name, var in LEGACY_VARS.items():
         assert var.name == name and var.meaning
+
+
+def test_the_flashinfer_flavour_goes_only_with_a_switch_that_was_migrated() -> None:
+    """VLLM_FLASHINFER_MOE_BACKEND qualifies the switch that reads it: removed while that switch
+    stays (a conflict, here), the next migrate would turn the switch into the default flavour."""
+    env = {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"}
+    clash = translate(env, {"--moe-backend": "triton"})
+    assert clash.replaced == [] and set(clash.unresolved) == set(env)
+    assert "flashinfer_cutlass" in clash.unresolved["VLLM_FLASHINFER_MOE_BACKEND"]
+    assert sorted(translate(env).replaced) == sorted(env)
+    same = translate(env, {"--moe-backend": "flashinfer_cutlass"})  # the switch is replaced by what the file says
+    assert same.flags == [] and sorted(same.replaced) == sorted(env)
+    alone = translate({"VLLM_FLASHINFER_MOE_BACKEND": "latency"})
+    assert alone.replaced == [] and list(alone.unresolved) == ["VLLM_FLASHINFER_MOE_BACKEND"]
+    off = translate({"VLLM_USE_FLASHINFER_MOE_FP8": "0", "VLLM_FLASHINFER_MOE_BACKEND": "latency"},
+                    {"--moe-backend": "triton"})
+    assert off.replaced == ["VLLM_USE_FLASHINFER_MOE_FP8"] and list(off.unresolved) == ["VLLM_FLASHINFER_MOE_BACKEND"]
+
+
+@pytest.mark.parametrize("switch, suggested, never", [
+    # vLLM's NVFP4 MoE (NvFp4MoeBackend) has no triton or deep_gemm; DeepGEMM is block-FP8 only.
+    ("VLLM_USE_FLASHINFER_MOE_FP4", "cutlass, marlin", ("triton", "deep_gemm")),
+    ("VLLM_USE_FLASHINFER_MOE_FP8", "triton, deep_gemm, cutlass", ()),
+    ("VLLM_USE_FLASHINFER_MOE_FP16", "(e.g. triton)", ("deep_gemm", "cutlass", "marlin")),
+])
+def test_ruling_flashinfer_out_suggests_backends_that_serve_that_layer_type(switch: str, suggested: str,
+                                                                          never: tuple[str, ...]) -> None:
+    advice = translate({switch: "0"}).unresolved[switch]
+    assert suggested in advice and not any(name in advice for name in never), advice

@@ -145,3 +145,21 @@ def test_what_lint_refuses_migrate_refuses(tmp_path: Path, capsys: pytest.Captur
 def test_a_folder_without_configs_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", str(tmp_path)]) == 3
     assert "no config files" in capsys.readouterr().err
+
+
+def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Deleting the flavour would turn the switch, once the conflict is settled, into vLLM's default
+    flavour (flashinfer_trtllm) at the next migrate, not the throughput (flashinfer_cutlass) it ran."""
+    path = tmp_path / "c.yaml"
+    text = ('model_name: m\naccuracy_threshold: 0.5\nserver_args: --moe-backend triton\nenv:\n'
+            '  VLLM_USE_FLASHINFER_MOE_FP4: "1"\n  VLLM_FLASHINFER_MOE_BACKEND: throughput\n')
+    path.write_text(text)
+    assert main(["migrate", "--write", str(path)]) == 3
+    assert path.read_text() == text
+    err = capsys.readouterr().err
+    assert f"{path}:5: env.VLLM_USE_FLASHINFER_MOE_FP4: cannot migrate automatically" in err
+    assert f"{path}:6: env.VLLM_FLASHINFER_MOE_BACKEND: cannot migrate automatically" in err
+    path.write_text(text.replace("server_args: --moe-backend triton\n", ""))  # the author drops the conflict
+    assert main(["migrate", "--write", str(path)]) == 0
+    assert "server_args: --moe-backend flashinfer_cutlass\n" in path.read_text() and "VLLM_" not in path.read_text()
