@@ -194,9 +194,11 @@ class _SamplingRequest(_Strict):
 
 class CompletionRequest(_SamplingRequest):
     prompt: Prompt
-    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    echo: bool = False  # before max_tokens, whose validator reads it
+    # 0 only with echo: the prompt (and its logprobs) back and nothing generated, OpenAI's
+    # and vLLM's scoring call.
+    max_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
     best_of: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     suffix: str | None = None
     prompt_logprobs: Any = None
@@ -209,6 +211,14 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(prompt, list) and not prompt:
             raise _unsupported("prompt is an empty list; send at least one prompt")
         return prompt
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_needs_echo(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value == 0 and not info.data.get("echo"):
+            raise _unsupported("max_tokens 0 needs echo: true (it returns the prompt, with its logprobs when "
+                               "logprobs is set, and generates nothing); send max_tokens >= 1, or echo: true")
+        return value
 
     @field_validator("best_of")
     @classmethod

@@ -220,6 +220,48 @@ def test_logprobs_shapes_and_offsets(client: TestClient) -> None:
     assert len(plain["logprobs"]["tokens"]) == body["usage"]["completion_tokens"]
 
 
+def test_echo_with_max_tokens_0_returns_the_scored_prompt_and_generates_nothing(client: TestClient) -> None:
+    """OpenAI's (and vLLM's) scoring call: the prompt and its logprobs, nothing generated."""
+    prompts = ["Hugo reads 25 pages", "Ava has 3 apples."]
+    scored = complete(client, prompt=prompts, max_tokens=0, temperature=0, logprobs=2, echo=True)
+    usage = scored["usage"]
+    assert usage["completion_tokens"] == 0 and usage["total_tokens"] == usage["prompt_tokens"]
+    for prompt, choice in zip(prompts, scored["choices"], strict=True):
+        assert choice["text"] == prompt and choice["finish_reason"] == "length"
+        lp = choice["logprobs"]
+        one = complete(client, prompt=prompt, max_tokens=1, temperature=0, logprobs=2, echo=True)
+        want = one["choices"][0]["logprobs"]
+        n = one["usage"]["prompt_tokens"]
+        assert lp["tokens"] == want["tokens"][:n] and lp["text_offset"] == want["text_offset"][:n]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:n], abs=1e-5)
+    bare = complete(client, prompt=prompts[0], max_tokens=0, echo=True)
+    assert bare["choices"][0]["text"] == prompts[0] and bare["choices"][0]["logprobs"] is None
+
+    streamed = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 0, "echo": True,
+                                                    "logprobs": 2, "temperature": 0, "stream": True,
+                                                    "stream_options": {"include_usage": True}})
+    assert streamed.status_code == 200, streamed.text
+    *chunks, usage_chunk, done = sse_events(streamed)
+    assert done == "[DONE]" and usage_chunk["usage"]["completion_tokens"] == 0
+    (chunk,) = chunks
+    (choice,) = chunk["choices"]
+    first = scored["choices"][0]
+    assert choice["text"] == prompts[0] and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == first["logprobs"]["tokens"]
+
+
+def test_max_tokens_0_needs_echo_and_room_for_one_token(client: TestClient) -> None:
+    refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    assert "max_tokens 0 needs echo: true" in refused.json()["error"]["message"]
+    full = client.post("/v1/completions", json={"prompt": [5] * MAX_MODEL_LEN, "max_tokens": 0, "echo": True})
+    assert full.status_code == 400
+    assert (f"you requested {MAX_MODEL_LEN + 1} tokens ({MAX_MODEL_LEN} in the prompt, 0 for the completion; a "
+            "request keeps room for one token") in full.json()["error"]["message"]
+    assert complete(client, prompt=[5] * (MAX_MODEL_LEN - 1), max_tokens=0, echo=True)["usage"]["completion_tokens"] == 0
+
+
 # ---- chat -------------------------------------------------------------------------------------------
 
 
