@@ -888,7 +888,7 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             unwritable = output_problems(options)
             if unwritable:
                 raise PlanError(unwritable)
-            held.enter_context(_output_dir_lock(options))
+            held.enter_context(output_dir_lock(options))
             items = plan(paths, options, skipped, warnings)
             for skip in skipped:  # it gets no result.json (a <skipped> junit testcase): an earlier run's must go
                 with contextlib.suppress(OSError):
@@ -956,7 +956,7 @@ _TRANSIENT_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 @contextlib.contextmanager
-def _output_dir_lock(options: RunOptions) -> Iterator[None]:
+def output_dir_lock(options: RunOptions) -> Iterator[None]:
     """One run at a time per output directory (two CI jobs on one agent): the other's junit.xml,
     summary.md, server logs and cached baselines would be overwritten under it. Held, the
     directory's run-wide summaries of an earlier run are removed, so a run that stops at its plan

@@ -173,7 +173,7 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
         preferred = int(port) or None if port is not None else None  # --port 0: any free port
     except ValueError:
         raise ServerCommandError(f"server_args: --port {port!r} is not a number") from None
-    connect_host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else host
+    connect_host = {None: "127.0.0.1", "": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return ServerCommand(argv=[*program, model, *args], env=dict(env), served_model=served or model,
                          preferred_port=preferred, host=connect_host, api_key=api_key_of(args, env))
 
@@ -188,8 +188,21 @@ def env_diff(overrides: dict[str, str], base: dict[str, str] | None = None) -> d
     return diff
 
 
+def _family(host: str) -> socket.AddressFamily:
+    """The address family a server bound to `host` listens on (IPv6 for `::1`)."""
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, IndexError):
+        return socket.AF_INET
+
+
+def http_url(host: str, port: int) -> str:
+    """`http://host:port`, an IPv6 literal in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError:
@@ -198,7 +211,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
@@ -482,7 +495,7 @@ class LaunchedServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.command.host}:{self.port}"
+        return http_url(self.command.host, self.port)
 
     @property
     def served_model(self) -> str:

@@ -23,8 +23,8 @@ from ..backends import ENGINES
 from ..config import LIST_SUFFIX, EvalConfig, count_test_questions
 from ..gates import absolute, hypothesis, relative, shown, wilson
 from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
-from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, PlanError, RunInterrupted, RunOptions, plan,
-                      run_one)
+from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, OutputDirUnwritable, PlanError, PlannedConfig,
+                      RunInterrupted, RunOptions, output_dir_lock, plan, run_one)
 from .arg_types import int_at_least, positive_int, server_url
 
 
@@ -58,6 +58,21 @@ def main(args: argparse.Namespace) -> int:
         for message in exc.messages:
             display.note(f"error: {message}")
         return EXIT_USAGE
+    try:
+        with output_dir_lock(RunOptions(output_dir=args.output_dir)):
+            return _calibrate(args, display, baselines, item, base_options)
+    except PlanError as exc:  # another calibrate (or run) writes there, or it cannot be written
+        for message in exc.messages:
+            display.note(f"error: {message}")
+        return EXIT_USAGE
+    except OutputDirUnwritable as exc:
+        display.note(f"error: {exc}")
+        return EXIT_ERROR
+
+
+def _calibrate(args: argparse.Namespace, display: Display, baselines: list[PlannedConfig], item: PlannedConfig,
+               base_options: RunOptions) -> int:
+    """The runs, under the output directory's lock, and the proposal."""
     records: list[RunRecord] = []
     guard = InterruptGuard()
     with guard.installed():

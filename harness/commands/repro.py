@@ -19,10 +19,11 @@ from pathlib import Path
 from ..backends import ENGINES
 from ..config import EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
-from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, SERVER_LOG
-from ..runner import (DEFAULT_OUTPUT_DIR, PlanError, PlannedConfig, RunOptions, eval_settings, local_gpus, plan,
-                      unmet_requirements)
-from ..server import LaunchedServer, ServerStartError
+from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SERVER_LOG, load_result
+from ..expect import implied_by_server_args
+from ..runner import (DEFAULT_OUTPUT_DIR, OutputDirUnwritable, PlanError, PlannedConfig, RunOptions, eval_settings,
+                      local_gpus, output_dir_lock, plan, unmet_requirements)
+from ..server import LaunchedServer, ServerStartError, http_url
 from .arg_types import positive_int
 
 DEFAULT_PORT = 8000
@@ -39,11 +40,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    config_path = _config_of_run(Path(args.config))
+    if config_path is None:
+        return EXIT_USAGE
     # Printed commands are often for another machine (the GPU box of a failing nightly config):
     # only --run needs this one to have the config's GPUs and executables.
     options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit, check_machine=args.run)
     try:
-        item = plan([args.config], options)[-1]  # a baseline, if any, comes first; repro is about CONFIG
+        *baselines, item = plan([config_path], options)  # a baseline, if any, comes first
     except PlanError as exc:
         for message in exc.messages:
             print(f"error: {message}", file=sys.stderr)
@@ -52,17 +56,52 @@ def main(args: argparse.Namespace) -> int:
     port = item.command.preferred_port or DEFAULT_PORT
     item.command = dataclasses.replace(item.command, preferred_port=port)  # --run uses it when it is free
     run_dir = (args.output_dir / item.config.name).resolve()
-    settings = eval_settings(item.config, f"http://{item.command.host}:{port}", item.command.served_model,
+    settings = eval_settings(item.config, http_url(item.command.host, port), item.command.served_model,
                              run_dir, args.limit)
     task_file = write_task_yaml(settings)
     eval_cmd = lm_eval_command(settings, task_file, run_dir / "lm_eval")
     unmet = None if args.run else unmet_requirements(item.config, local_gpus())
     if unmet:
         print(f"# note: this machine does not meet the config's requires: ({unmet}); run these where it does")
-    print(_script(item, port, eval_cmd, task_file, options))
+    print(_script(item, port, eval_cmd, task_file, options, baselines[0] if baselines else None))
     if not args.run:
         return EXIT_PASS
-    return _run(item, run_dir, eval_cmd)
+    try:
+        with output_dir_lock(options):
+            return _run(item, run_dir, eval_cmd)
+    except (PlanError, OutputDirUnwritable) as exc:
+        for message in getattr(exc, "messages", [str(exc)]):
+            print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, PlanError) else EXIT_ERROR
+
+
+def _config_of_run(given: Path) -> Path | None:
+    """`given`, or, for a run's result.json (or its run folder), the config that run evaluated;
+    None (after saying why) when that config is not here."""
+    result = given / RESULT_FILE if given.is_dir() else given
+    if given.suffix in (".yaml", ".yml", ".txt") or not result.is_file():
+        return given
+    try:
+        data = load_result(result)
+    except (OSError, ValueError):
+        return given  # not a result: the config loader names what is wrong with it
+    config = data.get("config") or {}
+    path = Path(str(config.get("path") or ""))
+    n = (data.get("metrics") or {}).get("n")
+    evaluated = f"; it evaluated {n} questions (pass --limit {n} if that was fewer than the config's)" if n else ""
+    if not path.is_file():
+        print(f"error: {result} is the result of a run ({data.get('verdict')}) of {path}, which is not on this "
+              f"machine: run `quantgate repro` on that file in your checkout{evaluated}", file=sys.stderr)
+        return None
+    changed = "" if config.get("sha256") == _sha256(path) else " (the file has changed since that run: its sha256 differs)"
+    print(f"# reproducing {path}, the config of the run in {result.parent}{changed}{evaluated}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _eval_env(config: EvalConfig, api_key: str | None) -> dict[str, str]:
@@ -71,10 +110,11 @@ def _eval_env(config: EvalConfig, api_key: str | None) -> dict[str, str]:
     return {**(OFFLINE_ENV if config.dataset is not None else {}), **({"OPENAI_API_KEY": api_key} if api_key else {})}
 
 
-def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path, options: RunOptions) -> str:
+def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path, options: RunOptions,
+            baseline: PlannedConfig | None) -> str:
     config, command = item.config, item.command
     assert command is not None
-    url = f"http://{command.host}:{port}"
+    url = http_url(command.host, port)
     # Printed commands get pasted into issues and chats: secrets stay in the config file.
     env = " ".join(f"{k}={shlex.quote('<redacted>' if k == 'OPENAI_API_KEY' else v)}"
                    for k, v in _eval_env(config, command.api_key).items())
@@ -91,18 +131,32 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
         f"# 3. evaluate with lm-eval (the task file {task_file} is the installed {config.task} task",
         "#    with the config's local dataset; offline):" if config.dataset else "#    as installed):",
         f"{env} {shlex.join(eval_cmd)}".strip(),
-        *_through_quantgate(config, url, options),
+        *_through_quantgate(config, url, options, baseline),
     ])
 
 
-def _through_quantgate(config: EvalConfig, url: str, options: RunOptions) -> list[str]:
+def _through_quantgate(config: EvalConfig, url: str, options: RunOptions,
+                       baseline: PlannedConfig | None) -> list[str]:
     # The same evaluation: without them, quantgate would evaluate every question, or start the
     # config's own engine.
-    run = shlex.join(["quantgate", "run", str(config.source),
-                      *(["--engine", options.engine] if options.engine else []),
-                      *(["--limit", str(options.limit)] if options.limit is not None else [])])
-    if config.engine == "vllm" and (config.expect.linear_kernel or config.expect.moe_kernel):
-        return ["# or through quantgate; but against that running vLLM server the kernel check (expect:) cannot be",
+    def quantgate_run(source: Path) -> list[str]:
+        return ["quantgate", "run", str(source), *(["--engine", options.engine] if options.engine else []),
+                *(["--limit", str(options.limit)] if options.limit is not None else []),
+                *(["--output-dir", str(options.output_dir.resolve())] if baseline is not None else [])]
+
+    run = shlex.join(quantgate_run(config.source))
+    if baseline is not None:
+        # --server-url evaluates one server: the gate's baseline must have its result in the
+        # output directory first.
+        return [f"# the {config.gate.mode} gate compares with {baseline.config.name}'s answers: measure it first "
+                "(quantgate starts its server), into the output directory the run below reads:",
+                shlex.join(quantgate_run(baseline.config.source)),
+                "# then the same evaluation, gate and kernel check through quantgate"
+                + (", quantgate starting the server:" if _log_proof(config) else ", against that server:"),
+                run if _log_proof(config) else f"{run} --server-url {url}"]
+    if _log_proof(config):
+        return ["# or through quantgate; but against that running vLLM server the kernel check (expect:, or the",
+                "# backends server_args name) cannot be",
                 "# made (vLLM has no /v1/kernels, and quantgate reads the kernel choices only from the log of a",
                 "# server it starts itself). The same evaluation, gate and kernel check, quantgate starting the server:",
                 run]
@@ -125,3 +179,10 @@ def _run(item: PlannedConfig, run_dir: Path, eval_cmd: list[str]) -> int:
     finally:
         server.stop()
     return EXIT_PASS if status == 0 else EXIT_ERROR
+
+
+def _log_proof(config: EvalConfig) -> bool:
+    """Its kernel check (`expect:`, or server_args' backends) reads the log of a vLLM server
+    quantgate started: an attached one has no log here."""
+    return config.engine == "vllm" and bool(config.expect.linear_kernel or config.expect.moe_kernel
+                                            or implied_by_server_args(config.expect, config.backend_flags()))

@@ -13,6 +13,7 @@ flags the runner passes to `quantgate serve` / `vllm serve` (MODEL, --host, --po
 from __future__ import annotations
 
 import argparse
+import socket
 import hashlib
 import json
 import os
@@ -276,6 +277,8 @@ def main(argv: list[str]) -> int:
                   flush=True)
     if args.moe_backend:
         print(f"INFO [fake] Using {args.moe_backend.title()} Fp8 MoE backend", flush=True)
+    if ":" in args.host:  # an IPv6 literal, as `--host ::1`
+        ThreadingHTTPServer.address_family = socket.AF_INET6
     server = ThreadingHTTPServer((args.host, args.port), _handler(engine))  # EADDRINUSE ends the process
     server.daemon_threads = True
     print(f"fake server: ready on {args.host}:{args.port}", flush=True)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from quantgate.harness.cli import main as cli
+from quantgate.harness.runner import LOCK_FILE
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import expected_accuracy, write_config
 
@@ -47,7 +48,9 @@ def test_repro_prints_the_exact_server_and_lm_eval_commands(tmp_path: Path, gsm8
 
     parsed = HarnessCLI()._parser.parse_args(argv[1:])
     assert parsed.model == "local-completions" and parsed.log_samples
-    assert "--server-url http://127.0.0.1:8123" in output
+    # vLLM, given a backend, may select automatically for some layers: only the log of a server
+    # quantgate starts proves it, so the printed run launches one.
+    assert "--server-url" not in output and output.rstrip().splitlines()[-1].startswith("quantgate run ")
 
 
 def test_repro_of_a_vllm_kernel_check_prints_the_launched_run_not_server_url(tmp_path: Path, gsm8k_dir: Path,
@@ -101,6 +104,35 @@ def test_repro_of_an_invalid_config_exits_3(tmp_path: Path, capsys: pytest.Captu
     assert "bad.yaml:2" in capsys.readouterr().err
 
 
+def test_repro_of_a_paired_config_measures_its_baseline_first(tmp_path: Path, gsm8k_dir: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`quantgate run CAND --server-url` refuses a baseline without a result in its output directory."""
+    base = write_config(tmp_path, "base", gsm8k_dir)
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="paired")
+    out = tmp_path / "r"
+    assert cli(["repro", str(cand), "--limit", "4", "--output-dir", str(out)]) == 0
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantgate run ")]
+    tail = f"--limit 4 --output-dir {shlex.quote(str(out.resolve()))}"
+    assert runs == [f"quantgate run {shlex.quote(str(base))} {tail}",
+                    f"quantgate run {shlex.quote(str(cand))} {tail} --server-url http://127.0.0.1:8000"]
+
+
+def test_repro_of_a_runs_result_reproduces_its_config(tmp_path: Path, gsm8k_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The artifacts CI keeps are result.json and the run folder, not the config's path."""
+    config = write_config(tmp_path, "ran", gsm8k_dir, num_questions=4)
+    assert cli(["run", str(config), "--output-dir", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    for given in (tmp_path / "out" / "ran" / "result.json", tmp_path / "out" / "ran"):
+        assert cli(["repro", str(given), "--output-dir", str(tmp_path / "r")]) == 0
+        output = capsys.readouterr().out
+        assert output.startswith(f"# reproducing {config}, the config of the run in {tmp_path / 'out' / 'ran'}")
+        assert "it evaluated 4 questions" in output and "# 1. start the server" in output
+    config.unlink()
+    assert cli(["repro", str(tmp_path / "out" / "ran" / "result.json")]) == 3
+    assert "which is not on this machine" in capsys.readouterr().err
+
+
 def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_dir: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, "cal", gsm8k_dir, {"accuracy": 0.7})
@@ -138,3 +170,18 @@ def test_calibrate_errors_when_a_run_measures_nothing(tmp_path: Path, gsm8k_dir:
     config = write_config(tmp_path, "calbad", gsm8k_dir, {"exit_during_startup": 0.1})
     assert cli(["calibrate", str(config), "--runs", "2", "--output-dir", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o" / "calibration.json").exists()
+
+
+def test_calibrate_holds_its_output_directory_like_run(tmp_path: Path, gsm8k_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Two calibrations into one directory deleted each other's live server logs and results."""
+    import fcntl
+
+    config = write_config(tmp_path, "cal", gsm8k_dir)
+    out_dir = tmp_path / "o"
+    out_dir.mkdir()
+    with open(out_dir / LOCK_FILE, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert cli(["calibrate", str(config), "--runs", "2", "--output-dir", str(out_dir)]) == 3
+    assert "another quantgate run" in capsys.readouterr().err
+    assert not (out_dir / "run-1").exists()

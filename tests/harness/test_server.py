@@ -231,6 +231,20 @@ def test_a_listener_of_another_quantgate_run_is_never_taken_for_ours(
         listener.wait()
 
 
+def test_a_server_on_an_ipv6_host_is_launched_and_reached(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """`--host ::1` was a gaierror (the free-port probe bound an IPv4 socket) and an unbracketed URL."""
+    if not socket.has_ipv6 or not server_mod.port_is_free(0, "::1"):
+        pytest.skip("no IPv6 loopback here")
+    command = _fake(gsm8k_dir, "--host", "::1")
+    server = launch(command, tmp_path / "server.log", startup_timeout_s=30)
+    try:
+        assert server.base_url == f"http://[::1]:{server.port}"
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+    assert build_command("vllm", "m", ["--host", "::"], {}, ["vllm", "serve"], require_executable=False).host == "::1"
+
+
 def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> None:
     cmd = _fake(gsm8k_dir, "--startup-delay", "60")
     started = time.monotonic()
