@@ -205,7 +205,7 @@ class OpenAIServer:
         if max_tokens is None:
             max_tokens = limit - len(ids)
         if len(ids) + max(max_tokens, 1) > limit:  # the engine keeps one position even for max_tokens 0
-            extra = "; a request keeps room for one token after the prompt, even with max_tokens 0" if not max_tokens else ""
+            extra = "" if max_tokens else "; a request keeps room for one token after the prompt, even with max_tokens 0"
             raise APIError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "

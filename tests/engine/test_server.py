@@ -259,7 +259,8 @@ def test_max_tokens_0_needs_echo_and_room_for_one_token(client: TestClient) -> N
     assert full.status_code == 400
     assert (f"you requested {MAX_MODEL_LEN + 1} tokens ({MAX_MODEL_LEN} in the prompt, 0 for the completion; a "
             "request keeps room for one token") in full.json()["error"]["message"]
-    assert complete(client, prompt=[5] * (MAX_MODEL_LEN - 1), max_tokens=0, echo=True)["usage"]["completion_tokens"] == 0
+    fits = complete(client, prompt=[5] * (MAX_MODEL_LEN - 1), max_tokens=0, echo=True)
+    assert fits["usage"]["completion_tokens"] == 0
 
 
 # ---- chat -------------------------------------------------------------------------------------------
