@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from collections.abc import Callable
 
 EXIT_ERROR = 2  # retryable: the environment (port, device memory) may be different next time
@@ -67,6 +68,43 @@ def _int_in(low: int, high: int, what: str):
     return parse
 
 
+# vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase suffixes are decimal and take
+# decimals (25.6k = 25600), uppercase ones binary and whole (4K = 4096). The same arithmetic
+# (float product, truncated), so one server_args gives both engines the same length.
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_MAX_MODEL_LEN_FORMS = "an integer (4096), k/m/g thousands (4k = 4000, 25.6k = 25600), K/M/G 1024s (4K = 4096) or auto"
+
+
+def _tokens_or_auto(flag: str):
+    """vLLM's human_readable_int_or_auto: None (the model's own length) for `auto` or -1."""
+
+    def parse(value: str) -> int | None:
+        text = value.strip()
+        if text == "-1" or text.lower() == "auto":
+            return None
+        match = _HUMAN_INT.fullmatch(text)
+        try:
+            if match is None:
+                number = int(text)
+            elif match[2] in _DECIMAL_SUFFIX:
+                number = int(float(match[1]) * _DECIMAL_SUFFIX[match[2]])
+            else:
+                number = int(match[1]) * _BINARY_SUFFIX[match[2]]
+        except ValueError:
+            hint = f" (decimals take a lowercase suffix: {match[1]}{match[2].lower()})" if match else ""
+            raise argparse.ArgumentTypeError(f"{value!r} is not a token count{hint}; give {_MAX_MODEL_LEN_FORMS} "
+                                             "(the model's own length)") from None
+        if not 1 <= number <= 2**31 - 1:
+            raise argparse.ArgumentTypeError(f"{value!r} is {number} tokens, out of range for {flag} "
+                                             f"(1..{2**31 - 1}); or give auto for the model's own length")
+        return number
+
+    parse.__name__ = flag
+    return parse
+
+
 def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None = None) -> None:
     """The flags, on `parser`; its errors go to `fail` (default: argparse's print and exit)."""
     # No abbreviations (`--api-k`): the harness reads --api-key, --port... from server_args by name.
@@ -83,12 +121,15 @@ def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None
                         help="MoE kernel backend (`quantgate kernels` lists them; default auto)")
     parser.add_argument("--dtype", type=_dtype, default="auto",
                         help=f"activation dtype: {', '.join(DTYPES)} (default auto: the checkpoint's)")
-    parser.add_argument("--max-model-len", type=_int_in(1, 2**31 - 1, "--max-model-len"),
-                        help="longest prompt + completion in tokens (default: the model's)")
+    parser.add_argument("--max-model-len", type=_tokens_or_auto("--max-model-len"),
+                        help=f"longest prompt + completion in tokens: {_MAX_MODEL_LEN_FORMS} "
+                             "(default auto: the model's)")
     parser.add_argument("--max-num-seqs", type=_int_in(1, 2**16, "--max-num-seqs"),
                         help="most requests in the running batch (default: the engine's)")
     parser.add_argument("--seed", type=int, default=0, help="engine seed for requests without their own")
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    # vLLM's is a BooleanOptionalAction, so configs may say --no-enforce-eager.
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
+                        help="no CUDA graphs (default: graphs on CUDA)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the model runs (auto: cuda when available, else cpu)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "

@@ -3,12 +3,19 @@ parser and messages, with nothing started and torch not imported."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
 
-from quantgate.engine.serve_args import normalize_flags, usage_problem
+from quantgate.engine.serve_args import normalize_flags, register, usage_problem
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="quantgate serve")
+    register(parser)
+    return parser.parse_args(["MODEL", *normalize_flags(list(flags))])
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -18,6 +25,11 @@ from quantgate.engine.serve_args import normalize_flags, usage_problem
     (["--dtype", "int4"], "unknown dtype 'int4'"),
     (["--port", "abc"], "'abc' is not an integer"),
     (["--linear-backend", "marlinn"], "did you mean 'marlin'?"),
+    (["--max-model-len", "4kb"], "argument --max-model-len: '4kb' is not a token count; give an integer (4096), "
+                                 "k/m/g thousands (4k = 4000, 25.6k = 25600), K/M/G 1024s (4K = 4096) or auto"),
+    (["--max-model-len", "2.5K"], "'2.5K' is not a token count (decimals take a lowercase suffix: 2.5k)"),
+    (["--max-model-len", "0"], "'0' is 0 tokens, out of range for --max-model-len (1..2147483647); or give auto"),
+    (["--max-model-len", "3g"], "'3g' is 3000000000 tokens, out of range for --max-model-len"),
 ])
 def test_refused_flags_get_the_servers_own_message(args: list[str], expected: str) -> None:
     problem = usage_problem(args)
@@ -31,9 +43,26 @@ def test_a_vllm_only_flag_points_at_engine_vllm() -> None:
 @pytest.mark.parametrize("args", [
     [], ["--max-model-len", "512", "--seed", "1"], ["--max_model_len", "512"], ["--linear_backend=emulation"],
     ["--enforce-eager", "--device", "cpu", "--served-model-name", "a", "b", "--port", "0"],
+    ["--max-model-len", "4k"], ["--max_model_len=auto"], ["--no-enforce-eager"], ["--no_enforce_eager"],
 ])
 def test_accepted_flags(args: list[str]) -> None:
     assert usage_problem(args) is None
+
+
+@pytest.mark.parametrize("value,tokens", [
+    # vLLM's human_readable_int_or_auto: k/m/g decimal, K/M/G binary, auto or -1 the model's own
+    ("4096", 4096), ("1k", 1000), ("1K", 1024), ("4k", 4000), ("4K", 4096), ("25.6k", 25600), ("1m", 10**6),
+    ("1M", 2**20), (" 8k ", 8000), ("4_096", 4096), ("auto", None), ("AUTO", None), ("-1", None),
+])
+def test_max_model_len_takes_vllms_forms(value: str, tokens: int | None) -> None:
+    assert parse("--max-model-len", value).max_model_len == tokens
+    assert parse(f"--max-model-len={value}").max_model_len == tokens
+
+
+def test_enforce_eager_is_a_switch_both_ways_as_in_vllm() -> None:
+    assert parse().enforce_eager is False
+    assert parse("--enforce-eager").enforce_eager is True
+    assert parse("--enforce-eager", "--no-enforce-eager").enforce_eager is False
 
 
 def test_underscores_in_flag_names_only() -> None:
