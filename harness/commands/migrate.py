@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
+from ruamel.yaml.tokens import CommentToken
 
 from .. import backends
 from ..config import ConfigError, expand_paths
@@ -135,13 +138,14 @@ def migrate_text(text: str, path: Path) -> Migration:
         if not translation.replaced and not translation.flags:
             continue
         position = list(root).index(env_key)
-        for name in translation.replaced:
-            del env[name]
-        if not env:
-            del root[env_key]
+        after, indent = _key_after(root, env_key), env.lc.col
+        orphans = _remove_keeping_comments(env, [name for name in env if name in translation.replaced])
+        if not env:  # it goes; its comments, and those its keys held, stay where they stood, a level up
+            orphans = [_dedent(line, indent) for line in _pop_key(root, env_key) + orphans]
         if translation.flags:
             _append_server_args(root, translation.flags, position)
             out.notes += _engine_notes(path, str(root.get("engine") or "builtin"), translation.flags)
+        _place_comments(root, after, orphans)  # after server_args, which may now stand where env did
         changed = True
     if changed:
         out.text = dump_like(root, text)
@@ -179,6 +183,8 @@ def _append_server_args(root: CommentedMap, flags: list[str], position: int) -> 
     current = root.get("server_args")
     if isinstance(current, CommentedSeq):
         current.extend(flags)
+    elif isinstance(current, (FoldedScalarString, LiteralScalarString)) and current.strip():
+        root["server_args"] = _block_scalar_with(current, shlex.join(flags))
     elif isinstance(current, str):
         joined = f"{current} {shlex.join(flags)}" if current.strip() else shlex.join(flags)
         root["server_args"] = type(current)(joined)  # keeps the quoting style of the original
@@ -186,3 +192,106 @@ def _append_server_args(root: CommentedMap, flags: list[str], position: int) -> 
         root.insert(min(position, len(root)), "server_args", shlex.join(flags))
     else:
         root["server_args"] = shlex.join(flags)
+
+
+def _block_scalar_with(current: FoldedScalarString | LiteralScalarString, flags: str) -> str:
+    """A `>-` / `|` server_args with `flags` on a line of their own: a folded scalar keeps its
+    line breaks only as `fold_pos` (the spaces it folds at), which a new string would lose,
+    writing the whole value on one line."""
+    body = current.rstrip("\n")
+    ending = current[len(body):]  # the chomping indicator's trailing newlines
+    if isinstance(current, LiteralScalarString):
+        return LiteralScalarString(f"{body}\n{flags}{ending}")
+    folded = FoldedScalarString(f"{body} {flags}{ending}")
+    folded.fold_pos = [*getattr(current, "fold_pos", []), len(body)]
+    return folded
+
+
+# -- comments -------------------------------------------------------------------------------
+# ruamel hangs the comment lines below a value on the key above them, as one token whose first
+# line is that key's end-of-line comment; so deleting a key would delete the comments of the
+# key that follows it (and of its parent's next key, after the last key of a block). Those lines
+# are moved onto the key that now follows them; a key's own end-of-line comment goes with it.
+
+_SLOT_BEFORE, _SLOT_AFTER, _SLOT_FIRST_CHILD = 1, 2, 3  # in CommentedMap.ca.items[key]
+
+
+def _remove_keeping_comments(mapping: CommentedMap, keys: list[Any]) -> list[str]:
+    """Delete `keys` from `mapping`, moving the own-line comments they held in front of the key
+    that follows each; returns those with no key left after them in `mapping`."""
+    leftover: list[str] = []
+    for key in keys:
+        after = _key_after(mapping, key)
+        lines = _pop_key(mapping, key)
+        if after is not None:
+            _place_comments(mapping, after, lines)
+        else:
+            leftover += lines
+    if leftover and mapping:
+        _place_comments(mapping, None, leftover)
+        return []
+    return leftover
+
+
+def _pop_key(mapping: CommentedMap, key: Any) -> list[str]:
+    """Delete `key`; return the own-line comment lines it held, in file order."""
+    slots = mapping.ca.items.pop(key, None) or [None] * 4
+    lines = _token_lines(slots[_SLOT_BEFORE])
+    token = slots[_SLOT_AFTER]
+    if token is not None:
+        # A block scalar ends with its line break: all its token's lines stand on their own.
+        block = isinstance(mapping[key], (FoldedScalarString, LiteralScalarString))
+        lines += token.value.splitlines() if block else token.value.partition("\n")[2].splitlines()
+    lines += _token_lines(slots[_SLOT_FIRST_CHILD])  # a block mapping's comments above its first key
+    del mapping[key]
+    return lines
+
+
+def _place_comments(mapping: CommentedMap, before: Any, lines: list[str]) -> None:
+    """Put comment `lines` in front of key `before` of `mapping`, or after its last key (None)."""
+    if not lines:
+        return
+    if before is not None and before in mapping:
+        slots = mapping.ca.items.setdefault(before, [None] * 4)
+        slots[_SLOT_BEFORE] = [CommentToken(f"{line}\n", CommentMark(0), None) for line in lines] + list(
+            slots[_SLOT_BEFORE] or [])
+        return
+    if not mapping:
+        return  # an empty document keeps no comments; not reached: migrate never empties the root
+    key = list(mapping)[-1]
+    value = mapping[key]
+    if isinstance(value, CommentedMap) and value and not value.fa.flow_style():
+        _place_comments(value, None, lines)
+        return
+    holder, index, slot = mapping, key, _SLOT_AFTER
+    while isinstance(value, CommentedSeq) and value and not value.fa.flow_style():
+        holder, index, slot, value = value, len(value) - 1, 0, value[-1]  # a sequence item's comment slot is 0
+        if isinstance(value, CommentedMap) and value and not value.fa.flow_style():
+            _place_comments(value, None, lines)
+            return
+    slots = holder.ca.items.setdefault(index, [None] * 4)
+    text = "".join(f"{line}\n" for line in lines)
+    if slots[slot] is not None:
+        slots[slot].value += text  # the token keeps its column: that of the key's end-of-line comment
+        return
+    # Without a comment of its own the token starts with the end of the key's line; a block
+    # scalar has ended its line already.
+    start = "" if isinstance(value, (FoldedScalarString, LiteralScalarString)) else "\n"
+    slots[slot] = CommentToken(start + text, CommentMark(0), None)
+
+
+def _token_lines(tokens: list[CommentToken] | None) -> list[str]:
+    """The lines of comment tokens that each stand before a key (their column is not in their text)."""
+    return [" " * token.column + line if i == 0 else line
+            for token in tokens or [] for i, line in enumerate(token.value.splitlines())]
+
+
+def _key_after(mapping: CommentedMap, key: Any) -> Any:
+    keys = list(mapping)
+    index = keys.index(key) + 1
+    return keys[index] if index < len(keys) else None
+
+
+def _dedent(line: str, columns: int) -> str:
+    """A comment of a removed block, moved up a level: indented as the keys it now stands among."""
+    return line[min(columns, len(line) - len(line.lstrip(" "))):]

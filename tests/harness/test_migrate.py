@@ -163,3 +163,48 @@ def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
     path.write_text(text.replace("server_args: --moe-backend triton\n", ""))  # the author drops the conflict
     assert main(["migrate", "--write", str(path)]) == 0
     assert "server_args: --moe-backend flashinfer_cutlass\n" in path.read_text() and "VLLM_" not in path.read_text()
+
+
+@pytest.mark.parametrize("text, migrated", [
+    # ruamel hangs the comment lines below a value on the key above them: they went with the
+    # removed variable, though they introduce the next key (here, the parent's next key too).
+    ('model_name: m\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"  # goes with it\n  # keep NCCL quiet\n'
+     "  NCCL_DEBUG: WARN\n# gate tuned 2025-10\naccuracy_threshold: 0.5\n",
+     "model_name: m\nserver_args: --linear-backend marlin --moe-backend marlin\nenv:\n  # keep NCCL quiet\n"
+     "  NCCL_DEBUG: WARN\n# gate tuned 2025-10\naccuracy_threshold: 0.5\n"),
+    ('model_name: m\nenv:\n  NCCL_DEBUG: WARN  # quiet\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n\n'
+     "# measured on H100, 2025-10-01\naccuracy_threshold: 0.5  # do not lower\n",
+     "model_name: m\nserver_args: --linear-backend marlin --moe-backend marlin\nenv:\n  NCCL_DEBUG: WARN  # quiet\n\n"
+     "# measured on H100, 2025-10-01\naccuracy_threshold: 0.5  # do not lower\n"),
+    # The block empties and goes: its comments stay, one level up, where they stood.
+    ('# header\nmodel_name: m\nenv:\n  # the Marlin path on Hopper\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n'
+     "# measured on H100, 2025-10-01\naccuracy_threshold: 0.5\n",
+     "# header\nmodel_name: m\nserver_args: --linear-backend marlin --moe-backend marlin\n"
+     "# the Marlin path on Hopper\n# measured on H100, 2025-10-01\naccuracy_threshold: 0.5\n"),
+    ('model_name: m\naccuracy_threshold: 0.5\nenv:  # legacy\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n# the end\n',
+     "model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend marlin --moe-backend marlin\n# the end\n"),
+    ('model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_USE_DEEP_GEMM: "1"\n  # one\n  HF_HUB_OFFLINE: "1"\n'
+     '  # two\n  VLLM_MXFP4_USE_MARLIN: "0"\n  # three\ntags: [nightly]\n',
+     "model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend deep_gemm --moe-backend deep_gemm\nenv:\n"
+     '  # one\n  HF_HUB_OFFLINE: "1"\n  # two\n  # three\ntags: [nightly]\n'),
+], ids=["below-a-removed-key", "below-the-last-key", "emptied-block", "emptied-block-last", "several-removed"])
+def test_comments_of_the_keys_that_stay_are_kept(tmp_path: Path, text: str, migrated: str) -> None:
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text == migrated
+    assert migrate_text(result.text, tmp_path / "c.yaml").text == migrated
+
+
+@pytest.mark.parametrize("style", [">-", ">", "|"])
+def test_a_block_server_args_gets_the_flags_on_a_line_of_its_own(tmp_path: Path, style: str) -> None:
+    """A folded scalar keeps its line breaks only as ruamel's fold positions: rebuilt from the
+    joined text, every flag of the block went onto one line."""
+    lines = "  --enforce-eager\n  --max-model-len 4096\n  --speculative-config '{\"method\":\"mtp\"}'\n"
+    text = f'model_name: m\naccuracy_threshold: 0.5\nserver_args: {style}\n{lines}env:\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n'
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert main(["migrate", "--write", str(path)]) == 0
+    assert path.read_text() == (f"model_name: m\naccuracy_threshold: 0.5\nserver_args: {style}\n{lines}"
+                                "  --linear-backend marlin --moe-backend marlin\n")
+    config = load_config(path, "vllm")
+    assert config.server_args == ["--enforce-eager", "--max-model-len", "4096", "--speculative-config",
+                                  '{"method":"mtp"}', "--linear-backend", "marlin", "--moe-backend", "marlin"]
