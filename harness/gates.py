@@ -43,6 +43,7 @@ class Baseline:
     metrics: Mapping[str, Any]  # result.json "metrics": at least "value" and "n"
     samples: Sequence[Mapping[str, Any]] | None = None  # samples.jsonl rows: "id", "correct"
     dataset: Mapping[str, Any] | None = None  # result.json "dataset"."sha256": data file hashes by role
+    origin: Mapping[str, Any] | None = None  # which run it is (result path, engine, started_at), for result.json
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_uniqu
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
-from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, SAMPLES_FILE, SERVER_LOG,
+from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
                       RunRecord, Skipped, artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
@@ -226,6 +226,7 @@ class Display:
     def summary(self, records: Sequence[RunRecord]) -> None:
         self.stop_live()
         frame = summary_frame(records).drop(columns=["metric", "reason"])  # in summary.md; too wide here
+        frame = frame.astype(object).where(frame.notna(), None)  # pandas' missing values (NA, NaN) read "-"
         table = Table(title="quantgate summary", show_lines=False)
         for column in frame.columns:
             table.add_column(column, overflow="fold")
@@ -454,7 +455,7 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
         try:
             data = load_result(path)
             item.baseline_cached = Baseline(item.baseline_name, data.get("metrics") or {}, load_samples(path),
-                                            _dataset_of(data))
+                                            _dataset_of(data), _origin(data, path))
         except (OSError, ValueError) as exc:
             problems.append(f"{config.source}: baseline {path}: {exc}")
             return
@@ -519,20 +520,29 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
 
 
 def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) -> Baseline | None:
-    """A cached baseline counts when it is of this very config file, on the same questions of
-    the same data files (whose bytes the config's sha256 does not cover)."""
+    """A cached baseline counts when it is of this very config file, served by the same engine
+    (`--engine` changes it, not the file), on the same questions of the same data files (whose
+    bytes the config's sha256 does not cover)."""
     try:
         data = load_result(path)
         samples = load_samples(path)
     except (OSError, ValueError):
         return None
-    fresh = (data.get("config") or {}).get("sha256") == base.sha256 and \
+    recorded = data.get("config") or {}
+    fresh = recorded.get("sha256") == base.sha256 and recorded.get("engine") == base.engine and \
         (data.get("evaluation") or {}).get("limit", "missing") == limit
     measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
     same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == dataset_hashes(
         base.dataset.test, base.dataset.train)
     usable = fresh and measured and same_data and (mode != "paired" or samples is not None)
-    return Baseline(base.name, data.get("metrics") or {}, samples, _dataset_of(data)) if usable else None
+    return Baseline(base.name, data.get("metrics") or {}, samples, _dataset_of(data), _origin(data, path)) \
+        if usable else None
+
+
+def _origin(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Which earlier run a baseline result is, as the gate records it."""
+    return {"result": str(path.resolve()), "engine": (data.get("config") or {}).get("engine"),
+            "started_at": data.get("started_at"), "reused": True}
 
 
 def _dataset_of(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -550,7 +560,10 @@ def _baseline_for(item: PlannedConfig) -> Baseline | None:
             raise GateInputError(f"baseline {item.baseline_name!r} has no measurement in this run "
                                  f"({record.verdict}: {record.reason})")
         run_dir = Path(record.config["run_dir"])
-        return Baseline(item.baseline_name, record.metrics, load_samples(run_dir), (record.dataset or {}).get("sha256"))
+        origin = {"result": str((run_dir / RESULT_FILE).resolve()), "engine": record.config.get("engine"),
+                  "started_at": record.started_at, "reused": False}
+        return Baseline(item.baseline_name, record.metrics, load_samples(run_dir), (record.dataset or {}).get("sha256"),
+                        origin)
     assert item.baseline_cached is not None
     return item.baseline_cached
 
@@ -635,6 +648,10 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             raise ArtifactsUnwritable(f"artifacts cannot be written to {run_dir} ({exc}); free space or pass "
                                       "another --output-dir and run again") from None
         evaluate_mod.preload()  # overlaps lm-eval's import with the server's start-up
+        cached = item.baseline_cached.origin if item.baseline_cached is not None else None
+        if cached is not None:  # not measured in this run: say which run it was (result.json gate.baseline)
+            display.note(f"  gate {config.gate.mode} against baseline {item.baseline_name}'s earlier run: "
+                         f"{cached['result']} (engine {cached['engine']}, started {cached['started_at']})")
         if item.command is None:
             assert options.server_url is not None
             # The config's own key if it sets one, else lm-eval's convention for OpenAI-style servers.
@@ -772,9 +789,12 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     check = expect_mod.verify(config.expect, report, where, implied,
                               "attached" if isinstance(server, AttachedServer) else config.engine) if (
         config.expect.linear_kernel or config.expect.moe_kernel or implied) else None
-    gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, _baseline_for(item),
+    baseline = _baseline_for(item)
+    gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, baseline,
                                       dataset=outcome.dataset_sha256)
     record.gate = gate.to_dict()
+    if baseline is not None and baseline.origin is not None:
+        record.gate["baseline"] = {"name": baseline.name, **baseline.origin}
     record.expect = check.to_dict() if check is not None else None
     failed = []
     if not gate.passed:

@@ -126,12 +126,12 @@ def _commit(where: Path) -> str | None:
     return (head + "-dirty" if changed else head) or None
 
 
-def _measured_on(record: RunRecord) -> str:
+def _measured_on(record: RunRecord, config: EvalConfig) -> str:
     platform = (record.kernels or {}).get("platform") or {}
     parts = (platform.get("device"), platform.get("name"), platform.get("capability"))
     device = " ".join(dict.fromkeys(str(v) for v in parts if v))  # a CPU's name is "cpu" too
-    args = record.config.get("server_args", [])
-    backends = [f"{flag} {value}" for flag, value in zip(args, args[1:]) if flag in ("--linear-backend", "--moe-backend")]
+    # As the engines parse them (`--flag=value`, `_` for `-`), not as written.
+    backends = [f"{flag} {value}" for flag, value in config.backend_flags().items()]
     return ", ".join([device or "unknown device", f"engine {record.config.get('engine')}", *backends])
 
 
@@ -147,7 +147,7 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
     # unrounded one, a run just above its threshold could FAIL the gate with the pasted reference.
     value = round(mean, 4)
     reference = {"value": value, "stdev": round(stdev, 4), "runs": len(values), "n": n,
-                 "measured_on": _measured_on(records[0]), "date": date.today().isoformat(),
+                 "measured_on": _measured_on(records[0], config), "date": date.today().isoformat(),
                  "commit": _commit(config.source.parent)}
     gate, rtol = config.gate, config.effective_rtol
     thresholds = {

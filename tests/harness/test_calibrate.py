@@ -129,9 +129,11 @@ def test_a_baseline_that_errors_stops_calibrate_with_the_runners_exit_code(
     assert not (out_dir / "run-1").exists() and not (out_dir / "calibration.json").exists()
 
 
-def test_measured_on_names_a_cpu_once() -> None:
+def test_measured_on_names_a_cpu_once_and_the_backends_however_written(tmp_path: Path) -> None:
     from quantgate.harness.commands.calibrate import _measured_on
 
     record = RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
                        kernels={"platform": {"device": "cpu", "name": "cpu", "capability": None}})
-    assert _measured_on(record) == "cpu, engine builtin"
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear_backend=emulation\n")
+    assert _measured_on(record, load_config(path)) == "cpu, engine builtin, --linear-backend emulation"

@@ -321,9 +321,19 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     assert cand["gate"]["baseline_measured"] == pytest.approx(1.0)
     assert cand["gate"]["recovery_ratio"] == pytest.approx(expected)
     assert output.index("[1/2] base") < output.index("[2/2] cand")
+    assert cand["gate"]["baseline"] == {"name": "base", "result": str(base_result.resolve()), "engine": "vllm",
+                                        "started_at": load_json(base_result)["started_at"], "reused": False}
     stamp = base_result.stat().st_mtime_ns
     code, output = run_in_process([candidate], tmp_path / "out")
     assert code == 1 and "[1/1] cand" in output and base_result.stat().st_mtime_ns == stamp
+    assert "gate recovery against baseline base's earlier run: " in output.replace("\n", "")
+    assert load_json(tmp_path / "out" / "cand" / "result.json")["gate"]["baseline"]["reused"] is True
+    # Measured by another engine (`--engine` changes it, not the file): not this config's baseline.
+    other_engine = load_json(base_result)
+    other_engine["config"]["engine"] = "builtin"
+    base_result.write_text(json.dumps(other_engine))
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert "[1/2] base" in output and load_json(base_result)["config"]["engine"] == "vllm"
     code, output = run_in_process([candidate], tmp_path / "out", limit=6)  # other questions: not comparable
     assert "[1/2] base" in output and load_json(base_result)["metrics"]["n"] == 6
     code, output = run_in_process([candidate], tmp_path / "out", limit=6)
