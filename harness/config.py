@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -558,6 +559,7 @@ class _Loader:
         self._check_backends(config)
         self._check_server_flags(config)
         self._check_expect(config)
+        self._check_parallel_gpus(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
         metric = self._check_task(config)
@@ -623,6 +625,24 @@ class _Loader:
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
                       "to run this command, or remove it")
+
+    def _check_parallel_gpus(self, config: EvalConfig) -> None:
+        """A vLLM server of tensor/pipeline parallelism N needs N GPUs: `quantgate pipeline` asks
+        for them, but `quantgate run` checks the machine against requires: alone."""
+        needed = parallel_gpus(config.server_args)
+        if config.engine != "vllm" or needed <= max(config.requires.gpus, 1):
+            return
+        sizes = _parallel_sizes(config.server_args)
+        runs = (f"server_args run vLLM on {needed} GPUs (tensor parallel {sizes.get('tp', (1, 0))[0]} x pipeline "
+                f"parallel {sizes.get('pp', (1, 0))[0]})")
+        fix = f"`quantgate run` would start it on a machine with fewer; set requires: {{gpus: {needed}}}"
+        requires = self.data.get("requires")
+        if isinstance(requires, dict) and "gpus" in requires:
+            self.warn(["requires", "gpus"], f"is {config.requires.gpus}, but {runs}: {fix}")
+        else:
+            where = ["requires"] if "requires" in self.data else \
+                self._server_arg_path(min(index for _, index in sizes.values()))
+            self.warn(where, f"{runs}, but requires: gives no gpus: {fix}")
 
     def _server_arg_path(self, arg_index: int) -> list[str | int]:
         if arg_index in self.arg_origin:
@@ -825,6 +845,30 @@ def builtin_flags_problem(config: EvalConfig) -> str | None:
     skip |= {i + 1 for _, value, i in found if value is not None and "=" not in config.server_args[i]}
     problem = usage_problem([a for i, a in enumerate(config.server_args) if i not in skip])
     return f"quantgate serve (engine builtin) refuses these flags: {problem}" if problem else None
+
+
+# vLLM's spellings of the sizes whose product is the GPUs one server uses (data parallelism
+# aside, which can span nodes).
+_PARALLEL_FLAGS = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
+
+
+def parallel_gpus(args: Sequence[str]) -> int:
+    """The GPUs a vLLM server started with `args` uses: --tensor-parallel-size (-tp) times
+    --pipeline-parallel-size (-pp); 1 without them."""
+    return math.prod(size for size, _ in _parallel_sizes(args).values())
+
+
+def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """tp and pp -> (size, index of its flag in `args`), the last of each as argparse keeps it.
+    A value that is no positive integer counts as 1: the server refuses it."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for i, arg in enumerate(args):
+        head, eq, tail = arg.partition("=")
+        kind = _PARALLEL_FLAGS.get(head.replace("_", "-") if head.startswith("--") else head)
+        if kind is not None:
+            text = tail if eq else (args[i + 1] if i + 1 < len(args) else "")
+            sizes[kind] = (int(text) if text.strip().isdigit() and int(text) > 0 else 1, i)
+    return sizes
 
 
 def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str, Any, int]]:

@@ -44,6 +44,7 @@ from .config import (
     check_unique_names,
     list_file_entries,
     load_config,
+    parallel_gpus,
 )
 
 Tier = Literal["pr", "nightly", "release"]
@@ -325,11 +326,14 @@ def agents_for(config: EvalConfig) -> dict[str, str]:
     """Agent tags from `requires:` (Buildkite tag values are strings). Tags match by value, not
     by order, so a minimum compute capability X.Y is the tag `smXY: "true"`, which a GPU agent
     sets for every capability it reaches (an H100 agent: sm80, sm89 and sm90). Without it a
-    triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried."""
+    triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried.
+    The GPU count is at least the server's tensor x pipeline parallel size: a vLLM server of
+    --tensor-parallel-size 8 on fewer GPUs (or on a CPU agent) cannot start."""
     requires = config.requires
-    if requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None:
+    gpus = max(requires.gpus, parallel_gpus(config.server_args))
+    if gpus <= 1 and requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None:
         return {"queue": "cpu"}
-    agents = {"queue": "gpu", "gpus": str(max(requires.gpus, 1))}  # any requires: needs a GPU, as the runner
+    agents = {"queue": "gpu", "gpus": str(max(gpus, 1))}  # any requires: needs a GPU, as the runner
     if requires.device:
         agents["device"] = requires.device
     if requires.min_compute_capability:

@@ -533,3 +533,24 @@ def test_gen_prefix_with_chat_completions_is_warned_about(tmp_path: Path) -> Non
     assert "the answer does not continue the prefix" in warning.message
     assert not inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ngen_prefix: 'Answer:'\n",
                                     "plain.yaml")).warnings
+
+
+@pytest.mark.parametrize("text, line, field, needed", [
+    ("server_args: --tensor-parallel-size 8\nrequires: {gpus: 2}\n", 5, "requires.gpus", 8),
+    ("server_args: [--max-model-len, '4096', -tp, '2', -pp, '2']\n", 4, "server_args[2]", 4),
+    ("tensor_parallel_size: 4\nrequires:\n  device: h100\n", 5, "requires", 4),
+    ("tensor_parallel_size: 4\n", 4, "tensor_parallel_size", 4),
+])
+def test_requires_gpus_below_the_parallel_size_is_a_warning(tmp_path: Path, text: str, line: int, field: str,
+                                                           needed: int) -> None:
+    """`quantgate run` checks the machine against requires: only; the server needs TP x PP GPUs."""
+    report = inspect_config(write(tmp_path, "engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\n" + text))
+    assert report.errors == []
+    [warning] = [w for w in report.warnings if "GPUs" in w.message]
+    assert (warning.line, warning.field) == (line, field)
+    assert f"run vLLM on {needed} GPUs" in warning.message and f"requires: {{gpus: {needed}}}" in warning.message
+
+
+def test_requires_gpus_that_cover_the_parallel_size_are_quiet(tmp_path: Path) -> None:
+    text = "engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\nserver_args: -tp 2\nrequires: {gpus: 2}\n"
+    assert inspect_config(write(tmp_path, text)).warnings == []

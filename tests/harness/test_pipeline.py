@@ -509,3 +509,31 @@ def test_any_requires_key_sends_a_config_to_a_gpu_agent(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("model_name: m\naccuracy_threshold: 0.5\nrequires: {device: h100}\n")
     assert agents_for(load_config(path)) == {"queue": "gpu", "gpus": "1", "device": "h100"}
+
+
+@pytest.mark.parametrize("lines, gpus", [
+    ("engine: vllm\nserver_args: --tensor-parallel-size 8\n", "8"),
+    ("engine: vllm\nserver_args: --tensor-parallel-size 8\nrequires: {gpus: 2}\n", "8"),
+    ("engine: vllm\nserver_args: [-tp, '2', -pp, '2']\nrequires: {gpus: 1, device: h100}\n", "4"),
+    ("engine: vllm\nserver_args: --tensor_parallel_size=2 --pipeline-parallel-size=3\n", "6"),
+    ("engine: vllm\nserver_args: --tensor-parallel-size 2\nrequires: {gpus: 8}\n", "8"),
+    # gen-1's tensor_parallel_size key is the same flag
+    ("engine: vllm\ntensor_parallel_size: 4\n", "4"),
+])
+def test_tensor_and_pipeline_parallelism_ask_for_their_gpus(tmp_path: Path, lines: str, gpus: str) -> None:
+    """A vLLM server of --tensor-parallel-size 8 went to a CPU agent, or to one of requires.gpus
+    GPUs: it cannot start there."""
+    from quantgate.harness.pipeline import agents_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\n" + lines)
+    agents = agents_for(load_config(path))
+    assert agents["queue"] == "gpu" and agents["gpus"] == gpus
+
+
+def test_no_parallelism_and_no_requires_stays_on_the_cpu_queue(tmp_path: Path) -> None:
+    from quantgate.harness.pipeline import agents_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nengine: vllm\nserver_args: -tp 1\n")
+    assert agents_for(load_config(path)) == {"queue": "cpu"}
