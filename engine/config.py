@@ -13,10 +13,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from quantgate.kernels import Scheme
+
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationArgs
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -348,14 +352,39 @@ def _parse_compressed_tensors(qc: dict, source: str) -> QuantConfig:
                                f"{getattr(act.type, 'value', act.type)} {act.num_bits}-bit"
                                f"{'' if act.symmetric else ' asymmetric'}: the built-in engine quantizes activations "
                                "to FP8 only")
-    supported = {QuantizationStrategy.TOKEN, QuantizationStrategy.TENSOR} | (
-        {QuantizationStrategy.GROUP} if scheme is Scheme.FP8_BLOCK else set())
-    if act.strategy not in supported:
-        raise ModelConfigError(f"{source}: input_activations strategy {getattr(act.strategy, 'value', act.strategy)!r} "
-                               f"is not supported with {scheme.value} weights (token or tensor"
-                               f"{', or group for block weights' if scheme is Scheme.FP8_BLOCK else ''})")
-    static = bool(not act.dynamic and scheme is Scheme.FP8_TENSOR)
-    if not act.dynamic and scheme is not Scheme.FP8_TENSOR:
-        raise ModelConfigError(f"{source}: static input activations are only supported with tensor weights")
+    _check_activations_as_served(act, scheme, block, source)
+    static = act.dynamic is False  # tensor weights only: the check above refuses static activations elsewhere
     return QuantConfig(scheme, "compressed-tensors", "weight_scale", block, static, tuple(parsed.ignore or ()),
                        targets)
+
+
+def _check_activations_as_served(act: QuantizationArgs, scheme: Scheme, block: tuple[int, ...] | None, source: str) -> None:
+    """The declared input_activations must be the rounding the scheme's kernels apply (what
+    engine/quantize.py writes): tensor weights per tensor (dynamic, or static with input_scale),
+    channel weights per token, block weights in 1 x block-K groups, both dynamic. Any other
+    declaration would be served with activation rounding the checkpoint never had."""
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    strategy = getattr(act.strategy, "value", act.strategy)
+    if scheme is Scheme.FP8_TENSOR:
+        ok = act.strategy == QuantizationStrategy.TENSOR and act.dynamic in (True, False)
+        served, fix = "per tensor", "strategy 'tensor', dynamic: true (or false, with input_scale tensors)"
+    elif scheme is Scheme.FP8_CHANNEL:
+        ok = act.strategy == QuantizationStrategy.TOKEN and act.dynamic is True
+        served, fix = "per token, dynamically", "strategy 'token', dynamic: true"
+    else:
+        group = block[1]
+        ok = act.strategy == QuantizationStrategy.GROUP and act.group_size == group and act.dynamic is True
+        served = f"per token in 1x{group} groups (the weight block's K), dynamically"
+        fix = f"strategy 'group', group_size: {group}, dynamic: true"
+    if ok:
+        return
+    declared = f"strategy {strategy!r}"
+    if act.strategy == QuantizationStrategy.GROUP:
+        declared += f", group_size: {act.group_size}"
+    declared += f", dynamic: {str(act.dynamic).lower() if isinstance(act.dynamic, bool) else repr(act.dynamic)}"
+    raise ModelConfigError(
+        f"{source}: config_groups input_activations declare {declared} with {scheme.value} weights, but the "
+        f"built-in engine quantizes the activations of {scheme.value} weights {served}, so it would serve other "
+        f"activation rounding than the checkpoint declares; re-export with input_activations {fix}, as "
+        "`quantgate quantize` writes them, or serve it with engine: vllm")

@@ -15,12 +15,17 @@ BASE = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size":
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "dtype": "bfloat16"}
 
 
-def _ct(strategy: str, **weights) -> dict:
+# The activations each weight strategy is served with (what `quantgate quantize` writes).
+SERVED_ACTS = {"block": {"strategy": "group", "group_size": 128}, "channel": {"strategy": "token"},
+               "tensor": {"strategy": "tensor"}}
+
+
+def _ct(strategy: str, acts: dict | None = None, **weights) -> dict:
+    acts = SERVED_ACTS.get(strategy, {"strategy": "token"}) if acts is None else acts
     return {"quant_method": "compressed-tensors", "format": "float-quantized",
             "config_groups": {"g": {"targets": ["Linear"],
                                     "weights": {"num_bits": 8, "type": "float", "strategy": strategy, **weights},
-                                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True,
-                                                          "strategy": "token"}}},
+                                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True, **acts}}},
             "ignore": ["lm_head", "re:.*mlp\\.gate$"]}
 
 
@@ -105,7 +110,8 @@ def _act(**changes) -> dict:
     (_act(type="int"), "input_activations must be 8-bit symmetric float (FP8), got int 8-bit"),
     (_act(num_bits=4), "got float 4-bit"),
     (_act(symmetric=False), "asymmetric"),
-    (_act(strategy="group", group_size=128), "input_activations strategy 'group' is not supported with fp8-channel"),
+    (_act(strategy="group", group_size=128), "input_activations declare strategy 'group', group_size: 128, "
+                                             "dynamic: true with fp8-channel weights"),
     ({**_ct("channel"), "transform_config": {"config_groups": {"u": {"type": "hadamard", "apply": []}}}},
      "transform_config (online rotations"),
     ({**_ct("channel"), "sparsity_config": {"format": "sparse-24-bitmask"}},
@@ -116,6 +122,55 @@ def _act(**changes) -> dict:
 def test_compressed_tensors_parts_the_engine_would_ignore_are_refused(qc, message):
     with pytest.raises(ModelConfigError, match=re.escape(message)):
         parse_quant_config(qc)
+
+
+BLOCK = {"block_structure": [128, 128]}
+
+
+@pytest.mark.parametrize("weights, acts, declared, served, fix", [
+    # Each was accepted and then served with the scheme's own rounding, not the declared one.
+    ({"strategy": "tensor"}, {"strategy": "token"}, "strategy 'token', dynamic: true", "per tensor",
+     "strategy 'tensor', dynamic: true (or false, with input_scale tensors)"),
+    ({"strategy": "channel"}, {"strategy": "tensor"}, "strategy 'tensor', dynamic: true", "per token, dynamically",
+     "strategy 'token', dynamic: true"),
+    ({"strategy": "channel"}, {"strategy": "tensor", "dynamic": False}, "strategy 'tensor', dynamic: false",
+     "per token, dynamically", "strategy 'token', dynamic: true"),
+    ({"strategy": "block", **BLOCK}, {"strategy": "token"}, "strategy 'token', dynamic: true",
+     "per token in 1x128 groups (the weight block's K), dynamically",
+     "strategy 'group', group_size: 128, dynamic: true"),
+    ({"strategy": "block", **BLOCK}, {"strategy": "tensor", "dynamic": False}, "strategy 'tensor', dynamic: false",
+     "in 1x128 groups", "group_size: 128"),
+    ({"strategy": "block", **BLOCK}, {"strategy": "group", "group_size": 64},
+     "strategy 'group', group_size: 64, dynamic: true",
+     "in 1x128 groups", "group_size: 128"),
+    ({"strategy": "block", "block_structure": [128, 64]}, {"strategy": "group", "group_size": 128},
+     "strategy 'group', group_size: 128, dynamic: true", "in 1x64 groups (the weight block's K)", "group_size: 64"),
+])
+def test_activations_other_than_the_served_ones_are_refused(weights, acts, declared, served, fix):
+    qc = _ct(acts=acts, **weights)
+    with pytest.raises(ModelConfigError) as info:
+        parse_quant_config(qc)
+    message = str(info.value)
+    assert f"config_groups input_activations declare {declared}" in message
+    assert served in message and fix in message and "or serve it with engine: vllm" in message
+
+
+@pytest.mark.parametrize("weights, acts, static", [
+    ({"strategy": "tensor"}, {"strategy": "tensor"}, False),
+    ({"strategy": "tensor"}, {"strategy": "tensor", "dynamic": False}, True),
+    ({"strategy": "channel"}, {"strategy": "token"}, False),
+    ({"strategy": "block", **BLOCK}, {"strategy": "group", "group_size": 128}, False),
+    ({"strategy": "block", "block_structure": [64, 64]}, {"strategy": "group", "group_size": 64}, False),
+])
+def test_the_served_activations_are_accepted(weights, acts, static):
+    assert parse_quant_config(_ct(acts=acts, **weights)).static_input_scale is static
+
+
+def test_every_shipped_checkpoint_config_parses():
+    shipped = sorted((Path(__file__).resolve().parents[2] / "models").glob("*/config.json"))
+    assert sum(1 for c in shipped if c.parent.name.endswith("-ct")) == 6
+    for config in shipped:
+        ModelConfig.from_pretrained(config.parent)
 
 
 def test_what_quantize_writes_still_parses():
