@@ -188,6 +188,9 @@ class EvalConfig(BaseModel):
     tolerance: Float = Field(0.08, ge=0, le=1)
     rtol: Float = Field(0.08, ge=0, lt=1)
     reference: Reference | None = None
+    # Metrics gated besides `metric`, each against its own value (lm-eval name -> reference
+    # value): a gen-1 file's other tasks[0].metrics, which vLLM's test gates too. Not a YAML key.
+    other_references: dict[str, Float] = Field(default_factory=dict)
     baseline: str | None = None
     baseline_path: Path | None = None  # the baseline's config or results file, when one was found
     expect: Expect = Field(default_factory=Expect)
@@ -279,6 +282,9 @@ class Inspection:
 # Keys of vLLM's two formats that quantgate understands but spells differently, or turns
 # into server flags; see _normalize.
 _GEN1_KEYS = {"tasks", "limit", "env_vars"}
+# What a run reports besides the gated metric (result.json "metrics": its "value"), by lm-eval
+# name -> key there (harness/evaluate.py `_metrics`): the other metrics a gen-1 file can gate.
+REPORTED_METRICS = {"exact_match,strict-match": "strict_match", "exact_match,flexible-extract": "flexible_extract"}
 # Keys of both vLLM formats that are engine options: key -> (flag, takes a value, engines that accept the flag)
 _ENGINE_OPTION_KEYS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "max_model_len": ("--max-model-len", True, ("builtin", "vllm")),
@@ -300,7 +306,7 @@ _VLLM_ONLY_KEYS = {
     "min_acceptance_length", "batch_size", "backend", "gen_kwargs", "apply_chat_template",
     "fewshot_as_multiturn", "system_instruction",
 }
-_OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra"}
+_OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra", "other_references"}
 _GATE_ONLY_KEYS = set(GateSpec.model_fields) - _OWN_KEYS  # alpha, beta, recovery ...: read under gate: only
 _GATE_KEYS_READ: dict[str, set[str]] = {  # per mode, besides max_invalid_rate, which every mode reads
     "absolute": set(), "relative": {"rtol"}, "hypothesis": {"alpha", "beta"}, "wilson": {"alpha", "rtol"},
@@ -460,20 +466,50 @@ class _Loader:
             if not isinstance(metric, dict) or not isinstance(metric.get("name"), str) or "value" not in metric:
                 self.error(["tasks", 0, "metrics", i], "each metric needs `name` and `value`")
                 return
-            values[metric["name"]] = (i, metric["value"])
-        if not values or "reference" in self.data:
-            return  # an explicit reference: wins over the gen-1 values
-        gated = out.get("metric", DEFAULT_METRIC)
-        if gated not in values:
-            if "metric" in self.data:
-                self.error(["metric"], f"{gated!r} is not among tasks[0].metrics ({', '.join(values)})")
+            if metric["name"] in values:
+                self.error(["tasks", 0, "metrics", i, "name"], f"{metric['name']!r} is listed twice (also "
+                           f"tasks[0].metrics[{values[metric['name']][0]}]); keep the one value to gate against")
                 return
-            gated = next(iter(values))  # e.g. mbpp's pass_at_1: gate what the file lists
-            out["metric"] = gated
-            self.origin["metric"] = ["tasks", 0, "metrics", 0, "name"]
-        index, value = values[gated]
-        out["reference"] = {"value": value}
-        self.origin["reference"] = ["tasks", 0, "metrics", index]
+            values[metric["name"]] = (i, metric["value"])
+        if not values:
+            return
+        gated = out.get("metric", DEFAULT_METRIC)
+        if "reference" not in self.data:  # an explicit reference: wins over the gated metric's listed value
+            if gated not in values:
+                if "metric" in self.data:
+                    self.error(["metric"], f"{gated!r} is not among tasks[0].metrics ({', '.join(values)})")
+                    return
+                gated = next(iter(values))  # e.g. mbpp's pass_at_1: gate what the file lists
+                out["metric"] = gated
+                self.origin["metric"] = ["tasks", 0, "metrics", 0, "name"]
+            index, value = values[gated]
+            out["reference"] = {"value": value}
+            self.origin["reference"] = ["tasks", 0, "metrics", index]
+        # vLLM's test gates every listed metric (measured >= value * (1 - rtol), all must pass):
+        # keeping only the gated one would pass a run whose flexible-extract score vLLM fails.
+        others: dict[str, float] = {}
+        for name, (index, value) in values.items():
+            if name == gated:
+                continue
+            where: list[str | int] = ["tasks", 0, "metrics", index]
+            if name not in REPORTED_METRICS:
+                measured = ", ".join(dict.fromkeys([gated, *REPORTED_METRICS]))
+                self.error(where + ["name"], f"{name!r} is gated by vLLM's test too, but a run measures only "
+                           f"{measured}: gate {name!r} in a config of its own (metric: {name!r}), or remove it here")
+                continue
+            try:
+                others[name] = Reference.model_validate({"value": value}).value
+            except ValidationError as exc:
+                problem = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+                self.error(where + ["value"], f"{problem} (got {_short(value)})", value=True)
+        if others:
+            out["other_references"] = others
+
+    def _gen1_metric_path(self, name: str) -> list[str | int]:
+        """Where tasks[0].metrics lists metric `name`."""
+        metrics = self.data["tasks"][0]["metrics"]
+        index = next(i for i, metric in enumerate(metrics) if metric["name"] == name)
+        return ["tasks", 0, "metrics", index, "name"]
 
     def _engine_option_flags(self, out: dict[str, Any], extra: dict[str, Any]) -> None:
         """Engine options written as keys (`max_model_len: 4096`, in both vLLM formats) become
@@ -742,6 +778,11 @@ class _Loader:
                 and fewshot_from_train(task_cfg)):
             self.error(["dataset"], f"num_fewshot is {config.num_fewshot}: task {config.task}'s few-shot examples come "
                        "from the train file; add dataset.train or set num_fewshot: 0")
+        for name in config.other_references:  # gen-1's other listed metrics are gated too
+            try:
+                check_metric(task_cfg, name)
+            except EvalSetupError as exc:
+                self.error(self._gen1_metric_path(name), str(exc), value=True)
         try:
             return check_metric(task_cfg, config.metric)
         except EvalSetupError as exc:

@@ -554,3 +554,51 @@ def test_requires_gpus_below_the_parallel_size_is_a_warning(tmp_path: Path, text
 def test_requires_gpus_that_cover_the_parallel_size_are_quiet(tmp_path: Path) -> None:
     text = "engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\nserver_args: -tp 2\nrequires: {gpus: 2}\n"
     assert inspect_config(write(tmp_path, text)).warnings == []
+
+
+# -- gen-1: every listed metric is gated, as vLLM's test gates it ---------------------------------
+
+TWO_METRICS = ("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - name: exact_match,strict-match\n    value: 0.671\n"
+               "  - name: exact_match,flexible-extract\n    value: {flexible}\nlimit: 1000\n")
+
+
+def test_gen1_metrics_besides_the_gated_one_are_kept_to_gate() -> None:
+    """vLLM gates strict-match and flexible-extract alike; quantgate kept only the gated one."""
+    config = load_config(GEN1 / "Meta-Llama-3-8B-Instruct-FP8-compressed-tensors.yaml")
+    assert config.metric == "exact_match,strict-match" and config.reference.value == 0.755
+    assert config.other_references == {"exact_match,flexible-extract": 0.755}
+
+
+def test_gen1_gating_flexible_keeps_strict_to_gate(tmp_path: Path) -> None:
+    path = write(tmp_path, "metric: exact_match,flexible-extract\n" + TWO_METRICS.format(flexible=0.664))
+    config = load_config(path)
+    assert (config.metric, config.reference.value) == ("exact_match,flexible-extract", 0.664)
+    assert config.other_references == {"exact_match,strict-match": 0.671}
+
+
+def test_other_references_is_no_key_of_the_file(tmp_path: Path) -> None:
+    report = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nother_references: {a: 1}\n"))
+    assert report.config is not None and report.config.other_references == {}
+    assert [w.field for w in report.warnings] == ["other_references"]
+
+
+@pytest.mark.parametrize("entry, line, field, words", [
+    # a run measures the gated metric, strict-match and flexible-extract: nothing else can be gated
+    ("  - name: 'acc,none'\n    value: 0.5\n", 9, "tasks[0].metrics[2].name", "'acc,none' is gated by vLLM's test too"),
+    ("  - name: exact_match,flexible-extract\n    value: 0.5\n", 9, "tasks[0].metrics[2].name", "listed twice"),
+])
+def test_a_listed_metric_that_cannot_be_gated_is_refused_on_its_line(tmp_path: Path, entry: str, line: int,
+                                                                    field: str, words: str) -> None:
+    text = TWO_METRICS.format(flexible=0.664).replace("limit:", entry + "limit:")
+    [error] = inspect_config(write(tmp_path, text)).errors
+    assert (error.line, error.field) == (line, field) and words in error.message
+
+
+def test_another_listed_metric_is_checked_like_the_gated_one(tmp_path: Path) -> None:
+    [error] = inspect_config(write(tmp_path, TWO_METRICS.format(flexible=66.4))).errors
+    assert (error.line, error.field) == (8, "tasks[0].metrics[1].value") and "66.4" in error.message
+    text = ("model_name: m\ntasks:\n- name: arc_easy\n  metrics:\n  - {name: 'acc,none', value: 0.7}\n"
+            "  - {name: 'exact_match,flexible-extract', value: 0.7}\n")
+    [error] = inspect_config(write(tmp_path, text)).errors  # arc_easy has no flexible-extract filter
+    assert (error.line, error.field) == (6, "tasks[0].metrics[1].name")
+    assert "'exact_match,flexible-extract' is not reported by task 'arc_easy'" in error.message

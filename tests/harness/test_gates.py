@@ -344,3 +344,54 @@ def test_evaluate_gate_rejects_malformed_metrics(tmp_path: Path) -> None:
     for metrics in ({"n": 10}, {"value": "0.5", "n": 10}, {"value": float("nan"), "n": 10}, {"value": 0.5, "n": 0}):
         with pytest.raises(GateInputError):
             evaluate_gate(cfg, metrics)
+
+
+# -- gen-1: every listed metric gated -------------------------------------------------------------
+
+GEN1 = ("tasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', value: 0.50}\n"
+        "  - {name: 'exact_match,flexible-extract', value: 1.0}\nlimit: 20\nrtol: 0.01\n")
+
+
+def test_gen1_fails_when_any_listed_metric_fails(tmp_path: Path) -> None:
+    """vLLM's test: success = success and measured >= value * (1 - rtol), for each listed metric.
+    A run whose strict-match passed and flexible-extract failed passed here."""
+    cfg = config(tmp_path, GEN1)
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
+    assert not outcome.passed and outcome.mode == "relative"
+    assert (outcome.numbers["metric"], outcome.numbers["measured"]) == ("exact_match,strict-match", 0.6)
+    [other] = outcome.numbers["other_metrics"]
+    assert other["metric"] == "exact_match,flexible-extract" and not other["passed"]
+    assert other["measured"] == 0.95 and other["threshold"] == pytest.approx(0.99)
+    lines = outcome.explanation.splitlines()
+    assert lines[0].startswith("exact_match,strict-match: relative: threshold = reference * (1 - rtol) = 0.5000")
+    assert lines[0].endswith("-> PASS")
+    assert lines[1] == ("exact_match,flexible-extract: relative: threshold = reference * (1 - rtol) = 1.0000 * "
+                        "(1 - 0.0100) = 0.9900; measured 0.9500 < 0.9900 -> FAIL")
+    assert lines[2] == "every listed metric must pass, as in vLLM's gen-1 test: FAIL (exact_match,flexible-extract)"
+    passing = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.99, "n": 20})
+    assert passing.passed and passing.explanation.endswith("vLLM's gen-1 test: PASS")
+
+
+def test_gen1_other_metrics_take_the_configs_statistical_mode(tmp_path: Path) -> None:
+    cfg = config(tmp_path, GEN1.replace("1.0}", "0.9}") + "gate: wilson\n")
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.85, "n": 1000})
+    [other] = outcome.numbers["other_metrics"]
+    assert other["wilson_lower_bound"] < other["threshold"] == pytest.approx(0.891) and not outcome.passed
+    assert "exact_match,flexible-extract: wilson: " in outcome.explanation
+    cfg = config(tmp_path, GEN1 + "gate: {mode: relative, max_invalid_rate: 0.1}\n")
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.5, "n": 20,
+                                  "invalid_rate": 0.0})
+    assert not outcome.passed and outcome.numbers["accuracy_passed"] is False
+
+
+def test_gen1_other_metric_missing_from_the_run_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(GateInputError, match="exact_match,flexible-extract"):
+        evaluate_gate(config(tmp_path, GEN1), {"value": 0.6, "strict_match": 0.6, "flexible_extract": None, "n": 20})
+
+
+def test_the_metrics_gen1_can_gate_are_those_a_run_reports() -> None:
+    from quantgate.harness.config import REPORTED_METRICS
+    from quantgate.harness.evaluate import FLEXIBLE, STRICT, _metrics
+
+    reported = _metrics({STRICT: 0.5, FLEXIBLE: 0.6}, [], STRICT, 10)
+    assert {name: reported[key] for name, key in REPORTED_METRICS.items()} == {STRICT: 0.5, FLEXIBLE: 0.6}
