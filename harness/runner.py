@@ -827,31 +827,37 @@ def _implied_expectations(config: EvalConfig, server: Server) -> dict[str, str]:
     return expect_mod.implied_by_server_args(config.expect, config.backend_flags())
 
 
-def _gate_line(gate: GateOutcome) -> str:
-    """What the gate actually compared, in one line (the whole arithmetic is in the explanation):
-    a line naming a number the verdict did not rest on would contradict it."""
-    numbers = gate.numbers
-    metric = numbers.get("metric")
-    # Each comparison's two sides to as many places as tell them apart: "0.7339 vs 0.7339" on a FAIL.
-    if gate.mode == "wilson":
+def _comparison(mode: str, numbers: dict[str, Any], metric: Any) -> str:
+    """One metric's comparison, each side to as many places as tell them apart: "0.7339 vs
+    0.7339" on a FAIL would contradict it."""
+    if mode == "wilson":
         needed = numbers.get("measured_threshold")
         measured, needed_text = shown(numbers["measured"], needed) if needed is not None else \
             (f"{numbers['measured']:.4f}", None)
         lower, threshold = shown(numbers["wilson_lower_bound"], numbers["threshold"])
-        line = (f"{metric} {measured} (Wilson lower bound {lower}) vs threshold {threshold}; " + (
+        return (f"{metric} {measured} (Wilson lower bound {lower}) vs threshold {threshold}; " + (
             f"measured accuracy needed {needed_text}" if needed_text is not None else "no accuracy passes at this n"))
-    elif gate.mode == "recovery":
+    if mode == "recovery":
         ratio, minimum = shown(numbers["recovery_ratio"], numbers["recovery"])
         measured = shown(numbers["measured"], numbers["measured_threshold"])[0]
-        line = (f"{metric} ratio {ratio} ({measured} / baseline {numbers['baseline_measured']:.4f}) vs recovery "
+        return (f"{metric} ratio {ratio} ({measured} / baseline {numbers['baseline_measured']:.4f}) vs recovery "
                 f"minimum {minimum}")
-    elif gate.mode == "paired":
+    if mode == "paired":
         p_value, alpha = shown(numbers["p_value_worse"], numbers["alpha"], kind="g")
-        line = (f"{metric} flips {numbers['flips_right_to_wrong']} right->wrong, {numbers['flips_wrong_to_right']} "
+        return (f"{metric} flips {numbers['flips_right_to_wrong']} right->wrong, {numbers['flips_wrong_to_right']} "
                 f"wrong->right; one-sided p-value {p_value} vs alpha {alpha}")
-    else:
-        measured, threshold = shown(numbers["measured"], numbers["threshold"])
-        line = f"{metric} {measured} vs threshold {threshold}"
+    measured, threshold = shown(numbers["measured"], numbers["threshold"])
+    return f"{metric} {measured} vs threshold {threshold}"
+
+
+def _gate_line(gate: GateOutcome) -> str:
+    """What the gate actually compared, in one line (the whole arithmetic is in the explanation):
+    a line naming a number the verdict did not rest on would contradict it; so do a gen-1 file's
+    other listed metrics that failed (`other_metrics`), which the line adds."""
+    numbers = gate.numbers
+    line = "; ".join([_comparison(gate.mode, numbers, numbers.get("metric")),
+                      *(_comparison(gate.mode, other, other["metric"]) for other in numbers.get("other_metrics", [])
+                        if not other["passed"])])
     if numbers.get("invalid_rate_passed") is False:
         rate, most = shown(numbers["invalid_rate"], numbers["max_invalid_rate"])
         invalid = f"invalid_rate {rate} > max_invalid_rate {most}"

@@ -623,6 +623,12 @@ def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
                              base)
     assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
                                     "minimum 0.9500")
+    # A gen-1 file gates every metric it lists: a failing other one is named, or the line reads as a PASS.
+    gen1 = gate_config(tmp_path, "tasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', value: 0.5}\n"
+                                 "  - {name: 'exact_match,flexible-extract', value: 1.0}\nrtol: 0.01\n")
+    both = evaluate_gate(gen1, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
+    assert _gate_line(both) == ("exact_match,strict-match 0.6000 vs threshold 0.4950; "
+                                "exact_match,flexible-extract 0.9500 vs threshold 0.9900")
 
 
 def test_gate_line_and_summary_table_tell_apart_what_rounds_alike(tmp_path: Path) -> None:
