@@ -33,6 +33,8 @@ from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
 GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
+# Tags `quantgate pipeline` acts on: the pr and release tiers, the negative-check steps, the demo.
+KNOWN_TAGS = ("pr", "nightly", "release", "negative-check", "demo")
 STATISTICAL_GATES: tuple[str, ...] = ("hypothesis", "wilson", "paired")
 DEFAULT_METRIC = "exact_match,strict-match"
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -241,7 +243,9 @@ class EvalConfig(BaseModel):
     @field_validator("tags", mode="before")
     @classmethod
     def _tags(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
+        # As the tiers read them: `Release` is `release`, not a tag no tier selects.
+        tags = [value] if isinstance(value, str) else value
+        return [t.strip().lower() if isinstance(t, str) else t for t in tags] if isinstance(tags, list) else tags
 
     @field_validator("gate", mode="before")
     @classmethod
@@ -730,6 +734,11 @@ class _Loader:
                 self.warn(["gate", key], f"not read by mode {mode} (it reads "
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
+        for index, tag in enumerate(config.tags):
+            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.6)
+            if tag not in KNOWN_TAGS and close:
+                self.warn(self._at("tags", index), f"tag {tag!r} is no tier's; did you mean {close[0]!r}? (tiers "
+                          f"select {', '.join(KNOWN_TAGS)}; other tags are labels only)")
         if "release" in config.tags and mode not in STATISTICAL_GATES:
             self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
                        f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")

@@ -48,6 +48,11 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_INVALID
+    if args.tier == "release" and not pipeline["steps"]:
+        # A release pipeline of no steps is a green release that tested nothing.
+        print(f"no config under {', '.join(map(str, args.paths or DEFAULT_PATHS))} is tagged release: tag the configs "
+              "that gate a release `tags: [release]`, or pass the paths that hold them", file=sys.stderr)
+        return EXIT_INVALID
     outside = outside_root(pipeline)
     if outside:
         print(f"warning: {len(outside)} step(s) name configs outside the current directory ({', '.join(outside[:3])}"

@@ -602,3 +602,11 @@ def test_another_listed_metric_is_checked_like_the_gated_one(tmp_path: Path) -> 
     [error] = inspect_config(write(tmp_path, text)).errors  # arc_easy has no flexible-extract filter
     assert (error.line, error.field) == (6, "tasks[0].metrics[1].name")
     assert "'exact_match,flexible-extract' is not reported by task 'arc_easy'" in error.message
+
+
+def test_tags_read_as_the_tiers_read_them_and_near_misses_are_warned(tmp_path: Path) -> None:
+    """`Release` is the release tier's tag; `relase` is no tier's and was silently inert."""
+    config = load_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [Nightly, ' pr ']\n"))
+    assert config.tags == ["nightly", "pr"]
+    [warning] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [relase, team-a]\n")).warnings
+    assert warning.field == "tags[0]" and "did you mean 'release'" in warning.message

@@ -85,10 +85,21 @@ def test_every_tier_of_the_catalog_validates(capsys: pytest.CaptureFixture[str],
     assert pipeline["steps"], tier
 
 
-@pytest.mark.parametrize("tier", ["pr", "nightly", "release"])
+@pytest.mark.parametrize("tier", ["pr", "nightly"])
 def test_every_tier_of_a_tiny_matrix_validates(capsys: pytest.CaptureFixture[str], tiny_matrix: Path,
                                                tier: str) -> None:
     validate(emitted(capsys, "--tier", tier, str(tiny_matrix)))
+
+
+def test_a_release_tier_with_no_release_config_is_refused(capsys: pytest.CaptureFixture[str], tiny_matrix: Path,
+                                                          tmp_path: Path) -> None:
+    """An empty release pipeline was a green release that tested nothing: a tag like `Release`
+    or `relase` dropped the config from it silently."""
+    assert main(["pipeline", "--tier", "release", str(tiny_matrix)]) == 3
+    assert "is tagged release" in capsys.readouterr().err
+    (tiny_matrix / "auto.yaml").write_text((tiny_matrix / "auto.yaml").read_text() + "tags: [Release]\n"
+                                           "gate: wilson\nreference: {value: 0.5}\n")
+    assert labels(emitted(capsys, "--tier", "release", str(tiny_matrix))) == {"auto"}
 
 
 def test_bootstrap_pipeline_validates() -> None:
