@@ -22,7 +22,10 @@ Four measurements, one command each:
 
 For throughput, decode and prefill the checkpoints are written to a temporary folder from random
 weights (FP8 variants are quantized with quantgate.kernels.quant, native block format), so
-the numbers measure the engine, not a model. Prints a table; with --out writes the full results as JSON.
+the numbers measure the engine, not a model. Prints a table; with --out writes the full results as
+JSON, DIR/bench_engine_<mode>.json: a list of rows (decode adds {"ratios": ...} and
+{"tuned": ...}), ending with {"provenance": {commit, date, argv, torch, triton, ...}}
+(benchmarks/provenance.py; on the device the commit is QUANTGATE_COMMIT, see gpu_env.sh).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from safetensors.torch import save_file
 
 from quantgate.engine import LLMEngine, LoadedModel, SamplingParams, load_model
 from quantgate.kernels import quant
+
+import provenance  # noqa: E402 - benchmarks/provenance.py, next to this script
 
 SHAPES = {
     # about 5M parameters: the size of the shipped tiny models
@@ -492,9 +497,24 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rows = {"throughput": throughput, "decode": decode, "prefill": prefill, "gsm8k": gsm8k}[args.mode](args)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"bench_engine_{args.mode}.json").write_text(json.dumps(rows, indent=2))
+        record = provenance.record(command_line(argv))
+        path = write_results(args.out, args.mode, rows, record)
+        print(f"written to {path} (commit {record['commit']})")
     return 0
+
+
+def command_line(argv: list[str] | None) -> list[str]:
+    """The command as run (main() called with argv from a test or script has no sys.argv of its own)."""
+    return sys.argv[:] if argv is None else ["benchmarks/bench_engine.py", *argv]
+
+
+def write_results(out: Path, mode: str, rows: list[dict], record: dict) -> Path:
+    """DIR/bench_engine_<mode>.json: the rows, then their provenance (provenance.record) as the
+    last entry. A list, as earlier runs' results are, so their readers keep working."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bench_engine_{mode}.json"
+    path.write_text(json.dumps([*rows, {"provenance": record}], indent=2))
+    return path
 
 
 if __name__ == "__main__":

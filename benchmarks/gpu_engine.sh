@@ -10,10 +10,12 @@
 # Each step has its own time limit and a failing step does not stop the others. Full logs and
 # results go to $OUT; a short summary is printed at the end, the decode table last.
 #
-#   OUT=/tmp/out bash benchmarks/gpu_engine.sh                        # FP8 with marlin and triton
-#   OUT=/tmp/out LINEAR_BACKENDS=marlin bash benchmarks/gpu_engine.sh
+#   OUT=/tmp/out QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_engine.sh   # FP8: marlin, triton
+#   OUT=/tmp/out QUANTGATE_COMMIT=... LINEAR_BACKENDS=marlin bash benchmarks/gpu_engine.sh
 #
-# Works without installing the package (no pip there): see gpu_env.sh.
+# QUANTGATE_COMMIT names the tree measured (the device's .git may be stale; without it the
+# results say unverified:<sha>); the summary and bench_engine_decode.json record it. Works
+# without installing the package (no pip there): see gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_engine}
@@ -42,6 +44,11 @@ step engine_tests 110 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cud
 step bench_decode 120 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
   --linear-backend $BACKENDS --repeats 2 --eager-tokens 32 --out "$OUT"
 
+echo "===================== gpu_engine summary ($(date -u +%FT%TZ), commit $QUANTGATE_COMMIT)"
 echo "== steps"; cat "$OUT/steps.txt"
 echo "== engine tests"; tail -n 8 "$OUT/engine_tests.log"
-echo "== decode benchmark"; sed -n '/^decode at batch 1/,$p' "$OUT/bench_decode.log" | tail -n 14
+# The decode table and ratios; the tuned GEMM shapes that follow them stay in bench_decode.log
+# (printing the log's last lines showed those and cut the table off).
+echo "== decode benchmark (tuned shapes: $OUT/bench_decode.log)"
+awk '/^decode at batch 1/ {on = 1} /^tuned GEMM shapes/ {skip = 1; next} skip && /^  / {next} {skip = 0} on' \
+  "$OUT/bench_decode.log"

@@ -11,5 +11,15 @@ if ! "${PYTHON:-python}" -c "import quantgate.kernels" 2>/dev/null; then
     export PYTHONPATH="$QUANTGATE_SHIM${PYTHONPATH:+:$PYTHONPATH}"
 fi
 unset TRITON_INTERPRET
-# The device machine may keep a stale .git from an earlier call (run 8): pass QUANTGATE_COMMIT.
-export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The commit measured. The device machine may keep a stale .git from an earlier call (runs 8 and
+# 9 recorded an older commit than the tree they measured), so pass QUANTGATE_COMMIT with the job:
+#   QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_linear.sh
+# Without it, git's answer is recorded as `unverified:<sha>`, with `-dirty` when tracked files
+# differ from that commit (as a copied tree over a stale .git does), or `unknown` without git.
+quantgate_unverified_commit() {
+    local sha
+    sha=$(git rev-parse --short HEAD 2>/dev/null) || { echo unknown; return; }
+    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && sha="$sha-dirty"
+    echo "unverified:$sha"
+}
+export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(quantgate_unverified_commit)}

@@ -3,16 +3,17 @@
 # took 54 s: tests 13 s, bench 41 s, before the bench timed host time per call):
 #   1. the GPU-marked linear kernel tests (tests/kernels/test_linear_*, test_quant), default
 #      configs, one layer shape, in three processes (mostly compiling; limit 45 s),
-#   2. bench_linear.py: graph and eager timings of every backend and peer, correctness in fp16
-#      and bf16 with diagnostics, the acceptance checks, the tuned configs with every candidate's
-#      time, the fastest backend per scheme and M, the host's time per call above M = 16 (limit
-#      150 s, measurements stop at 130 s).
+#   2. bench_linear.py: graph timings of every backend and peer (what every acceptance check
+#      reads), eager and host times as information, correctness in fp16 and bf16 with
+#      diagnostics, the acceptance checks, the tuned configs with every candidate's time, the
+#      fastest backend per scheme and M (limit 150 s, measurements stop at 130 s).
 # Each step has its own time limit (SIGINT, then the bench writes what it measured) and a failing
 # step does not stop the other. Everything goes to $OUT/lin; the short table is printed last.
 #
-#   OUT=/tmp/out bash benchmarks/gpu_linear.sh
+#   OUT=/tmp/out QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_linear.sh
 #
-# Works without installing the package (no pip there): see gpu_env.sh.
+# QUANTGATE_COMMIT names the tree measured (the device's .git may be stale; without it the
+# results say unverified:<sha>). Works without installing the package (no pip there): see gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_linear}

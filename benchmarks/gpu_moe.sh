@@ -9,7 +9,10 @@
 # check (sm_80/89/90 builds, registers, spills, no FP8 tensor-core instructions) needs no GPU:
 # `python benchmarks/bench_moe.py --compile-check` runs it anywhere.
 #
-#   QUANTGATE_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_moe.sh [OUT_DIR]
+#   QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_moe.sh [OUT_DIR]
+#
+# QUANTGATE_COMMIT names the tree measured: the device's .git may be stale, so without it
+# bench_moe.json says unverified:<sha> (gpu_env.sh).
 #
 # OUT_DIR defaults to $OUT/moe when $OUT is set, else benchmarks/results/moe. It receives
 # pytest_moe.log, bench_moe.json, bench_moe.md and bench_moe.log.
