@@ -10,18 +10,27 @@ result.json: `server_start_s` (launch to /health: the engine loading the model) 
 `server_busy_s` (time with at least one request in flight: the server answering). Overhead
 is the rest: wall - server_start_s - server_busy_s. Also reported: the share of wall time
 the server was not answering at all (start-up included).
+
+The JSON also says what was measured where: date, commit (benchmarks/provenance.py: `-dirty`
+when tracked files differ from it), the command line, the machine (platform, CPU count) and
+the 1/5/15-minute load averages before and after the runs (other jobs on the machine slow the
+server and the harness alike, but not by the same share).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import provenance  # noqa: E402 - benchmarks/provenance.py, next to this script
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.10
@@ -64,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config.is_file():
         print(f"error: {args.config} does not exist; pass --config", file=sys.stderr)
         return 3
+    context = run_context(argv)
+    print(f"start {context['date']} commit {context['commit']} load {context['load_before']}")
     runs = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             runs.append(measure(args.config.resolve(), args.limit, Path(tmp)))
+    context["load_after"] = load_average()
     print(f"{'run':>3} {'n':>5} {'wall s':>8} {'start s':>8} {'busy s':>8} {'overhead s':>10} {'overhead':>9} "
           f"{'not answering':>13} {'cli s':>6} {'lm-eval s':>9} {'other s':>7}")
     for i, r in enumerate(runs, start=1):
@@ -76,14 +88,32 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['cli_s']:>6.2f} {r['lm_eval_s']:>9.2f} {r['run_other_s']:>7.2f}")
     share = statistics.median(r["overhead_share"] for r in runs)
     verdict = "meets" if share < TARGET_SHARE else "MISSES"
-    print(f"median harness overhead {share:.1%} of wall time: {verdict} the {TARGET_SHARE:.0%} target")
+    print(f"median harness overhead {share:.1%} of wall time: {verdict} the {TARGET_SHARE:.0%} target "
+          f"(load after {context['load_after']})")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / "bench_harness.json"
-        path.write_text(json.dumps({"config": str(args.config), "runs": runs, "median_overhead_share": share,
-                                    "target_share": TARGET_SHARE}, indent=2) + "\n")
+        path.write_text(json.dumps({**context, "config": str(args.config), "runs": runs,
+                                    "median_overhead_share": share, "target_share": TARGET_SHARE}, indent=2) + "\n")
         print(f"written to {path}")
     return 0
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15-minute load averages (None where the OS has none)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run_context(argv: list[str] | None) -> dict:
+    """Provenance and the machine's state before the runs (harness packages only: no torch)."""
+    record = provenance.record(sys.argv[:] if argv is None else ["benchmarks/bench_harness.py", *argv],
+                               packages=())
+    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+               "cpus": os.cpu_count(), "python": record.pop("python"), "host": record.pop("host")}
+    return {**record, "machine": machine, "load_before": load_average()}
 
 
 if __name__ == "__main__":
