@@ -75,7 +75,7 @@ def test_expect_mismatch_fails_even_when_accuracy_passes(tmp_path: Path, gsm8k_d
     result = load_json(tmp_path / "out" / "claims-marlin" / "result.json")
     assert code == 1 and result["verdict"] == "FAIL"
     assert result["gate"]["passed"] is True
-    assert "expected 'marlin'" in result["reason"] and "TritonBlockFp8LinearKernel" in result["reason"]
+    assert "expected 'marlin'" in result["reason"] and "TritonFp8BlockScaledMMKernel (backend triton)" in result["reason"]
     assert "model.layers.0.self_attn.qkv_proj" in result["reason"]
     assert len(result["expect"]["mismatches"]) == 8
     assert "accuracy passed, but the backend under test did not run" in output
