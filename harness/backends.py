@@ -35,10 +35,11 @@ VLLM_MOE_BACKENDS: tuple[str, ...] = (
     "triton_unfused", "aiter", "aiter_triton_mxfp4_bf16", "flydsl", "hpc", "emulation",
 )
 
-# vLLM's FP8 MoE oracle logs `Using <NAME> Fp8 MoE backend out of potential backends: [...]`
-# with the names of its `Fp8MoeBackend` enum (vllm/model_executor/layers/fused_moe/oracle/fp8.py,
-# vllm-project/vllm PR 32414). The `--moe-backend` value each one corresponds to, so an
-# `expect: {moe_kernel: deep_gemm}` can be checked against that log line.
+# vLLM's MoE oracles log `Using <NAME> Fp8 MoE backend out of potential backends: [...]` (and
+# likewise for NvFp4 and the other formats) with the names of their backend enums
+# (vllm/model_executor/layers/fused_moe/oracle/, vllm-project/vllm PR 32414). The `--moe-backend`
+# value each one corresponds to, so an `expect: {moe_kernel: deep_gemm}` can be checked against
+# that log line.
 VLLM_MOE_LOG_NAMES: dict[str, str] = {
     "deepgemm": "deep_gemm",
     "batched_deepgemm": "deep_gemm",
@@ -51,6 +52,8 @@ VLLM_MOE_LOG_NAMES: dict[str, str] = {
     "aiter": "aiter",
     "vllm_cutlass": "cutlass",
     "batched_vllm_cutlass": "cutlass",
+    "flashinfer_cutedsl_batched": "flashinfer_cutedsl",  # NvFp4MoeBackend
+    "emulation": "emulation",
 }
 
 # The `--linear-backend` value of each linear kernel class vLLM's `Selected <Class> for ...` and

@@ -214,3 +214,38 @@ def test_report_from_a_server_and_from_one_without_the_endpoint(tmp_path: Path, 
     finally:
         for server in servers:
             server.stop()
+
+
+def test_vllm_moe_lines_of_every_oracle_are_read() -> None:
+    log = "\n".join([_vllm_line("Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend out of potential backends: ['X']."),
+                     _vllm_line("Using TRITON backend for Unquantized MoE")])
+    report = report_from_vllm_log(log)
+    assert report is not None
+    assert [(m["kernel"], m["backend"]) for m in report["modules"].values()] == [
+        ("FLASHINFER_TRTLLM", "flashinfer_trtllm"), ("TRITON", "triton")]
+
+
+def test_a_server_args_backend_for_a_layer_type_the_model_lacks_is_a_note_on_vllm() -> None:
+    """migrate writes --moe-backend marlin with --linear-backend marlin for any model: on a dense
+    one vLLM ignores it, and a run that ran marlin must not fail for it. Named in expect:, it
+    is still required; an attached server must still prove it."""
+    dense = report_from_vllm_log(_vllm_line("Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod"))
+    implied = {"linear": "marlin", "moe": "marlin"}
+    check = verify(Expect(), dense, "server.log", implied, "vllm")
+    assert check.passed and len(check.notes) == 1 and "--moe-backend marlin" in check.notes[0]
+    assert not verify(Expect(moe_kernel="marlin"), dense, "server.log", {"linear": "marlin"}, "vllm").passed
+    assert not verify(Expect(), dense, "server.log", implied, "attached").passed
+
+
+def test_a_shape_refusal_anywhere_in_a_debug_log_fails_deep_gemm() -> None:
+    """Real DEBUG logs hold many lines before a refusal, and small-batch refusals beside shape ones."""
+    other = _vllm_line("Scheduler running", level="DEBUG")
+    small = _vllm_line("DeepGemm disabled due to unaligned problem size. M: 1, N: 768, K: 2048. M should >= 128 "
+                       "and N and K must be multiples of 128. This is not an error and we will fall back to triton.",
+                       level="DEBUG")
+    shape = _vllm_line("DeepGemm disabled for N <= 512. M: 4096, N: 384, K: 2048. This means we will fallback "
+                       "to triton for this specific shape for further speed up.", level="DEBUG")
+    unaligned_k = small.replace("K: 2048", "K: 2000")
+    for lines in ([other, shape], [small, shape], [other, unaligned_k]):
+        report = report_from_vllm_log("\n".join([_DEEPGEMM_SELECTED, *lines]))
+        assert not verify(Expect(moe_kernel="deep_gemm"), report, "log").passed, lines
