@@ -33,8 +33,8 @@ from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
 GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
-# Tags `quantgate pipeline` acts on: the pr and release tiers, the negative-check steps, the demo.
-KNOWN_TAGS = ("pr", "nightly", "release", "negative-check", "demo")
+# Tags `quantgate pipeline` acts on (the nightly tier runs every config, whatever its tags).
+KNOWN_TAGS = ("pr", "release", "negative-check")
 STATISTICAL_GATES: tuple[str, ...] = ("hypothesis", "wilson", "paired")
 DEFAULT_METRIC = "exact_match,strict-match"
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -735,10 +735,10 @@ class _Loader:
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
         for index, tag in enumerate(config.tags):
-            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.8)  # `nightly-h100` is a label
             if tag not in KNOWN_TAGS and close:
-                self.warn(self._at("tags", index), f"tag {tag!r} is no tier's; did you mean {close[0]!r}? (tiers "
-                          f"select {', '.join(KNOWN_TAGS)}; other tags are labels only)")
+                self.warn(self._at("tags", index), f"tag {tag!r} is not one `quantgate pipeline` acts on; did you "
+                          f"mean {close[0]!r}? (it acts on {', '.join(KNOWN_TAGS)}; other tags are labels only)")
         if "release" in config.tags and mode not in STATISTICAL_GATES:
             self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
                        f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")

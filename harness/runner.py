@@ -914,7 +914,7 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
             unwritable = output_problems(options)
             if unwritable:
                 raise PlanError(unwritable)
-            held.enter_context(output_dir_lock(options))
+            held.enter_context(output_dir_lock(options, clear_summaries=True))
             items = plan(paths, options, skipped, warnings)
             for skip in skipped:  # it gets no result.json (a <skipped> junit testcase): an earlier run's must go
                 with contextlib.suppress(OSError):
@@ -982,11 +982,11 @@ _TRANSIENT_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 @contextlib.contextmanager
-def output_dir_lock(options: RunOptions) -> Iterator[None]:
+def output_dir_lock(options: RunOptions, clear_summaries: bool = False) -> Iterator[None]:
     """One run at a time per output directory (two CI jobs on one agent): the other's junit.xml,
-    summary.md, server logs and cached baselines would be overwritten under it. Held, the
-    directory's run-wide summaries of an earlier run are removed, so a run that stops at its plan
-    (exit 3) leaves none that speak for it."""
+    summary.md, server logs and cached baselines would be overwritten under it. `clear_summaries`
+    (a run, which writes them): held, the directory's run-wide summaries of an earlier run are
+    removed, so a run that stops at its plan (exit 3) leaves none that speak for it."""
     import fcntl
 
     try:
@@ -1017,7 +1017,7 @@ def output_dir_lock(options: RunOptions) -> Iterator[None]:
             lock.write(f"pid {os.getpid()}\n")
             lock.flush()
         for stale in (options.junit or options.output_dir / "junit.xml",
-                      options.markdown or options.output_dir / "summary.md"):
+                      options.markdown or options.output_dir / "summary.md") if clear_summaries else ():
             if stale.is_file():
                 with contextlib.suppress(OSError):
                     stale.unlink()

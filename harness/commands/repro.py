@@ -15,9 +15,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..backends import ENGINES
-from ..config import EvalConfig
+from ..config import LIST_SUFFIX, EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SERVER_LOG, load_result
 from ..expect import implied_by_server_args
@@ -40,14 +41,23 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    config_path = _config_of_run(Path(args.config))
-    if config_path is None:
+    found = _config_of_run(Path(args.config))
+    if found is None:
         return EXIT_USAGE
+    config_path, ran = found
+    if config_path.is_dir() or config_path.suffix == LIST_SUFFIX:
+        print(f"error: repro takes one config file (or a run's result.json or run folder); {config_path} is a "
+              f"{'folder' if config_path.is_dir() else 'list file'}: repro its configs one at a time",
+              file=sys.stderr)
+        return EXIT_USAGE
+    # What the run was given on its command line (the result records them), unless given here.
+    engine = args.engine or ran.get("engine")
+    limit = args.limit if args.limit is not None else ran.get("limit")
     # Printed commands are often for another machine (the GPU box of a failing nightly config):
     # only --run needs this one to have the config's GPUs and executables.
-    options = RunOptions(output_dir=args.output_dir, engine=args.engine, limit=args.limit, check_machine=args.run)
+    options = RunOptions(output_dir=args.output_dir, engine=engine, limit=limit, check_machine=args.run)
     try:
-        *baselines, item = plan([config_path], options)  # a baseline, if any, comes first
+        *baselines, item = plan([config_path], options)  # its gate's baseline, if any, comes first
     except PlanError as exc:
         for message in exc.messages:
             print(f"error: {message}", file=sys.stderr)
@@ -57,13 +67,14 @@ def main(args: argparse.Namespace) -> int:
     item.command = dataclasses.replace(item.command, preferred_port=port)  # --run uses it when it is free
     run_dir = (args.output_dir / item.config.name).resolve()
     settings = eval_settings(item.config, http_url(item.command.host, port), item.command.served_model,
-                             run_dir, args.limit)
+                             run_dir, limit)
     task_file = write_task_yaml(settings)
     eval_cmd = lm_eval_command(settings, task_file, run_dir / "lm_eval")
     unmet = None if args.run else unmet_requirements(item.config, local_gpus())
     if unmet:
         print(f"# note: this machine does not meet the config's requires: ({unmet}); run these where it does")
-    print(_script(item, port, eval_cmd, task_file, options, baselines[0] if baselines else None))
+    baseline = next((b for b in baselines if b.config.name == item.baseline_name), None)
+    print(_script(item, port, eval_cmd, task_file, options, baseline))
     if not args.run:
         return EXIT_PASS
     try:
@@ -75,27 +86,29 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE if isinstance(exc, PlanError) else EXIT_ERROR
 
 
-def _config_of_run(given: Path) -> Path | None:
-    """`given`, or, for a run's result.json (or its run folder), the config that run evaluated;
-    None (after saying why) when that config is not here."""
+def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
+    """`given`, or, for a run's result.json (or its run folder), the config that run evaluated
+    and the engine and question limit it ran with; None (after saying why) when that config is
+    not here."""
     result = given / RESULT_FILE if given.is_dir() else given
-    if given.suffix in (".yaml", ".yml", ".txt") or not result.is_file():
-        return given
+    if given.suffix in (".yaml", ".yml", LIST_SUFFIX) or not result.is_file():
+        return given, {}
     try:
         data = load_result(result)
     except (OSError, ValueError):
-        return given  # not a result: the config loader names what is wrong with it
+        return given, {}  # not a result: the config loader names what is wrong with it
     config = data.get("config") or {}
     path = Path(str(config.get("path") or ""))
-    n = (data.get("metrics") or {}).get("n")
-    evaluated = f"; it evaluated {n} questions (pass --limit {n} if that was fewer than the config's)" if n else ""
+    ran = {"engine": config.get("engine"), "limit": (data.get("evaluation") or {}).get("limit")}
     if not path.is_file():
         print(f"error: {result} is the result of a run ({data.get('verdict')}) of {path}, which is not on this "
-              f"machine: run `quantgate repro` on that file in your checkout{evaluated}", file=sys.stderr)
+              f"machine: run `quantgate repro` on that file in your checkout with --engine {ran['engine']}"
+              + (f" --limit {ran['limit']}" if ran["limit"] is not None else ""), file=sys.stderr)
         return None
     changed = "" if config.get("sha256") == _sha256(path) else " (the file has changed since that run: its sha256 differs)"
-    print(f"# reproducing {path}, the config of the run in {result.parent}{changed}{evaluated}")
-    return path
+    print(f"# reproducing {path}, the config of the run in {result.parent}{changed}, as that run ran it: engine "
+          f"{ran['engine']}" + (f", {ran['limit']} questions" if ran["limit"] is not None else ""))
+    return path, {k: v for k, v in ran.items() if v is not None}
 
 
 def _sha256(path: Path) -> str:

@@ -610,3 +610,8 @@ def test_tags_read_as_the_tiers_read_them_and_near_misses_are_warned(tmp_path: P
     assert config.tags == ["nightly", "pr"]
     [warning] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [relase, team-a]\n")).warnings
     assert warning.field == "tags[0]" and "did you mean 'release'" in warning.message
+
+
+def test_labels_that_only_resemble_a_tier_tag_are_quiet(tmp_path: Path) -> None:
+    assert not inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n"
+                                              "tags: [nightly-h100, demo, nightly]\n")).warnings

@@ -123,14 +123,32 @@ def test_repro_of_a_runs_result_reproduces_its_config(tmp_path: Path, gsm8k_dir:
     config = write_config(tmp_path, "ran", gsm8k_dir, num_questions=4)
     assert cli(["run", str(config), "--output-dir", str(tmp_path / "out")]) == 0
     capsys.readouterr()
+    assert cli(["run", str(config), "--limit", "3", "--output-dir", str(tmp_path / "limited")]) == 0
+    capsys.readouterr()
     for given in (tmp_path / "out" / "ran" / "result.json", tmp_path / "out" / "ran"):
         assert cli(["repro", str(given), "--output-dir", str(tmp_path / "r")]) == 0
         output = capsys.readouterr().out
-        assert output.startswith(f"# reproducing {config}, the config of the run in {tmp_path / 'out' / 'ran'}")
-        assert "it evaluated 4 questions" in output and "# 1. start the server" in output
+        assert output.startswith(f"# reproducing {config}, the config of the run in {tmp_path / 'out' / 'ran'}, "
+                                 "as that run ran it: engine vllm, 4 questions")
+        assert "# 1. start the server" in output
+    # The run's own command-line choices (here --limit 3) are the reproduction's.
+    assert cli(["repro", str(tmp_path / "limited" / "ran"), "--output-dir", str(tmp_path / "r")]) == 0
+    evaluation = shlex.split(_lines_after(capsys.readouterr().out, "#    with the config's local dataset"))
+    assert evaluation[evaluation.index("--limit") + 1] == "3"
     config.unlink()
     assert cli(["repro", str(tmp_path / "out" / "ran" / "result.json")]) == 3
-    assert "which is not on this machine" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "which is not on this machine" in err and "--engine vllm --limit 4" in err
+
+
+def test_repro_takes_one_config(tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A list's earlier configs were taken for the last one's baseline."""
+    write_config(tmp_path, "a", gsm8k_dir)
+    write_config(tmp_path, "b", gsm8k_dir)
+    (tmp_path / "list.txt").write_text("a.yaml\nb.yaml\n")
+    for given in (tmp_path / "list.txt", tmp_path):
+        assert cli(["repro", str(given)]) == 3
+        assert "repro takes one config file" in capsys.readouterr().err
 
 
 def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_dir: Path,
@@ -185,3 +203,7 @@ def test_calibrate_holds_its_output_directory_like_run(tmp_path: Path, gsm8k_dir
         assert cli(["calibrate", str(config), "--runs", "2", "--output-dir", str(out_dir)]) == 3
     assert "another quantgate run" in capsys.readouterr().err
     assert not (out_dir / "run-1").exists()
+    # Only a run writes (and so clears) the directory's junit.xml and summary.md.
+    (out_dir / "junit.xml").write_text("<testsuites/>")
+    assert cli(["calibrate", str(config), "--runs", "2", "--limit", "4", "--output-dir", str(out_dir)]) == 0
+    assert (out_dir / "junit.xml").read_text() == "<testsuites/>"
