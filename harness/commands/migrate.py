@@ -182,7 +182,15 @@ def _args_of(value: Any) -> list[str]:
 def _append_server_args(root: CommentedMap, flags: list[str], position: int) -> None:
     current = root.get("server_args")
     if isinstance(current, CommentedSeq):
+        # The own-line comments below the last item introduce the next key: they stay below the
+        # new last item, the old one's end-of-line comment with it.
+        token = current.ca.items.get(len(current) - 1, [None])[0] if current else None
+        own_lines = token.value.partition("\n")[2] if token is not None else ""
+        if own_lines:
+            token.value = token.value[:len(token.value) - len(own_lines)]
         current.extend(flags)
+        if own_lines:
+            current.ca.items[len(current) - 1] = [CommentToken("\n" + own_lines, CommentMark(0), None), None]
     elif isinstance(current, (FoldedScalarString, LiteralScalarString)) and current.strip():
         root["server_args"] = _block_scalar_with(current, shlex.join(flags))
     elif isinstance(current, str):

@@ -187,7 +187,14 @@ def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
      '  # two\n  VLLM_MXFP4_USE_MARLIN: "0"\n  # three\ntags: [nightly]\n',
      "model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend deep_gemm --moe-backend deep_gemm\nenv:\n"
      '  # one\n  HF_HUB_OFFLINE: "1"\n  # two\n  # three\ntags: [nightly]\n'),
-], ids=["below-a-removed-key", "below-the-last-key", "emptied-block", "emptied-block-last", "several-removed"])
+    # Below a block list's last item: the flags go before the comment, not between it and its key.
+    ('model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --max-model-len\n  - "4096"  # ctx\n'
+     '# nightly only: too slow for PRs\ntags: [nightly]\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n',
+     'model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --max-model-len\n  - "4096"  # ctx\n'
+     "  - --linear-backend\n  - marlin\n  - --moe-backend\n  - marlin\n# nightly only: too slow for PRs\n"
+     "tags: [nightly]\n"),
+], ids=["below-a-removed-key", "below-the-last-key", "emptied-block", "emptied-block-last", "several-removed",
+        "below-a-block-list"])
 def test_comments_of_the_keys_that_stay_are_kept(tmp_path: Path, text: str, migrated: str) -> None:
     result = migrate_text(text, tmp_path / "c.yaml")
     assert result.text == migrated
