@@ -54,6 +54,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--exit-during-startup", type=float, default=None, help="exit 1 after this many seconds")
     p.add_argument("--die-after", type=int, default=None, help="exit abruptly after N answers")
+    p.add_argument("--exit-after-answers", type=int, default=None,
+                   help="exit (status 4) right after the Nth answer has been sent: every request answered, the "
+                        "server gone before the evaluation ends")
+    p.add_argument("--plain-answers", action="store_true",
+                   help="answer 'The answer is N.' without GSM8K's '#### N' (strict-match finds nothing, "
+                        "flexible-extract finds N)")
     p.add_argument("--hang-after", type=int, default=None, help="never answer after N answers")
     p.add_argument("--error-after", type=int, default=None, help="HTTP errors after N answers")
     p.add_argument("--error-status", type=int, default=500)
@@ -115,7 +121,16 @@ class FakeEngine:
             rows = [json.loads(line) for line in f if line.strip()]
         self.gold = {row["question"].strip(): _answer_of(row["answer"]) for row in rows}
         self.answered = 0
+        self.sent = 0  # answers whose response has been written
         self.lock = threading.Lock()
+
+    def sent_one(self) -> None:
+        """--exit-after-answers: the process ends once its Nth answer is on the wire."""
+        with self.lock:
+            self.sent += 1
+            if self.args.exit_after_answers is not None and self.sent >= self.args.exit_after_answers:
+                print(f"fake server: exiting after {self.sent} answers as told", flush=True)
+                os._exit(4)
 
     def text_for(self, prompt: str) -> str:
         question = _last_question(prompt)
@@ -124,10 +139,14 @@ class FakeEngine:
             return " I do not know this one."
         share = _share(question)
         if share < self.args.accuracy:
-            return f" Working it out step by step.\n#### {gold}"
-        if share < self.args.accuracy + (1 - self.args.accuracy) * self.args.invalid:
+            answer = gold
+        elif share < self.args.accuracy + (1 - self.args.accuracy) * self.args.invalid:
             return " The answer is unclear."
-        return f" Working it out step by step.\n#### {int(re.sub(r'[^0-9-]', '', gold) or 0) + 1}"
+        else:
+            answer = str(int(re.sub(r'[^0-9-]', '', gold) or 0) + 1)
+        if self.args.plain_answers:
+            return f" Working it out step by step. The answer is {answer}."
+        return f" Working it out step by step.\n#### {answer}"
 
     def kernels(self) -> dict:
         backend = self.args.linear_backend.replace("_", "-").lower()
@@ -224,12 +243,14 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"id": f"chat-{seen}", "object": "chat.completion", "model": engine.served,
                                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                                  "usage": usage})
+                engine.sent_one()
                 return
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = [{"index": i, "text": engine.text_for(p), "finish_reason": "stop", "logprobs": None}
                        for i, p in enumerate(prompts)]
             self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": engine.served,
                              "choices": choices, "usage": usage})
+            engine.sent_one()
 
     return Handler
 

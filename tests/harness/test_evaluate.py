@@ -299,3 +299,56 @@ def test_a_body_of_the_wrong_shape_is_a_malformed_response_not_a_crash(body, cha
 
     with pytest.raises(MalformedResponse, match="the server answered 200"):
         _choice_texts(body, chat)
+
+
+def test_a_200_with_an_error_is_malformed_even_when_it_also_has_choices() -> None:
+    """A body carrying both an error and a (blank) choice: guards against reading the choice and
+    scoring the error as an empty, wrong answer."""
+    from quantgate.harness.evaluate import MalformedResponse, _choice_texts
+
+    body = {"error": {"message": "engine overloaded", "type": "server_error"},
+            "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+    with pytest.raises(MalformedResponse, match="answered 200 with an error: .*engine overloaded"):
+        _choice_texts(body, False)
+    chat = {"error": "engine overloaded", "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}]}
+    with pytest.raises(MalformedResponse, match="answered 200 with an error: engine overloaded"):
+        _choice_texts(chat, True)
+    assert _choice_texts({"choices": [{"index": 0, "text": ""}]}, False) == [""]  # no error: an empty answer
+
+
+def test_the_gated_value_is_the_configured_filters_score() -> None:
+    """metric exact_match,flexible-extract gates on flexible-extract's score, from lm-eval's
+    aggregate and, for an aborted run, from the per-question records: guards against the gated
+    value being strict-match's whatever the metric names."""
+    from quantgate.harness.evaluate import FLEXIBLE, STRICT, _metrics
+
+    scores = {STRICT: 0.5, FLEXIBLE: 0.8, "exact_match_stderr,strict-match": 0.05,
+              "exact_match_stderr,flexible-extract": 0.04}
+    metrics = _metrics(scores, [], FLEXIBLE, 10)
+    assert (metrics["metric"], metrics["value"], metrics["strict_match"], metrics["flexible_extract"]) == (
+        FLEXIBLE, 0.8, 0.5, 0.8)
+    assert metrics["stderr"] == 0.04 and metrics["complete"] is True
+    assert _metrics(scores, [], STRICT, 10)["value"] == 0.5
+
+    def sample(strict: bool, flexible: bool) -> dict:
+        return {"filters": {"strict-match": {"extracted": "[invalid]" if not strict else "3", "correct": strict},
+                            "flexible-extract": {"extracted": "3", "correct": flexible}}, "invalid": False}
+
+    answered = [sample(False, True), sample(False, True), sample(True, True), sample(False, False)]  # aborted run
+    metrics = _metrics({}, answered, FLEXIBLE, 4)
+    assert (metrics["value"], metrics["strict_match"], metrics["flexible_extract"]) == (0.75, 0.25, 0.75)
+    assert metrics["complete"] is False and metrics["stderr"] is None
+
+
+def test_answers_without_the_gsm8k_marker_score_only_under_flexible_extract(tmp_path: Path, gsm8k_dir: Path,
+                                                                             serve) -> None:
+    """End to end, the two filters disagree ("The answer is N." has no '#### N'): the run gated
+    on flexible-extract reports flexible-extract's accuracy, not strict-match's 0."""
+    server = serve(accuracy=1.0, plain_answers=True)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=8,
+                                 metric="exact_match,flexible-extract"))
+    assert outcome.error is None and outcome.answered == 8
+    assert (outcome.metrics["value"], outcome.metrics["flexible_extract"], outcome.metrics["strict_match"]) == (
+        1.0, 1.0, 0.0)
+    assert all(s["correct"] and not s["invalid"] for s in outcome.samples)
+    assert all(s["filters"]["strict-match"]["extracted"] == "[invalid]" for s in outcome.samples)

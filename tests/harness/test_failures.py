@@ -51,6 +51,21 @@ def test_server_dying_mid_evaluation_keeps_the_samples_so_far(tmp_path: Path, gs
     assert "dying mid-evaluation" in result["log_tail"]
 
 
+def test_a_server_that_exits_after_answering_everything_is_an_error_not_a_verdict(tmp_path: Path,
+                                                                                   gsm8k_dir: Path) -> None:
+    """Every request was answered, yet the server was gone by the time the evaluation ended: the
+    answers cannot be trusted to be its own (another process on its port?). Guards against
+    judging such a run PASS/FAIL on its complete-looking scores."""
+    config = write_config(tmp_path, "exits", gsm8k_dir, {"exit_after_answers": 4}, max_concurrency=1,
+                          num_questions=4)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "exits" / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR", output
+    assert "server exited with status 4 during evaluation, though every request was answered" in result["reason"]
+    assert result["evaluation"]["answered"] == result["evaluation"]["requested"] == 4
+    assert result["evaluation"]["complete"] is True  # lm-eval finished: only the server's exit makes it an ERROR
+
+
 def test_hanging_server_errors_within_the_request_timeout(tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "hangs", gsm8k_dir, {"hang_after": 3}, request_timeout_seconds=2)
     code, output = run_in_process([config], tmp_path / "out")
@@ -164,11 +179,14 @@ def test_an_interrupt_during_start_up_kills_a_server_ignoring_sigterm_within_the
     assert result["interrupted"] == "SIGTERM" and result["server"]["exit_status"] == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("accuracy, verdict", [(1.0, "PASS"), (0.0, "FAIL")])
 def test_a_signal_while_the_run_files_are_written_ends_as_an_interrupted_run_not_a_traceback(
-        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        accuracy: float, verdict: str) -> None:
     """The signal is held until junit.xml and summary.md are written, then ends the run as any
     interrupt does (exit 2, the summary printed): not as an uncaught RunInterrupted (exit 1,
-    which says a gate failed)."""
+    which says a gate failed). A run whose every verdict is FAIL exits 2 too, never 1: a run
+    asked to stop does not say "a gate failed"."""
     from quantgate.harness import cli, runner
 
     real_write_junit = runner.write_junit
@@ -178,14 +196,15 @@ def test_a_signal_while_the_run_files_are_written_ends_as_an_interrupted_run_not
         return real_write_junit(*args, **kwargs)
 
     monkeypatch.setattr(runner, "write_junit", cancelled_meanwhile)
-    config = write_config(tmp_path, "done", gsm8k_dir, num_questions=4)
+    config = write_config(tmp_path, "done", gsm8k_dir, {"accuracy": accuracy}, num_questions=4,
+                          accuracy_threshold=0.9, tolerance=0.0)
     try:
         code = cli.main(["run", str(config), "--output-dir", str(tmp_path / "out")])
     except KeyboardInterrupt as exc:  # left to the interpreter: a traceback and exit 1
         pytest.fail(f"quantgate run let {exc!r} out")
     output = capsys.readouterr().err
     assert code == 2, output
-    assert load_json(tmp_path / "out" / "done" / "result.json")["verdict"] == "PASS"
+    assert load_json(tmp_path / "out" / "done" / "result.json")["verdict"] == verdict
     assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()
     assert "quantgate summary" in output and "interrupted by SIGTERM" in output
 
@@ -245,6 +264,29 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
     assert (tmp_path / "out" / "summary.md").is_file()
     assert f"could not write {tmp_path / 'out' / 'junit.xml'}" in output.replace("\n", "")
     assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("accuracy, verdict", [(1.0, "PASS"), (0.0, "FAIL")])
+@pytest.mark.parametrize("unwritable", ["junit", "summary"])
+def test_a_run_whose_junit_or_summary_cannot_be_written_exits_2_whatever_its_verdicts(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, accuracy: float, verdict: str,
+        unwritable: str) -> None:
+    """CI reads junit.xml and summary.md: a run that could not write one is retryable (2), also
+    when every config passed (not 0) or failed its gate (not 1). Guards against the final exit
+    code ignoring the unwritten run files for a FAIL run, which the full-disk test (whose
+    records include ERRORs) cannot see."""
+    from quantgate.harness import runner
+
+    def fills_the_disk(*args, **kwargs) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, f"write_{unwritable}", fills_the_disk)
+    config = write_config(tmp_path, "only", gsm8k_dir, {"accuracy": accuracy}, num_questions=4,
+                          accuracy_threshold=0.9, tolerance=0.0)
+    code, output = run_in_process([config], tmp_path / "out")
+    assert load_json(tmp_path / "out" / "only" / "result.json")["verdict"] == verdict, output
+    assert code == 2, output
+    assert "could not write" in output and "No space left on device" in output
 
 
 @pytest.mark.parametrize("kind, chat, concurrency", [("null_text", False, 1), ("null_text", True, 4),

@@ -395,3 +395,62 @@ def test_the_metrics_gen1_can_gate_are_those_a_run_reports() -> None:
 
     reported = _metrics({STRICT: 0.5, FLEXIBLE: 0.6}, [], STRICT, 10)
     assert {name: reported[key] for name, key in REPORTED_METRICS.items()} == {STRICT: 0.5, FLEXIBLE: 0.6}
+
+
+def test_gen1_other_metrics_use_the_rtol_set_under_gate(tmp_path: Path) -> None:
+    """`gate: {rtol: 0.01}` with no top-level rtol: every listed metric is gated with 0.01, not the
+    top-level default 0.08. Guards against the other metrics reading `config.rtol` (threshold 0.92,
+    so flexible-extract's 0.95 would pass) while the gated one reads gate.rtol."""
+    gen1 = GEN1.replace("rtol: 0.01\n", "")
+    cfg = config(tmp_path, gen1 + "gate: {mode: relative, rtol: 0.01}\n")
+    assert (cfg.rtol, cfg.effective_rtol) == (0.08, 0.01)  # the top-level default, and what gates
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
+    assert not outcome.passed and outcome.numbers["rtol"] == 0.01
+    [other] = outcome.numbers["other_metrics"]
+    assert other["rtol"] == 0.01 and other["threshold"] == pytest.approx(0.99) and not other["passed"]
+    # wilson reads the rtol too: a lower bound of ~0.863 at n = 1000 clears 0.9 * 0.92, not 0.9 * 0.99
+    cfg = config(tmp_path, gen1.replace("1.0}", "0.9}") + "gate: {mode: wilson, rtol: 0.01}\n")
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.88, "n": 1000})
+    [other] = outcome.numbers["other_metrics"]
+    assert other["threshold"] == pytest.approx(0.891) and not other["passed"] and not outcome.passed
+    assert 0.9 * 0.92 < other["wilson_lower_bound"] < 0.891
+
+
+# -- exact boundaries: equality passes, as each published rule says -----------------------------------
+
+
+def test_paired_passes_when_the_p_value_equals_alpha() -> None:
+    """McNemar fails only when p < alpha: five losses and no wins give p = 1/32 exactly, which
+    passes at alpha = 1/32. Guards against the rule becoming p <= alpha."""
+    base = {str(i): True for i in range(40)}
+    five = {**base, **{str(i): False for i in range(5)}}
+    passed, numbers, text = gates.paired(five, base, 1 / 32)
+    assert numbers["p_value_worse"] == 1 / 32 and passed and "-> PASS" in text
+    assert not gates.paired(five, base, 1 / 32 + 1e-9)[0]
+
+
+def test_hypothesis_passes_at_its_own_threshold(seed: int) -> None:
+    """measured >= threshold (within the gates' EPSILON of float rounding) passes; just below fails.
+    Guards against a strict comparison or a lost EPSILON at the boundary."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        n, reference = rng.randint(10, 5000), rng.uniform(0.05, 0.95)
+        alpha, beta = rng.uniform(0.001, 0.2), rng.uniform(0.05, 0.5)
+        threshold = gates.hypothesis(reference, reference, n, alpha, beta)[1]["threshold"]
+        assert gates.hypothesis(threshold, reference, n, alpha, beta)[0], (n, reference, alpha)
+        assert gates.hypothesis(threshold - gates.EPSILON / 2, reference, n, alpha, beta)[0]
+        assert not gates.hypothesis(threshold - 1e-9, reference, n, alpha, beta)[0]
+
+
+def test_wilson_passes_when_the_lower_bound_equals_the_threshold(seed: int) -> None:
+    """The lower bound reaching reference * (1 - rtol) exactly (or within EPSILON) passes; 1e-9
+    short fails. Guards against a strict comparison or a lost EPSILON at the boundary."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        n = rng.randint(10, 5000)
+        measured, alpha = rng.randint(1, n) / n, rng.uniform(0.001, 0.2)
+        lower = gates.wilson_lower_bound(measured, n, -NormalDist().inv_cdf(alpha))
+        passed, numbers, _ = gates.wilson(measured, n, lower, 0.0, alpha)  # threshold = lower * (1 - 0)
+        assert numbers["threshold"] == numbers["wilson_lower_bound"] == lower and passed, (measured, n, alpha)
+        assert gates.wilson(measured, n, lower + gates.EPSILON / 2, 0.0, alpha)[0]
+        assert not gates.wilson(measured, n, lower + 1e-9, 0.0, alpha)[0]

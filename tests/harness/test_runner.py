@@ -402,6 +402,25 @@ def test_an_in_run_recovery_baseline_that_scored_0_is_exit_3_not_a_retry(tmp_pat
     assert "the baseline scored 0.0" in cand["reason"]
 
 
+@pytest.mark.parametrize("mode", ["recovery", "paired"])
+def test_an_in_run_baseline_that_ended_in_error_is_never_compared_against(tmp_path: Path, gsm8k_dir: Path,
+                                                                          mode: str) -> None:
+    """The baseline answered every question (its metrics and samples look complete) but its server
+    exited before the evaluation ended, so it is an ERROR: guards against gating the candidate on
+    numbers the run itself refused to trust."""
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0, "exit_after_answers": 4}, max_concurrency=1,
+                 num_questions=4)
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline="base", num_questions=4,
+                             gate={"mode": mode}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    base = load_json(tmp_path / "out" / "base" / "result.json")
+    cand = load_json(tmp_path / "out" / "cand" / "result.json")
+    assert base["verdict"] == "ERROR" and base["metrics"]["value"] == 1.0, output  # measured, yet not trusted
+    assert code == 2 and cand["verdict"] == "ERROR" and cand["usage_error"] is False, output
+    assert "baseline 'base' has no measurement in this run (ERROR: server exited with status 4" in cand["reason"]
+    assert not cand["gate"].get("passed")  # no gate was evaluated
+
+
 def test_paired_gate_counts_flips_against_the_baseline(tmp_path: Path, gsm8k_dir: Path) -> None:
     base = write_config(tmp_path, "pbase", gsm8k_dir, {"accuracy": 1.0})
     candidate = write_config(tmp_path, "pcand", gsm8k_dir, {"accuracy": 0.7}, baseline="pbase",
