@@ -66,6 +66,36 @@ def test_native_fp8_block_and_tensor():
     assert not tensor.is_ignored("model.layers.11.self_attn.o_proj")
 
 
+def test_native_fp8_block_size_keeps_rows_then_columns():
+    """weight_block_size is [rows (N), cols (K)]: a non-square [64, 128] must stay (64, 128), or
+    the scales would be read on the wrong grid and the activations grouped by 64."""
+    qc = parse_quant_config({"quant_method": "fp8", "weight_block_size": [64, 128], "activation_scheme": "dynamic"})
+    assert (qc.scheme, qc.block_size) == (Scheme.FP8_BLOCK, (64, 128))
+    cfg = ModelConfig.from_dict(dict(BASE, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 64]}))
+    assert cfg.quant.block_size == (128, 64)
+
+
+def test_regex_ignore_entries_match_from_the_start_as_compressed_tensors_does():
+    """A "re:" entry is matched with re.match against the whole module name, as compressed-tensors'
+    match_name does: "re:gate" ignores nothing named model.layers..., and a prefix pattern need
+    not reach the end of the name. Guards against re.search (ignoring gate_proj everywhere) or
+    re.fullmatch semantics."""
+    from compressed_tensors.utils.match import match_name
+
+    names = ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.gate", "gate", "lm_head",
+             "model.layers.10.self_attn.o_proj"]
+    entries = ["re:gate", r"re:model\.layers\.0\.mlp\.gate", r"re:.*mlp\.gate$", r"re:.*\.1\.", "re:lm_"]
+    for entry in entries:
+        qc = parse_quant_config({"quant_method": "fp8", "activation_scheme": "dynamic",
+                                 "modules_to_not_convert": [entry]})
+        for name in names:
+            assert qc.is_ignored(name) is match_name(name, entry), (entry, name)
+    qc = parse_quant_config({**_ct("channel"), "ignore": ["re:gate", r"re:model\.layers\.0\.mlp\.gate"]})
+    assert not qc.is_ignored("model.layers.1.mlp.gate_proj")  # "gate" is not at the start
+    assert qc.is_ignored("model.layers.0.mlp.gate_proj")  # a prefix matches: the pattern need not end the name
+    assert qc.is_ignored("gate_up")
+
+
 @pytest.mark.parametrize("strategy,scheme", [("block", Scheme.FP8_BLOCK), ("channel", Scheme.FP8_CHANNEL),
                                              ("tensor", Scheme.FP8_TENSOR)])
 def test_compressed_tensors_strategies_and_regex_ignore(strategy, scheme):

@@ -182,3 +182,86 @@ def test_compressed_tensors_targets_choose_the_quantized_modules(moe_dir, tmp_pa
     assert "model.layers.0.self_attn.qkv_proj" not in modules
     assert [modules[f"model.layers.1.self_attn.{p}_proj"]["scheme"] for p in "qkv"] == [
         "fp8-channel", "unquantized", "unquantized"]
+
+
+def _rewrite_checkpoint(q_dir, edit) -> None:
+    """Apply `edit(tensors)` to the folder's model.safetensors (in place)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(q_dir / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(q_dir / "model.safetensors"))
+
+
+@needs_moe_kernel
+@pytest.mark.parametrize("larger", ["up_proj", "gate_proj"])
+def test_static_moe_gate_up_input_scale_is_the_larger_of_the_two(moe_dir, tmp_path, seed, larger):
+    """gate and up read the same input, so one static scale must cover both: the larger of their
+    input_scales, then the largest across experts (vLLM's rule). Guards against taking gate's
+    (or up's) alone, which clips the other projection's activations."""
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", T, "fp8", static_input=True)
+    gen = torch.Generator().manual_seed(seed)
+    experts = "model.layers.0.mlp.experts"
+    num_experts = 4
+    scales = {(e, p): (0.035 + 0.025 * torch.rand((), generator=gen)) if p == larger
+              else (0.01 + 0.02 * torch.rand((), generator=gen))
+              for e in range(num_experts) for p in ("gate_proj", "up_proj", "down_proj")}
+    scales = {k: float(v) for k, v in scales.items()}
+
+    def set_scales(tensors: dict) -> None:
+        for (e, proj), value in scales.items():
+            tensors[f"{experts}.{e}.{proj}.input_scale"] = torch.tensor([value], dtype=torch.float32)
+
+    _rewrite_checkpoint(q_dir, set_scales)
+    loaded = load_model(q_dir, device="cpu", linear_backend="emulation", moe_backend="emulation")
+    layer = loaded.kernel_layers()[experts]
+    assert layer.layer_config.static_input_scale and layer.layer_config.scheme is T
+    w13_scale = max(max(scales[e, "gate_proj"], scales[e, "up_proj"]) for e in range(num_experts))
+    w2_scale = max(scales[e, "down_proj"] for e in range(num_experts))
+    assert float(layer.w13_input_scale) == pytest.approx(w13_scale, rel=1e-6)
+    assert float(layer.w13_input_scale) == pytest.approx(max(scales[e, larger] for e in range(num_experts)), rel=1e-6)
+    assert float(layer.w2_input_scale) == pytest.approx(w2_scale, rel=1e-6)
+    # The output computes with that scale: a float64 reference that quantizes with it.
+    cfg = layer.layer_config
+    x = 4 * torch.randn(9, cfg.hidden_size, generator=gen)  # some values beyond what the smaller scale covers
+    weights, ids = select_experts(torch.randn(9, cfg.num_experts, generator=gen), cfg.top_k, True)
+
+    def qdq(v: torch.Tensor, scale: float) -> torch.Tensor:
+        return quant.dequantize_act(*quant.quantize_act_per_tensor(v.float(), torch.tensor(scale))).double()
+
+    w13 = [torch.cat([_dequantized(q_dir, f"{experts}.{e}.{p}.weight", T, "weight_scale").double()
+                      for p in ("gate_proj", "up_proj")]) for e in range(num_experts)]
+    w2 = [_dequantized(q_dir, f"{experts}.{e}.down_proj.weight", T, "weight_scale").double()
+          for e in range(num_experts)]
+    expected = torch.zeros(9, cfg.hidden_size, dtype=torch.float64)
+    for t in range(9):
+        for e, w in zip(ids[t].tolist(), weights[t].tolist()):
+            gate, up = (qdq(x[t : t + 1], w13_scale) @ w13[e].t()).chunk(2, dim=-1)
+            expected[t] += (qdq(F.silu(gate) * up, w2_scale) @ w2[e].t())[0] * w
+    with torch.inference_mode():
+        assert _rel_err(layer(x, weights, ids), expected) < 1e-2
+
+
+@needs_moe_kernel
+def test_the_moe_router_stays_unquantized_when_the_config_lists_only_lm_head(moe_dir, tmp_path, seed):
+    """vLLM never quantizes the router (`mlp.gate`), whatever modules_to_not_convert lists; a native
+    config naming only lm_head must still load with the router in the model dtype. Guards against
+    the router being taken for an FP8 linear, whose scale the checkpoint does not have."""
+    import json
+
+    q_dir = quantize_folder(moe_dir, tmp_path / "q", T, "fp8")
+    config = json.loads((q_dir / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"] = ["lm_head"]
+    (q_dir / "config.json").write_text(json.dumps(config))
+    loaded = load_model(q_dir, device="cpu", linear_backend="emulation", moe_backend="emulation")
+    modules = loaded.kernel_report()["modules"]
+    assert modules["model.layers.0.mlp.gate"]["scheme"] == "unquantized"
+    assert modules["model.layers.0.mlp.experts"]["scheme"] == "fp8-tensor"
+    assert modules["lm_head"]["scheme"] == "unquantized"
+    from safetensors import safe_open
+
+    with safe_open(str(q_dir / "model.safetensors"), "pt") as f:
+        router = f.get_tensor("model.layers.0.mlp.gate.weight").double()
+    x = torch.randn(5, router.shape[1], generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        assert _rel_err(loaded.kernel_layers()["model.layers.0.mlp.gate"](x), x.double() @ router.t()) < 1e-6

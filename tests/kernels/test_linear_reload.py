@@ -80,9 +80,19 @@ def test_reload_with_other_shapes_raises(kernel_cls):
         kernel_cls(bigger).process_weights_after_loading(case.layer)
 
 
-@pytest.mark.parametrize("kernel_cls", [EmulationLinearKernel, MarlinFp8LinearKernel])
-def test_processing_twice_without_a_reload_is_refused(kernel_cls):
-    case = make_case(128, 256, B, device=DEVICE)
+@pytest.mark.parametrize("kernel_cls, scheme, n, k, dtype", [
+    (EmulationLinearKernel, B, 128, 256, torch.float16), (MarlinFp8LinearKernel, B, 128, 256, torch.float16),
+    # N == K: the torch backend binds the weight as its transposed [K, N] view, of the checkpoint's
+    # shape and dtype; only its layout tells it from a checkpoint weight.
+    (TorchScaledMMLinearKernel, C, 256, 256, torch.bfloat16), (TorchScaledMMLinearKernel, T, 256, 256, torch.float16)],
+    ids=lambda v: getattr(v, "__name__", getattr(v, "value", str(v))))
+def test_processing_twice_without_a_reload_is_refused(kernel_cls, scheme, n, k, dtype):
+    """A second processing of already processed tensors is refused with the clear message, not
+    run (it would transpose or scale twice). Guards against the weight check accepting a
+    non-contiguous (transposed) weight whose shape matches because N == K."""
+    if not _runnable(kernel_cls):
+        pytest.skip(f"{kernel_cls.__name__} does not run on this GPU")
+    case = make_case(n, k, scheme, act_dtype=dtype, device=DEVICE)
     kernel = kernel_cls(case.config)
     kernel.process_weights_after_loading(case.layer)
     with pytest.raises(ValueError, match="load the checkpoint tensors again"):

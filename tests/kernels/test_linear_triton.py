@@ -38,10 +38,15 @@ def test_a_strided_bias_view_is_read_as_its_values(seed):
 @pytest.mark.parametrize("m", [1, 20])
 @pytest.mark.usefixtures("untuned")
 def test_apply_matches_float64_reference(seed, scheme, scale_name, m):
+    """Against float64 on fresh inputs; the processed scale must be bound under the checkpoint's
+    own name and only there (a second copy under the other name would go stale on a reload)."""
     # K and N not multiples of 128: partial scale blocks along both.
     case = make_case(200, 300, scheme, scale_name=scale_name, bias=True, device=DEVICE)
     kernel = TritonBlockFp8LinearKernel(case.config)
     kernel.process_weights_after_loading(case.layer)
+    other = next(n for n in SCALE_NAMES if n != scale_name)
+    assert hasattr(case.layer, scale_name) and not hasattr(case.layer, other)
+    assert getattr(case.layer, scale_name).dtype == torch.float32
     x = torch.randn(m, 300, device=DEVICE).half()
     out = kernel.apply(case.layer, x, case.layer.bias)
     assert out.shape == (m, 200) and out.dtype == torch.float16
