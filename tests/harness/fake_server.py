@@ -1,8 +1,9 @@
 """A small OpenAI-compatible completions server for the harness tests, run as a real process.
 
 It answers GSM8K-format prompts from a dataset file (the gold answer for a chosen share of
-questions, a wrong or unparsable one for the rest) and can be told to fail the ways a real
-server fails: exit during start-up, die or hang after N answers, answer with HTTP errors,
+questions, a wrong or unparsable one for the rest; with or without the "#### N" marker) and can
+be told to fail the ways a real server fails: exit during start-up, die or hang after N
+answers, exit right after its Nth answer went out, answer with HTTP errors,
 ignore SIGTERM, leave a child process in its group, or fail to bind its port. It takes the
 flags the runner passes to `quantgate serve` / `vllm serve` (MODEL, --host, --port,
 --served-model-name, --linear-backend, --moe-backend) and ignores the rest.
