@@ -159,6 +159,7 @@ def test_names_match_by_backend_or_class_ignoring_case_and_dashes() -> None:
     assert kernel_matches("deep-gemm", "DeepGemmFp8", "deep_gemm")
     assert kernel_matches("Marlin", "MarlinFp8LinearKernel", "marlin")
     assert kernel_matches("MarlinFp8LinearKernel", "MarlinFp8LinearKernel", None)
+    assert kernel_matches("marlinfp8linearkernel", "MarlinFp8LinearKernel", None)  # a class name, case ignored
     assert not kernel_matches("marlin", "EmulationLinearKernel", "emulation")
     assert not kernel_matches("cutlass", "FlashInferFP8ScaledMMLinearKernel", "flashinfer_cutlass")
 
