@@ -317,10 +317,10 @@ def other_run_listening(port: int) -> int | None:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or not (_sockets_of(int(entry.name)) & inodes):
             continue
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # gone, another user's, or not a pid
             for item in (entry / "environ").read_bytes().split(b"\0"):
                 if item.startswith(RUNNER_ENV.encode() + b"="):
-                    runner = int(item.split(b"=", 1)[1] or 0)
+                    runner = int(item.split(b"=", 1)[1])
                     if runner != os.getpid():
                         return runner
     return None
