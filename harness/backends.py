@@ -54,6 +54,7 @@ VLLM_MOE_LOG_NAMES: dict[str, str] = {
     "batched_vllm_cutlass": "cutlass",
     "flashinfer_cutedsl_batched": "flashinfer_cutedsl",  # NvFp4MoeBackend
     "emulation": "emulation",
+    "rocm_aiter": "aiter",  # the unquantized oracle's `ROCm AITER`
 }
 
 # The `--linear-backend` value of each linear kernel class vLLM's `Selected <Class> for ...` and
@@ -186,7 +187,7 @@ def vllm_linear_backend(kernel_class: str) -> str | None:
 
 def log_name_to_backend(name: str) -> str | None:
     """The `--moe-backend` value of a vLLM `Using <NAME> Fp8 MoE backend` log name."""
-    return VLLM_MOE_LOG_NAMES.get(canonical(name))
+    return VLLM_MOE_LOG_NAMES.get(canonical(name).replace(" ", "_"))  # `FlashInfer CUTLASS` too
 
 
 def _looks_like_class_name(name: str) -> bool:

@@ -38,11 +38,14 @@ _SELECTED = re.compile(r"Selected (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for (?P<mod
 # choose_mp_linear_kernel and the MXFP8/MXFP4/NVFP4 selectors (vllm/model_executor/kernels/linear/__init__.py).
 _USING_LINEAR = re.compile(r"Using (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for "
                            r"(?P<module>mixed-precision linear|CompressedTensorsWNA16|[A-Z][A-Za-z0-9]* GEMM)")
-# The MoE oracles (vllm/model_executor/layers/fused_moe/oracle/): `Using DEEPGEMM Fp8 MoE backend`,
-# `Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend`, `Using MARLIN W4A8 Int8 MoE backend`, and
-# `Using TRITON backend for Unquantized MoE`.
-_MOE = re.compile(r"Using '?(?P<name>[A-Za-z0-9_]+)'? (?:[A-Za-z0-9]+ )*MoE backend"
-                  r"|Using (?P<name2>[A-Za-z0-9_]+) backend for [A-Za-z0-9 ]*MoE")
+# The MoE oracles (vllm/model_executor/layers/fused_moe/oracle/) name the backend and the format:
+# `Using DEEPGEMM Fp8 MoE backend out of ...`, `Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend ...`,
+# `Using FlashInfer CUTLASS Unquantized MoE backend ...`, and in older vLLM `Using FlashInfer TRTLLM
+# backend for FP8 MoE`. The line after an oracle's, `Using TritonExperts MoE backend`, names a class,
+# with no format: not a second choice.
+_MOE_FORMATS = r"(?:Fp8|FP8|NvFp4|NVFP4|Mxfp4|MxFp4|MXFP4|Mxfp8|MxFp8|MXFP8|Int8|INT8|W4A8 Int8|WNA16|Unquantized)"
+_MOE = re.compile(rf"Using '?(?P<name>[A-Za-z0-9_][A-Za-z0-9_ ]*?)'? {_MOE_FORMATS} MoE backend"
+                  rf"|Using (?P<name2>[A-Za-z0-9_][A-Za-z0-9_ ]*?) backend for {_MOE_FORMATS} MoE")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DEBUG_LINE = re.compile(r"(?:^|\s)DEBUG \d\d-\d\d \d\d:\d\d:\d\d")  # vLLM's `%(levelname)s %(asctime)s ...`
 _DEEPGEMM_REFUSED = re.compile(r"DeepGemm disabled.*")
@@ -192,12 +195,13 @@ def verify(expect: Expect, report: dict[str, Any] | None, where: str,
             subject = f"server_args' {FLAGS[layer]} ({why}, so checked as {subject})"
             fix = "; " + remedy.format(flag=FLAGS[layer], name=name)
         modules = _modules_checked(report["modules"], layer) if report is not None else {}
-        if not modules and layer in implied and implied_why == "vllm":
-            # A flag for a layer type the model may not have (--moe-backend on a dense model, as
-            # migrate writes for VLLM_TEST_FORCE_FP8_MARLIN): vLLM ignores it, and so does the check.
-            check.notes.append(f"{FLAGS[layer]} {name}: the server log names no {layer} kernel choice (the model has "
-                               f"no {layer} layer it applies to, or vLLM logged it in a form quantgate does not "
-                               f"read), so nothing shows it applied; name it in expect.{layer}_kernel to require it")
+        if (not modules and layer == "moe" and layer in implied and implied_why == "vllm" and report is not None
+                and _modules_checked(report["modules"], "linear")):
+            # The log was read and shows a model without MoE layers: vLLM ignores a --moe-backend
+            # there (migrate writes one beside --linear-backend for VLLM_TEST_FORCE_FP8_MARLIN).
+            check.notes.append(f"{FLAGS[layer]} {name}: the server log names linear kernel choices and no MoE one (a "
+                               "model without MoE layers), so it applied to nothing; name it in expect.moe_kernel to "
+                               "require it")
             continue
         if report is None:
             check.problems.append(f"{subject} {name!r} cannot be verified: no kernel report ({where}){fix}")

@@ -218,12 +218,20 @@ def test_report_from_a_server_and_from_one_without_the_endpoint(tmp_path: Path, 
 
 
 def test_vllm_moe_lines_of_every_oracle_are_read() -> None:
+    """Each oracle's line names the backend; the experts-class line after it is no second choice."""
     log = "\n".join([_vllm_line("Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend out of potential backends: ['X']."),
-                     _vllm_line("Using TRITON backend for Unquantized MoE")])
+                     _vllm_line("Using TRITON Unquantized MoE backend out of potential backends: ['FlashInfer "
+                                "TRTLLM', 'FlashInfer CUTLASS', 'TRITON', 'BATCHED_TRITON']"),
+                     _vllm_line("Using TritonExperts MoE backend"),
+                     _vllm_line("Using FlashInfer CUTLASS Unquantized MoE backend"),
+                     _vllm_line("Using FlashInfer TRTLLM backend for FP8 MoE")])
     report = report_from_vllm_log(log)
     assert report is not None
     assert [(m["kernel"], m["backend"]) for m in report["modules"].values()] == [
-        ("FLASHINFER_TRTLLM", "flashinfer_trtllm"), ("TRITON", "triton")]
+        ("FLASHINFER_TRTLLM", "flashinfer_trtllm"), ("TRITON", "triton"),
+        ("FlashInfer CUTLASS", "flashinfer_cutlass"), ("FlashInfer TRTLLM", "flashinfer_trtllm")]
+    one = report_from_vllm_log("\n".join(log.splitlines()[1:3]))
+    assert verify(Expect(moe_kernel="triton"), one, "server.log").passed
 
 
 def test_a_server_args_backend_for_a_layer_type_the_model_lacks_is_a_note_on_vllm() -> None:
@@ -236,6 +244,10 @@ def test_a_server_args_backend_for_a_layer_type_the_model_lacks_is_a_note_on_vll
     assert check.passed and len(check.notes) == 1 and "--moe-backend marlin" in check.notes[0]
     assert not verify(Expect(moe_kernel="marlin"), dense, "server.log", {"linear": "marlin"}, "vllm").passed
     assert not verify(Expect(), dense, "server.log", implied, "attached").passed
+    # A log that shows nothing (vLLM at WARNING) proves nothing: not a note.
+    assert not verify(Expect(), None, "server.log", implied, "vllm").passed
+    moe_only = report_from_vllm_log(_DEEPGEMM_SELECTED)
+    assert not verify(Expect(), moe_only, "server.log", {"linear": "marlin"}, "vllm").passed
 
 
 def test_a_shape_refusal_anywhere_in_a_debug_log_fails_deep_gemm() -> None:
