@@ -735,7 +735,9 @@ class _Loader:
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
         for index, tag in enumerate(config.tags):
-            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.8)  # `nightly-h100` is a label
+            # `nightly-h100` is a label; `negative` or `neg-check` a config pipeline would not expect to FAIL.
+            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.8) or (
+                ["negative-check"] if isinstance(tag, str) and tag.startswith("neg") else [])
             if tag not in KNOWN_TAGS and close:
                 self.warn(self._at("tags", index), f"tag {tag!r} is not one `quantgate pipeline` acts on; did you "
                           f"mean {close[0]!r}? (it acts on {', '.join(KNOWN_TAGS)}; other tags are labels only)")

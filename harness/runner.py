@@ -636,7 +636,9 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     config = item.config
     run_dir = options.output_dir / config.name
     record = RunRecord(name=config.name, verdict=ERROR, reason="", config=_config_summary(config, item.model, run_dir),
-                       versions=harness_versions(), started_at=now_iso())
+                       versions=harness_versions(), started_at=now_iso(),
+                       # Known before the server starts: `repro` of a run that never evaluated needs it too.
+                       evaluation={"limit": options.limit if options.limit is not None else config.num_questions})
     started = time.monotonic()
     server: Server | None = None
     outcome: EvalOutcome | None = None

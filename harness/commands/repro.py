@@ -20,7 +20,7 @@ from typing import Any
 from ..backends import ENGINES
 from ..config import LIST_SUFFIX, EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
-from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SERVER_LOG, load_result
+from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SAMPLES_FILE, SERVER_LOG, load_result
 from ..expect import implied_by_server_args
 from ..runner import (DEFAULT_OUTPUT_DIR, OutputDirUnwritable, PlanError, PlannedConfig, RunOptions, eval_settings,
                       local_gpus, output_dir_lock, plan, unmet_requirements)
@@ -91,6 +91,10 @@ def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
     and the engine and question limit it ran with; None (after saying why) when that config is
     not here."""
     result = given / RESULT_FILE if given.is_dir() else given
+    if given.is_dir() and not result.is_file() and any((given / name).exists() for name in (SERVER_LOG, SAMPLES_FILE)):
+        print(f"error: {given} is a run folder without its result.json (a skipped or not-started config's): nothing "
+              "says which config it ran; repro the config file", file=sys.stderr)
+        return None
     if given.suffix in (".yaml", ".yml", LIST_SUFFIX) or not result.is_file():
         return given, {}
     try:
@@ -102,12 +106,15 @@ def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
     ran = {"engine": config.get("engine"), "limit": (data.get("evaluation") or {}).get("limit")}
     if not path.is_file():
         print(f"error: {result} is the result of a run ({data.get('verdict')}) of {path}, which is not on this "
-              f"machine: run `quantgate repro` on that file in your checkout with --engine {ran['engine']}"
+              "machine: run `quantgate repro` on that file in your checkout"
+              + (f" with --engine {ran['engine']}" if ran["engine"] else "")
               + (f" --limit {ran['limit']}" if ran["limit"] is not None else ""), file=sys.stderr)
         return None
     changed = "" if config.get("sha256") == _sha256(path) else " (the file has changed since that run: its sha256 differs)"
-    print(f"# reproducing {path}, the config of the run in {result.parent}{changed}, as that run ran it: engine "
-          f"{ran['engine']}" + (f", {ran['limit']} questions" if ran["limit"] is not None else ""))
+    how = [f"engine {ran['engine']}"] if ran["engine"] else []
+    how += [f"{ran['limit']} questions"] if ran["limit"] is not None else []
+    print(f"# reproducing {path}, the config of the run in {result.parent}{changed}"
+          + (f", as that run ran it: {', '.join(how)}" if how else ""))
     return path, {k: v for k, v in ran.items() if v is not None}
 
 

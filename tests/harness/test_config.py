@@ -615,3 +615,5 @@ def test_tags_read_as_the_tiers_read_them_and_near_misses_are_warned(tmp_path: P
 def test_labels_that_only_resemble_a_tier_tag_are_quiet(tmp_path: Path) -> None:
     assert not inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n"
                                               "tags: [nightly-h100, demo, nightly]\n")).warnings
+    [warning] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [neg-check]\n")).warnings
+    assert "did you mean 'negative-check'" in warning.message

@@ -207,3 +207,20 @@ def test_calibrate_holds_its_output_directory_like_run(tmp_path: Path, gsm8k_dir
     (out_dir / "junit.xml").write_text("<testsuites/>")
     assert cli(["calibrate", str(config), "--runs", "2", "--limit", "4", "--output-dir", str(out_dir)]) == 0
     assert (out_dir / "junit.xml").read_text() == "<testsuites/>"
+
+
+def test_repro_of_a_run_that_never_evaluated_keeps_its_limit(tmp_path: Path, gsm8k_dir: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The question count was recorded only once the server was up: a server that did not start
+    (the failure most worth reproducing) lost it."""
+    config = write_config(tmp_path, "nostart", gsm8k_dir, {"exit_during_startup": 0.1}, num_questions=6)
+    assert cli(["run", str(config), "--limit", "3", "--output-dir", str(tmp_path / "o")]) == 2
+    capsys.readouterr()
+    assert cli(["repro", str(tmp_path / "o" / "nostart"), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "as that run ran it: engine vllm, 3 questions" in output
+    evaluation = shlex.split(_lines_after(output, "#    with the config's local dataset"))
+    assert evaluation[evaluation.index("--limit") + 1] == "3"
+    (tmp_path / "o" / "nostart" / "result.json").unlink()  # as for a skipped config's folder
+    assert cli(["repro", str(tmp_path / "o" / "nostart")]) == 3
+    assert "a run folder without its result.json" in capsys.readouterr().err
