@@ -160,12 +160,11 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
                 f"{len(prompt)} tokens, which leaves none for the completion. Reduce the length of the prompt.")
-        if len(prompt) + max(max_tokens, 1) > self.max_model_len:
-            extra = "; a request keeps room for one token after the prompt, even with max_tokens 0" if max_tokens < 1 else ""
+        if len(prompt) + max_tokens > self.max_model_len:  # max_tokens 0 (scoring) needs only the prompt to fit
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the prompt, {max_tokens} for the "
-                f"completion{extra}). Reduce the length of the prompt or max_tokens."
+                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the "
+                f"completion). Reduce the length of the prompt or max_tokens."
             )
         return max_tokens
 

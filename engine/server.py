@@ -204,13 +204,12 @@ class OpenAIServer:
                 "--max-model-len).", param=param, code="context_length_exceeded")
         if max_tokens is None:
             max_tokens = limit - len(ids)
-        if len(ids) + max(max_tokens, 1) > limit:  # the engine keeps one position even for max_tokens 0
-            extra = "" if max_tokens else "; a request keeps room for one token after the prompt, even with max_tokens 0"
+        if len(ids) + max_tokens > limit:  # max_tokens 0 (scoring) needs only the prompt to fit
             raise APIError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(ids) + max(max_tokens, 1)} tokens ({len(ids)} in the prompt, {max_tokens} for the "
-                f"completion{extra}). Reduce the length of the prompt or max_tokens (or restart the server with a "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                "completion). Reduce the length of the prompt or max_tokens (or restart the server with a "
                 "larger --max-model-len).", param=param, code="context_length_exceeded")
         return _Job(request_id, index, text, ids, params(max_tokens))
 

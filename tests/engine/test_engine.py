@@ -96,11 +96,13 @@ def test_prompt_logprobs_of_prompts_prefilled_together_with_decodes_are_each_the
             assert lp == pytest.approx(lp_ref, abs=1e-5) and list(top) == list(top_ref)
 
 
-def test_max_tokens_zero_returns_only_prompt_logprobs(dense_engine):
-    dense_engine.add_request("echo", [1, 2, 3, 4], SamplingParams(max_tokens=0, logprobs=1, prompt_logprobs=True))
+@pytest.mark.parametrize("length", [4, 256])  # 256: the whole context (max_model_len), as a scoring call may send
+def test_max_tokens_zero_returns_only_prompt_logprobs(dense_engine, length):
+    dense_engine.add_request("echo", [1, 2, 3, 4] * (length // 4), SamplingParams(max_tokens=0, logprobs=1,
+                                                                                   prompt_logprobs=True))
     (out,) = run_to_completion(dense_engine)["echo"]
     assert out.finished and out.finish_reason == "length" and out.new_token_ids == []
-    assert len(out.prompt_logprobs) == 4
+    assert len(out.prompt_logprobs) == length
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(dense_engine, seed):
@@ -162,7 +164,7 @@ def test_abort_frees_the_slot(dense_engine):
 
 @pytest.mark.parametrize("prompt,params,message", [
     ([1] * 250, _greedy(10), "maximum context length is 256 tokens"),
-    ([1] * 256, _greedy(0), r"you requested 257 tokens \(256 in the prompt, 0 for the completion; a request keeps room"),
+    ([1] * 257, _greedy(0), r"you requested 257 tokens \(257 in the prompt, 0 for the completion\)"),
     ([1] * 262, SamplingParams(max_tokens=None, temperature=0), "your prompt has 262 tokens, which leaves none for the completion"),
     ([], _greedy(), "prompt is empty"),
     ([1, 10**6], _greedy(), "token id 1000000 is out of range"),

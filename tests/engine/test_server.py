@@ -251,16 +251,17 @@ def test_echo_with_max_tokens_0_returns_the_scored_prompt_and_generates_nothing(
     assert choice["logprobs"]["tokens"] == first["logprobs"]["tokens"]
 
 
-def test_max_tokens_0_needs_echo_and_room_for_one_token(client: TestClient) -> None:
+def test_max_tokens_0_needs_echo_and_only_the_prompt_to_fit(client: TestClient) -> None:
     refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
     assert "max_tokens 0 needs echo: true" in refused.json()["error"]["message"]
-    full = client.post("/v1/completions", json={"prompt": [5] * MAX_MODEL_LEN, "max_tokens": 0, "echo": True})
-    assert full.status_code == 400
-    assert (f"you requested {MAX_MODEL_LEN + 1} tokens ({MAX_MODEL_LEN} in the prompt, 0 for the completion; a "
-            "request keeps room for one token") in full.json()["error"]["message"]
-    fits = complete(client, prompt=[5] * (MAX_MODEL_LEN - 1), max_tokens=0, echo=True)
-    assert fits["usage"]["completion_tokens"] == 0
+    full = complete(client, prompt=[5] * MAX_MODEL_LEN, max_tokens=0, echo=True, logprobs=1)
+    assert full["usage"] == {"prompt_tokens": MAX_MODEL_LEN, "completion_tokens": 0, "total_tokens": MAX_MODEL_LEN}
+    assert len(full["choices"][0]["logprobs"]["token_logprobs"]) == MAX_MODEL_LEN
+    over = client.post("/v1/completions", json={"prompt": [5] * (MAX_MODEL_LEN + 1), "max_tokens": 0, "echo": True})
+    assert over.status_code == 400
+    assert (f"you requested {MAX_MODEL_LEN + 1} tokens ({MAX_MODEL_LEN + 1} in the prompt, 0 for the completion)"
+            in over.json()["error"]["message"])
 
 
 # ---- chat -------------------------------------------------------------------------------------------
