@@ -130,8 +130,9 @@ _REFERENCE_MODES = ("relative", "hypothesis", "wilson")  # the modes that gate a
 def _with_other_metrics(config: EvalConfig, metrics: Mapping[str, Any], gated: Result) -> Result:
     """vLLM's gen-1 test gates every metric its file lists and passes only if all pass: each of
     `config.other_references` is gated by the same mode against its own value. The numbers stay
-    the gated metric's (the measured value and threshold a summary shows), with `other_metrics`
-    holding each other metric's, and the explanation gives every metric's arithmetic."""
+    the gated metric's, with `other_metrics` holding each other metric's and `failed_metrics`
+    naming those that failed (a summary shows the first), and the explanation gives every
+    metric's arithmetic."""
     passed, numbers, text = gated
     gate = config.gate
     failed = [] if passed else [config.metric]
@@ -151,7 +152,7 @@ def _with_other_metrics(config: EvalConfig, metrics: Mapping[str, Any], gated: R
         failed += [] if ok else [name]
     verdict = "PASS" if not failed else f"FAIL ({', '.join(failed)})"
     lines.append(f"every listed metric must pass, as in vLLM's gen-1 test: {verdict}")
-    return not failed, {**numbers, "other_metrics": others}, "\n".join(lines)
+    return not failed, {**numbers, "other_metrics": others, "failed_metrics": failed}, "\n".join(lines)
 
 
 def absolute(measured: float, accuracy_threshold: float, tolerance: float) -> Result:

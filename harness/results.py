@@ -296,26 +296,57 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
         data = rec.to_dict() if isinstance(rec, RunRecord) else rec
         metrics, gate = data.get("metrics") or {}, data.get("gate") or {}
         expect = data.get("expect") or {}
+        metric, measured, threshold = _shown_comparison(metrics, gate)
         rows.append({
             "config": data["name"],
             "verdict": data["verdict"],
-            "metric": metrics.get("metric") or gate.get("metric"),
-            "measured": metrics.get("value") if metrics.get("complete", True) else None,  # partial: no score
-            # On the measured scale (wilson's lower bound and recovery's ratio have their own), so
-            # that measured vs threshold in this table never contradicts the verdict.
-            "threshold": gate["measured_threshold"] if "measured_threshold" in gate else gate.get("threshold"),
+            "metric": metric,
+            "measured": measured,
+            "threshold": threshold,
             "gate": gate.get("mode"),
             "n": metrics.get("n"),
             "invalid_rate": metrics.get("invalid_rate"),
             "kernels": "ok" if expect.get("passed") else ("MISMATCH" if expect else "-"),
+            "failed_on": _failed_on(data["verdict"], gate, expect),
             "total_s": (data.get("timings") or {}).get("total_s"),
             "reason": data.get("reason", ""),
         })
     frame = pd.DataFrame(rows, columns=["config", "verdict", "metric", "measured", "threshold", "gate", "n",
-                                        "invalid_rate", "kernels", "total_s", "reason"])
+                                        "invalid_rate", "kernels", "failed_on", "total_s", "reason"])
     # A count stays an integer when a row has none (an ERROR): pandas would make the column float.
     frame["n"] = pd.array([_count(v) for v in frame["n"]], dtype="Int64")
     return frame
+
+
+def _shown_comparison(metrics: dict[str, Any], gate: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The metric, measured value and threshold of a row: the gated metric's, or, when only a
+    gen-1 file's other listed metric failed, the first failing one's, so that measured vs
+    threshold never contradicts the verdict. Thresholds are on the measured scale (wilson's lower
+    bound and recovery's ratio have their own)."""
+    def threshold_of(numbers: dict[str, Any]) -> Any:
+        return numbers["measured_threshold"] if "measured_threshold" in numbers else numbers.get("threshold")
+
+    gated = metrics.get("metric") or gate.get("metric")
+    other = next((o for o in gate.get("other_metrics") or [] if o.get("passed") is False), None)
+    if other is not None and gated not in (gate.get("failed_metrics") or ()):  # absent from older result.json
+        return other["metric"], other.get("measured"), threshold_of(other)
+    measured = metrics.get("value") if metrics.get("complete", True) else None  # partial: no score
+    return gated, measured, threshold_of(gate)
+
+
+def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> str:
+    """What a FAIL rests on, in a few words: the metrics that failed, an invalid rate above its
+    maximum, the kernel check; empty for a PASS or an ERROR (the reason says why)."""
+    if verdict != "FAIL":
+        return ""
+    accuracy_failed = gate.get("accuracy_passed", gate.get("passed")) is False  # the key exists with max_invalid_rate
+    failed = gate.get("failed_metrics") or [o["metric"] for o in gate.get("other_metrics") or [] if o.get("passed") is False]
+    causes = list(failed or [gate.get("metric") or "accuracy"]) if accuracy_failed else []
+    if gate.get("invalid_rate_passed") is False:
+        causes.append(f"invalid_rate > {gate['max_invalid_rate']:g}")
+    if expect and expect.get("passed") is False:
+        causes.append("kernels")
+    return ", ".join(causes)
 
 
 def _count(value: Any) -> int | None:

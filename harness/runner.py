@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
                            TimeElapsedColumn)
 from rich.table import Table
@@ -172,7 +173,7 @@ class Display:
         self.console.print(text, markup=False, soft_wrap=True)
 
     def config_start(self, index: int, total: int, config: EvalConfig) -> None:
-        self.console.rule(f"[{index}/{total}] {config.name} ({config.engine})", style="dim")
+        self.console.rule(escape(f"[{index}/{total}] {config.name} ({config.engine})"), style="dim")
 
     def _bar(self, description: str, total: float | None) -> None:
         if not self.console.is_terminal:
@@ -215,7 +216,7 @@ class Display:
         self.stop_live()
         style = {PASS: "green", FAIL: "red", ERROR: "yellow"}.get(record.verdict, "")
         total = record.timings.get("total_s") or 0.0
-        self.console.print(f"  [bold {style}]{record.verdict}[/] {record.name} ({total:.1f} s): ", end="")
+        self.console.print(f"  [bold {style}]{record.verdict}[/] {escape(record.name)} ({total:.1f} s): ", end="")
         self.console.print(record.reason, markup=False, soft_wrap=True)
         if record.gate and record.gate.get("explanation"):
             self.console.print("  " + record.gate["explanation"].replace("\n", "\n  "), markup=False, style="dim")
@@ -233,7 +234,7 @@ class Display:
         colors = {PASS: "green", FAIL: "red", ERROR: "yellow"}
         columns = list(frame.columns)
         for row in frame.itertuples(index=False):
-            cells = [_cell(v) for v in row]
+            cells = [escape(_cell(v)) for v in row]  # a config named qwen3[fp8] is not markup
             cells[1] = f"[{colors.get(row.verdict, '')}]{row.verdict}[/]"
             if _is_number(row.measured) and _is_number(row.threshold):  # a FAIL never reads 0.7339 vs 0.7339
                 cells[columns.index("measured")], cells[columns.index("threshold")] = shown(row.measured, row.threshold)
@@ -638,7 +639,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
     record = RunRecord(name=config.name, verdict=ERROR, reason="", config=_config_summary(config, item.model, run_dir),
                        versions=harness_versions(), started_at=now_iso(),
                        # Known before the server starts: `repro` of a run that never evaluated needs it too.
-                       evaluation={"limit": options.limit if options.limit is not None else config.num_questions})
+                       evaluation=_planned_evaluation(config, options))
     started = time.monotonic()
     server: Server | None = None
     outcome: EvalOutcome | None = None
@@ -854,12 +855,15 @@ def _comparison(mode: str, numbers: dict[str, Any], metric: Any) -> str:
 
 def _gate_line(gate: GateOutcome) -> str:
     """What the gate actually compared, in one line (the whole arithmetic is in the explanation):
-    a line naming a number the verdict did not rest on would contradict it; so do a gen-1 file's
-    other listed metrics that failed (`other_metrics`), which the line adds."""
+    a line naming a number the verdict did not rest on would contradict it. For a gen-1 file it
+    names the listed metrics that failed (`failed_metrics`)."""
     numbers = gate.numbers
-    line = "; ".join([_comparison(gate.mode, numbers, numbers.get("metric")),
-                      *(_comparison(gate.mode, other, other["metric"]) for other in numbers.get("other_metrics", [])
-                        if not other["passed"])])
+    failed = numbers.get("failed_metrics") or []
+    others = [_comparison(gate.mode, other, other["metric"]) for other in numbers.get("other_metrics", [])
+              if other["metric"] in failed]
+    # The gated metric's comparison unless it passed and another listed metric failed.
+    primary = [] if others and numbers.get("metric") not in failed else [_comparison(gate.mode, numbers, numbers.get("metric"))]
+    line = "; ".join(primary + others)
     if numbers.get("invalid_rate_passed") is False:
         rate, most = shown(numbers["invalid_rate"], numbers["max_invalid_rate"])
         invalid = f"invalid_rate {rate} > max_invalid_rate {most}"
@@ -1026,12 +1030,17 @@ def output_dir_lock(options: RunOptions, clear_summaries: bool = False) -> Itera
         yield
 
 
+def _planned_evaluation(config: EvalConfig, options: RunOptions) -> dict[str, Any]:
+    """What a run would evaluate, recorded before it does (`repro` reads it from a run that never got there)."""
+    return {"limit": options.limit if options.limit is not None else config.num_questions}
+
+
 def _not_started(item: PlannedConfig, options: RunOptions, signal_name: str) -> RunRecord:
     run_dir = options.output_dir / item.config.name
     record = RunRecord(name=item.config.name, verdict=ERROR, reason=f"not started: the run was interrupted by "
                        f"{signal_name}", config=_config_summary(item.config, item.model, run_dir),
                        versions=harness_versions(), interrupted=signal_name, started_at=now_iso(),
-                       finished_at=now_iso(), timings={"total_s": 0.0})
+                       finished_at=now_iso(), timings={"total_s": 0.0}, evaluation=_planned_evaluation(item.config, options))
     with contextlib.suppress(OSError):  # an earlier run's samples and logs are not this record's
         _remove_stale_artifacts(run_dir)
     with contextlib.suppress(OSError):  # junit.xml and summary.md still carry it

@@ -79,7 +79,7 @@ def trend_figure(frame):
 
     timed = frame.assign(when=pd.to_datetime(frame["started_at"], errors="coerce", utc=True)).dropna(subset=["when"])
     data = timed.dropna(subset=["measured"])
-    errors = timed[timed["verdict"] == "ERROR"]
+    errors = timed[(timed["verdict"] == "ERROR") & timed["measured"].isna()]  # one that measured is an orange point
     colors = {"PASS": "tab:green", "FAIL": "tab:red", "ERROR": "tab:orange"}
     names = sorted(set(data["config"]))
     looks = [(color, style) for style in _LINE_STYLES for color in matplotlib.colormaps["tab20"].colors]
@@ -106,6 +106,11 @@ def trend_figure(frame):
         ax.scatter(errors["when"], [0.03] * len(errors), transform=on_time_axis, marker="x", s=60,
                    color=[look.get(name, ("gray",))[0] for name in errors["config"]], zorder=3, clip_on=False,
                    label=error_label)
+        # The blended transform does not widen the time axis, and a night that broke after the
+        # last measurement (or every run an ERROR) must still lie on it.
+        span = pd.concat([data["when"], errors["when"]])
+        pad = max((span.max() - span.min()) * 0.05, pd.Timedelta(hours=12))
+        ax.set_xlim(span.min() - pad, span.max() + pad)
     ax.set_ylabel("measured (gated metric)")
     ax.set_title("quantgate: measured accuracy per config over time\n(dashed: gate threshold; x at the foot: an ERROR, "
                  "in its config's colour)", fontsize="medium")

@@ -228,3 +228,20 @@ def test_report_and_compare_refuse_a_result_json_of_the_wrong_shape_by_name(
     assert "| good " in captured.out and "| bad " not in captured.out  # the others are still reported
     assert cli(["compare", str(good), str(bad)]) == 3
     assert f"error: candidate {bad}: {message}" in capsys.readouterr().err
+
+
+def test_trend_chart_keeps_an_error_after_the_last_measurement_on_the_axis() -> None:
+    """The ERROR cross is drawn in axes coordinates vertically, which does not widen the time axis:
+    the usual broken night, after the last measurement, fell off the chart."""
+    import matplotlib.dates as mdates
+
+    def result(verdict: str, day: int, value: float | None) -> dict:
+        return {"schema_version": 1, "name": "nightly-a", "verdict": verdict, "reason": "", "path": str(day),
+                "started_at": f"2026-11-{day:02d}T00:00:00+00:00", "config": {"engine": "builtin"},
+                "metrics": {"value": value, "metric": "m", "n": 100}, "gate": {"mode": "absolute", "threshold": 0.7}}
+
+    for results in ([result("PASS", 1, 0.8), result("PASS", 2, 0.81), result("ERROR", 10, None)],
+                    [result("ERROR", 3, None), result("ERROR", 10, None)]):
+        low, high = trend_figure(report_frame(results)).axes[0].get_xlim()
+        for day in (3, 10):
+            assert low < mdates.date2num(pd.Timestamp(f"2026-11-{day:02d}", tz="UTC")) < high

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -140,6 +141,10 @@ def test_a_config_never_started_writes_the_full_shape(tmp_path: Path, gsm8k_dir:
     _assert_full_error_shape(data, server_started=False)
     assert set(data["server"]) >= {"command", "startup_s", "exit_status", "log"}
     assert set(data["server"].values()) == {None}
+    # `repro` of this run reads the questions it was to evaluate from here (it had read the config's count).
+    assert data["evaluation"] == {"limit": items[0].config.num_questions}
+    again = _not_started(items[0], dataclasses.replace(options, limit=7), "SIGTERM")
+    assert again.evaluation == {"limit": 7}
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -324,3 +329,37 @@ def test_summary_threshold_is_on_the_measured_scale(tmp_path: Path) -> None:
     assert frame.loc["w", "verdict"] == "FAIL" and frame.loc["w", "measured"] < frame.loc["w", "threshold"]
     assert frame.loc["w", "threshold"] == pytest.approx(records[0].gate["measured_threshold"])
     assert frame.loc["a", "threshold"] == pytest.approx(0.72)
+
+
+def test_summary_row_shows_what_a_fail_rests_on(tmp_path: Path) -> None:
+    """A gen-1 FAIL on its other listed metric, and an invalid-rate FAIL, read as passes when the
+    row showed the gated metric's passing comparison and nothing named the cause."""
+    (tmp_path / "g.yaml").write_text("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', "
+                                     "value: 0.8}\n  - {name: 'exact_match,flexible-extract', value: 0.99}\n")
+    (tmp_path / "i.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\ngate: {mode: absolute, "
+                                     "max_invalid_rate: 0.2}\n")
+    runs = (("other", "g", {"value": 0.825, "strict_match": 0.825, "flexible_extract": 0.825, "n": 40}),
+            ("both", "g", {"value": 0.5, "strict_match": 0.5, "flexible_extract": 0.825, "n": 40}),
+            ("passes", "g", {"value": 0.825, "strict_match": 0.825, "flexible_extract": 0.99, "n": 40}),
+            ("invalid", "i", {"value": 0.675, "n": 40, "invalid_rate": 0.3}))
+    records = []
+    for name, file, metrics in runs:
+        gate = evaluate_gate(load_config(tmp_path / f"{file}.yaml"), metrics)
+        records.append(RunRecord(name=name, verdict="PASS" if gate.passed else "FAIL", reason="", config={},
+                                 metrics={"metric": "exact_match,strict-match", **metrics}, gate=gate.to_dict()))
+    frame = summary_frame(records).set_index("config")
+    row = frame.loc["other"]
+    assert (row["verdict"], row["metric"], row["failed_on"]) == ("FAIL", "exact_match,flexible-extract",
+                                                                  "exact_match,flexible-extract")
+    assert row["measured"] == 0.825 and row["threshold"] == pytest.approx(0.99 * 0.92)
+    row = frame.loc["both"]
+    assert row["metric"] == "exact_match,strict-match" and row["measured"] < row["threshold"]
+    assert row["failed_on"] == "exact_match,strict-match, exact_match,flexible-extract"
+    assert frame.loc["passes", "verdict"] == "PASS" and frame.loc["passes", "failed_on"] == ""
+    row = frame.loc["invalid"]
+    assert (row["verdict"], row["measured"], row["failed_on"]) == ("FAIL", 0.675, "invalid_rate > 0.2")
+    # result.json written before `failed_metrics` existed: the failing other metric is still the one shown.
+    old = records[0].to_dict()
+    del old["gate"]["failed_metrics"]
+    row = summary_frame([old]).iloc[0]
+    assert (row["metric"], row["failed_on"]) == ("exact_match,flexible-extract", "exact_match,flexible-extract")

@@ -645,9 +645,35 @@ def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
     # A gen-1 file gates every metric it lists: a failing other one is named, or the line reads as a PASS.
     gen1 = gate_config(tmp_path, "tasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', value: 0.5}\n"
                                  "  - {name: 'exact_match,flexible-extract', value: 1.0}\nrtol: 0.01\n")
-    both = evaluate_gate(gen1, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
-    assert _gate_line(both) == ("exact_match,strict-match 0.6000 vs threshold 0.4950; "
+    # The passing gated metric is left out: "strict-match 0.6000 vs threshold 0.4950" first read as a PASS.
+    other = evaluate_gate(gen1, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
+    assert _gate_line(other) == "exact_match,flexible-extract 0.9500 vs threshold 0.9900"
+    both = evaluate_gate(gen1, {"value": 0.4, "strict_match": 0.4, "flexible_extract": 0.95, "n": 20})
+    assert _gate_line(both) == ("exact_match,strict-match 0.4000 vs threshold 0.4950; "
                                 "exact_match,flexible-extract 0.9500 vs threshold 0.9900")
+    gated = evaluate_gate(gen1, {"value": 0.4, "strict_match": 0.4, "flexible_extract": 0.995, "n": 20})
+    assert _gate_line(gated) == "exact_match,strict-match 0.4000 vs threshold 0.4950"
+
+
+def test_console_shows_config_names_that_look_like_markup() -> None:
+    """rich read `qwen3[fp8]` as a style tag and printed `qwen3`."""
+    import io
+
+    from rich.console import Console
+
+    from quantgate.harness.results import RunRecord
+    from quantgate.harness.runner import Display
+
+    sink = io.StringIO()
+    display = Display(Console(file=sink, width=200))
+    display.config_start(1, 2, SimpleNamespace(name="qwen3[fp8]", engine="vllm"))
+    record = RunRecord(name="qwen3[fp8]", verdict="FAIL", reason="[red]r", config={"engine": "builtin"},
+                       timings={"total_s": 1.0})
+    display.verdict(record)
+    display.summary([record])
+    output = sink.getvalue()
+    assert "[1/2] qwen3[fp8] (vllm)" in output and output.count("qwen3[fp8]") == 3, output
+    assert "[red]r" in output
 
 
 def test_gate_line_and_summary_table_tell_apart_what_rounds_alike(tmp_path: Path) -> None:
