@@ -36,6 +36,8 @@ GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
 # Tags `quantgate pipeline` acts on (the nightly tier runs every config, whatever its tags).
 KNOWN_TAGS = ("pr", "release", "negative-check")
 STATISTICAL_GATES: tuple[str, ...] = ("hypothesis", "wilson", "paired")
+# The modes that gate against reference values: they alone gate a gen-1 file's listed metrics.
+REFERENCE_MODES: tuple[str, ...] = ("relative", "hypothesis", "wilson")
 DEFAULT_METRIC = "exact_match,strict-match"
 CONFIG_SUFFIXES = (".yaml", ".yml")
 LIST_SUFFIX = ".txt"
@@ -312,6 +314,9 @@ _VLLM_ONLY_KEYS = {
 }
 _OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra", "other_references"}
 _GATE_ONLY_KEYS = set(GateSpec.model_fields) - _OWN_KEYS  # alpha, beta, recovery ...: read under gate: only
+# What a mode that reads no reference value compares the gated metric with.
+_COMPARED_WITH = {"absolute": "accuracy_threshold - tolerance", "paired": "baseline {baseline}'s answers, question "
+                  "by question", "recovery": "baseline {baseline}'s measured value"}
 _GATE_KEYS_READ: dict[str, set[str]] = {  # per mode, besides max_invalid_rate, which every mode reads
     "absolute": set(), "relative": {"rtol"}, "hypothesis": {"alpha", "beta"}, "wilson": {"alpha", "rtol"},
     "paired": {"alpha"}, "recovery": {"recovery"},
@@ -370,6 +375,7 @@ class _Loader:
         self.data: dict[str, Any] = doc.data
         self.origin: dict[str, KeyPath] = {}  # EvalConfig field -> YAML key path it came from
         self.arg_origin: dict[int, KeyPath] = {}  # server_args index -> the option key that added it
+        self.listed: dict[str, Any] = {}  # a gen-1 file's tasks[0].metrics: name -> value, in file order
 
     def error(self, key_path: KeyPath, message: str, *, value: bool = False) -> None:
         line = self.doc.value_line(key_path) if value else self.doc.line(key_path)
@@ -477,6 +483,7 @@ class _Loader:
             values[metric["name"]] = (i, metric["value"])
         if not values:
             return
+        self.listed = {name: value for name, (_, value) in values.items()}
         gated = out.get("metric", DEFAULT_METRIC)
         if "reference" not in self.data:  # an explicit reference: wins over the gated metric's listed value
             if gated not in values:
@@ -667,14 +674,14 @@ class _Loader:
                       "to run this command, or remove it")
 
     def _check_parallel_gpus(self, config: EvalConfig) -> None:
-        """A vLLM server of tensor/pipeline parallelism N needs N GPUs: `quantgate pipeline` asks
-        for them, but `quantgate run` checks the machine against requires: alone."""
+        """A vLLM server of tensor x pipeline x data parallelism N needs N GPUs: `quantgate
+        pipeline` asks for them, but `quantgate run` checks the machine against requires: alone."""
         needed = parallel_gpus(config.server_args)
         if config.engine != "vllm" or needed <= max(config.requires.gpus, 1):
             return
         sizes = _parallel_sizes(config.server_args)
-        runs = (f"server_args run vLLM on {needed} GPUs (tensor parallel {sizes.get('tp', (1, 0))[0]} x pipeline "
-                f"parallel {sizes.get('pp', (1, 0))[0]})")
+        product = " x ".join(f"{name} {sizes.get(kind, (1, 0))[0]}" for kind, name in _PARALLEL_NAMES.items())
+        runs = f"server_args run vLLM on {needed} GPUs ({product})"
         fix = f"`quantgate run` would start it on a machine with fewer; set requires: {{gpus: {needed}}}"
         requires = self.data.get("requires")
         if isinstance(requires, dict) and "gpus" in requires:
@@ -729,6 +736,7 @@ class _Loader:
         if mode in ("paired", "recovery") and config.baseline is None:
             self.error(where, f"mode {mode} needs baseline: the config name or results file to compare against")
         self._warn_gate_cannot_decide(config, mode)
+        self._warn_listed_values_unread(config, mode)
         if isinstance(given, dict):
             for key in sorted(set(given) - {"mode", "max_invalid_rate"} - _GATE_KEYS_READ[mode]):
                 self.warn(["gate", key], f"not read by mode {mode} (it reads "
@@ -745,6 +753,23 @@ class _Loader:
             self.error(self._at("tags"), f"a config tagged release needs a statistical gate "
                        f"({', '.join(STATISTICAL_GATES)}), not {mode}: a release verdict must account for noise")
         return config.gate.model_copy(update={"mode": mode})
+
+    def _warn_listed_values_unread(self, config: EvalConfig, mode: str) -> None:
+        """A gen-1 file's tasks[0].metrics values are what vLLM's test gates every listed metric
+        against; only the reference modes read them, so under any other mode the file looks
+        gated against values nothing reads, and its other listed metrics are not gated at all."""
+        if not self.listed or mode in REFERENCE_MODES:
+            return
+        values = ", ".join(f"{name} {value}" for name, value in self.listed.items())
+        others = [name for name in self.listed if name != config.metric]
+        lost = f", so {' and '.join(others)} {'is' if len(others) == 1 else 'are'} not gated at all" if others else ""
+        own = "".join(f" and gate {name} in a config of its own (metric: {name!r})" for name in others)
+        modes = f"{', '.join(REFERENCE_MODES[:-1])} and {REFERENCE_MODES[-1]}"
+        compared = _COMPARED_WITH[mode].format(baseline=config.baseline)
+        self.warn(["tasks", 0, "metrics"], f"gate {mode} reads none of the values listed here ({values}): it "
+                  f"compares {config.metric} with {compared}{lost}; vLLM's gen-1 test gates every listed metric "
+                  f"against its value, as quantgate does only in modes {modes}: set gate: {{mode: relative}} (vLLM's "
+                  f"own) to gate them, or keep gate {mode}, remove tasks[0].metrics{own}")
 
     def _warn_gate_cannot_decide(self, config: EvalConfig, mode: str) -> None:
         """Gates whose inputs leave nothing to measure: valid, so a warning, but never intended."""
@@ -899,19 +924,22 @@ def builtin_flags_problem(config: EvalConfig) -> str | None:
     return f"quantgate serve (engine builtin) refuses these flags: {problem}" if problem else None
 
 
-# vLLM's spellings of the sizes whose product is the GPUs one server uses (data parallelism
-# aside, which can span nodes).
-_PARALLEL_FLAGS = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
+# vLLM's spellings (vllm/engine/arg_utils.py) of the sizes whose product is the GPUs one server
+# uses: each data parallel replica is a whole tensor x pipeline parallel group of its own.
+_PARALLEL_FLAGS = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
+                   "--data-parallel-size": "dp", "-dp": "dp"}
+# How lint names each size (`_check_parallel_gpus`), in the order of the product.
+_PARALLEL_NAMES = {"tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parallel"}
 
 
 def parallel_gpus(args: Sequence[str]) -> int:
     """The GPUs a vLLM server started with `args` uses: --tensor-parallel-size (-tp) times
-    --pipeline-parallel-size (-pp); 1 without them."""
+    --pipeline-parallel-size (-pp) times --data-parallel-size (-dp); 1 without them."""
     return math.prod(size for size, _ in _parallel_sizes(args).values())
 
 
 def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """tp and pp -> (size, index of its flag in `args`), the last of each as argparse keeps it.
+    """tp, pp and dp -> (size, index of its flag in `args`), the last of each as argparse keeps it.
     A value that is no positive integer counts as 1: the server refuses it."""
     sizes: dict[str, tuple[int, int]] = {}
     for i, arg in enumerate(args):

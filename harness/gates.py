@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from .config import REPORTED_METRICS, EvalConfig
+from .config import REFERENCE_MODES, REPORTED_METRICS, EvalConfig
 
 # Float rounding of threshold arithmetic (0.80 - 0.08 = 0.7200000000000001) is not a failure.
 EPSILON = 1e-12
@@ -105,7 +105,7 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
             check_same_test_data(mode, dataset, baseline)
     else:  # pragma: no cover - GateSpec.mode is a Literal
         raise ValueError(f"unknown gate mode {mode!r}")
-    if config.other_references and mode in _REFERENCE_MODES:
+    if config.other_references and mode in REFERENCE_MODES:
         passed, numbers, text = _with_other_metrics(config, metrics, (passed, numbers, text))
     numbers = {"metric": config.metric, **numbers}
     if gate.max_invalid_rate is not None:
@@ -124,7 +124,6 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
 # The six modes, each (passed, numbers, explanation) from plain numbers.
 
 Result = tuple[bool, dict[str, Any], str]
-_REFERENCE_MODES = ("relative", "hypothesis", "wilson")  # the modes that gate against reference values
 
 
 def _with_other_metrics(config: EvalConfig, metrics: Mapping[str, Any], gated: Result) -> Result:

@@ -35,6 +35,11 @@ FLASHINFER_MOE_MODES = {
 }
 _FLASHINFER_MODE_VAR = "VLLM_FLASHINFER_MOE_BACKEND"
 _FLASHINFER_DEFAULT_MODE = "latency"  # vLLM's default; see _flashinfer_moe
+# What to do about a flavour vLLM does not know (it accepts only these): no backend is guessed.
+_FLAVOUR_FIX = (f"set {_FLASHINFER_MODE_VAR} to one of {', '.join(FLASHINFER_MOE_MODES)} (the flavour the config "
+                "meant) and migrate again, or name the MoE backend with --moe-backend ("
+                + ", ".join(f"{mode}: {backend}" for mode, backend in FLASHINFER_MOE_MODES.items())
+                + ") and remove the variables")
 _FLASHINFER_SWITCHES = ("VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP16")
 # What can serve a layer type once FlashInfer is ruled out, by switch. vLLM's NVFP4 MoE
 # (NvFp4MoeBackend) has no triton or deep_gemm backend, and DeepGEMM is block-FP8 only.
@@ -62,9 +67,17 @@ class Follows:
     switches: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Unknown:
+    """The value names nothing this table can translate (`VLLM_FLASHINFER_MOE_BACKEND=fast`):
+    left in place and reported with `problem`, never read as some default."""
+
+    problem: str
+
+
 # What one variable stands for: flags to add ([] = drop it, it switches nothing on),
-# Forbids, Follows, or None = no public equivalent (the author must decide; see `advice`).
-Rewrite = list[str] | Forbids | Follows | None
+# Forbids, Follows, Unknown, or None = no public equivalent (the author must decide; see `advice`).
+Rewrite = list[str] | Forbids | Follows | Unknown | None
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,25 @@ def _flashinfer_moe(value: str, env: Mapping[str, str]) -> Rewrite:
     # env_with_choices("VLLM_FLASHINFER_MOE_BACKEND", "latency", ["throughput", "latency",
     # "masked_gemm"]) (its comment calling "throughput" the default is stale), and the newer
     # FlashInferSettings keeps "latency". A switch without the variable ran flashinfer_trtllm.
-    mode = env.get(_FLASHINFER_MODE_VAR, _FLASHINFER_DEFAULT_MODE).strip().lower()
-    return ["--moe-backend", FLASHINFER_MOE_MODES.get(mode, FLASHINFER_MOE_MODES[_FLASHINFER_DEFAULT_MODE])]
+    mode = env.get(_FLASHINFER_MODE_VAR, _FLASHINFER_DEFAULT_MODE)
+    if _flavour(mode) not in FLASHINFER_MOE_MODES:  # vLLM errors on it: there is no flavour to translate
+        return Unknown(f"its flavour {_FLASHINFER_MODE_VAR}={mode!r} is not one vLLM knows, so which FlashInfer MoE "
+                       f"backend it meant cannot be told: {_FLAVOUR_FIX}")
+    return ["--moe-backend", FLASHINFER_MOE_MODES[_flavour(mode)]]
 
 
 def _flashinfer_mode(value: str, env: Mapping[str, str]) -> Rewrite:
     # A flavour chooses nothing by itself: the VLLM_USE_FLASHINFER_MOE_* switch that reads it
     # emits the flag, and the flavour goes with that switch (see `translate`).
+    if _flavour(value) not in FLASHINFER_MOE_MODES:
+        return Unknown(f"{value!r} is not a flavour vLLM knows, so it names no FlashInfer MoE backend: "
+                       f"{_FLAVOUR_FIX}")
     return Follows(_FLASHINFER_SWITCHES)
+
+
+def _flavour(value: str) -> str:
+    # vLLM compares the value exactly; a case or spacing difference still names one flavour.
+    return value.strip().lower()
 
 
 def _deep_gemm(value: str, env: Mapping[str, str]) -> Rewrite:
@@ -179,6 +203,8 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
         rewrite = var.rewrite(plain[name], plain)
         if rewrite is None:
             out.unresolved[name] = var.advice
+        elif isinstance(rewrite, Unknown):
+            out.unresolved[name] = rewrite.problem
         elif isinstance(rewrite, Forbids):
             forbids.append((name, rewrite))
         elif isinstance(rewrite, Follows):

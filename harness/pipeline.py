@@ -12,6 +12,11 @@ One command step per config, grouped per list file. Tiers:
   nightly job is never the only place a crash can show. `select_for_changes` applies the same
   globs locally.
 
+Each step's agent: the `cpu` queue for a config with no `requires:` on the builtin engine; the
+`gpu` queue for any other, tagged with its GPU count (at least the vLLM server's tensor x
+pipeline x data parallel size, and 1 for an `engine: vllm` config that says nothing), device and
+minimum compute capability (`agents_for`).
+
 A config tagged `negative-check` is built to FAIL (e.g. `expect:` names a kernel that does not
 run): its step passes only when the run's verdict is FAIL, so the check it exercises runs in CI
 without turning the build red.
@@ -74,6 +79,10 @@ CI_GLOBS = (".buildkite/**", "Makefile", "constraints.txt", "pyproject.toml")
 BUILTIN_SHARED_GLOBS = ("engine/**", "harness/**", "kernels/*.py", *CI_GLOBS)
 # A vLLM config runs vLLM's kernels, not ours: only the harness that drives it matters.
 VLLM_SHARED_GLOBS = ("harness/**", *CI_GLOBS)
+# Engines whose server needs a GPU on CI (SPEC: `engine: vllm` is for real models on GPU CI), so
+# that a config of theirs with no `requires:` still goes to a GPU agent: on the CPU queue its
+# server would fail to start. Only `builtin` runs on a CPU agent.
+GPU_ENGINES = ("vllm",)
 
 
 @dataclass
@@ -327,11 +336,13 @@ def agents_for(config: EvalConfig) -> dict[str, str]:
     by order, so a minimum compute capability X.Y is the tag `smXY: "true"`, which a GPU agent
     sets for every capability it reaches (an H100 agent: sm80, sm89 and sm90). Without it a
     triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried.
-    The GPU count is at least the server's tensor x pipeline parallel size: a vLLM server of
-    --tensor-parallel-size 8 on fewer GPUs (or on a CPU agent) cannot start."""
+    The GPU count is at least the server's tensor x pipeline x data parallel size: a vLLM server
+    of --tensor-parallel-size 8 on fewer GPUs (or on a CPU agent) cannot start. A config of an
+    engine in GPU_ENGINES gets a GPU agent without any `requires:`: its server needs one."""
     requires = config.requires
     gpus = max(requires.gpus, parallel_gpus(config.server_args))
-    if gpus <= 1 and requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None:
+    if (gpus <= 1 and requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None
+            and config.engine not in GPU_ENGINES):
         return {"queue": "cpu"}
     agents = {"queue": "gpu", "gpus": str(max(gpus, 1))}  # any requires: needs a GPU, as the runner
     if requires.device:

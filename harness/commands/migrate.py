@@ -4,8 +4,9 @@
 appended to `server_args` (string or list form, whichever the file uses); the variable is
 removed, and `env` too once empty. The file is edited as a ruamel.yaml round-trip tree, so
 comments, key order, quoting and indentation stay. Without --write a unified diff is printed;
-running it again changes nothing. Variables with no public equivalent are reported, and
-left for the author (exit 3).
+running it again changes nothing. Variables with no public equivalent, or whose value names
+no backend (a `VLLM_FLASHINFER_MOE_BACKEND` flavour vLLM does not know), are reported, and
+left for the author (exit 3): a backend is never guessed.
 """
 
 from __future__ import annotations

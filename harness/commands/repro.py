@@ -22,6 +22,7 @@ from ..config import LIST_SUFFIX, EvalConfig
 from ..evaluate import lm_eval_command, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SAMPLES_FILE, SERVER_LOG, load_result
 from ..expect import implied_by_server_args
+from ..pipeline import baseline_config
 from ..runner import (DEFAULT_OUTPUT_DIR, OutputDirUnwritable, PlanError, PlannedConfig, RunOptions, eval_settings,
                       local_gpus, output_dir_lock, plan, unmet_requirements)
 from ..server import LaunchedServer, ServerStartError, http_url
@@ -63,6 +64,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
     assert item.command is not None
+    if args.limit is None and _own_limit(limit, [item, *baselines], engine):
+        limit = None  # the run was given no --limit (or one changing nothing): repro gives none either
+        options = dataclasses.replace(options, limit=None)
     port = item.command.preferred_port or DEFAULT_PORT
     item.command = dataclasses.replace(item.command, preferred_port=port)  # --run uses it when it is free
     run_dir = (args.output_dir / item.config.name).resolve()
@@ -116,6 +120,19 @@ def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
     print(f"# reproducing {path}, the config of the run in {result.parent}{changed}"
           + (f", as that run ran it: {', '.join(how)}" if how else ""))
     return path, {k: v for k, v in ran.items() if v is not None}
+
+
+def _own_limit(limit: int | None, planned: list[PlannedConfig], engine: str | None) -> bool:
+    """Whether a run's recorded question limit is what the configs repro plans evaluate without
+    --limit: result.json records a config's num_questions as the limit of a run given none, so
+    `--limit N` would only repeat it. Every config counts, a gate's baseline config too (--limit
+    applies to it, and decides whether its cached result is reused); a baseline results file
+    does not. Only an equal count is left out: another is what the run was given."""
+    if limit is None:
+        return False
+    configs = [item.config for item in planned]
+    configs += [baseline_config(item.config, engine) for item in planned if item.baseline_cached is not None]
+    return all(config.num_questions == limit for config in configs if config is not None)
 
 
 def _sha256(path: Path) -> str:

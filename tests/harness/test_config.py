@@ -540,15 +540,25 @@ def test_gen_prefix_with_chat_completions_is_warned_about(tmp_path: Path) -> Non
     ("server_args: [--max-model-len, '4096', -tp, '2', -pp, '2']\n", 4, "server_args[2]", 4),
     ("tensor_parallel_size: 4\nrequires:\n  device: h100\n", 5, "requires", 4),
     ("tensor_parallel_size: 4\n", 4, "tensor_parallel_size", 4),
+    # data parallelism multiplies: each replica is a tensor x pipeline parallel group
+    ("server_args: -tp 2 --data-parallel-size 2\nrequires: {gpus: 2}\n", 5, "requires.gpus", 4),
+    ("server_args: [--data-parallel-size=2]\n", 4, "server_args[0]", 2),
 ])
 def test_requires_gpus_below_the_parallel_size_is_a_warning(tmp_path: Path, text: str, line: int, field: str,
                                                            needed: int) -> None:
-    """`quantgate run` checks the machine against requires: only; the server needs TP x PP GPUs."""
+    """`quantgate run` checks the machine against requires: only; the server needs TP x PP x DP GPUs."""
     report = inspect_config(write(tmp_path, "engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\n" + text))
     assert report.errors == []
     [warning] = [w for w in report.warnings if "GPUs" in w.message]
     assert (warning.line, warning.field) == (line, field)
     assert f"run vLLM on {needed} GPUs" in warning.message and f"requires: {{gpus: {needed}}}" in warning.message
+
+
+def test_the_parallel_gpus_warning_names_each_size(tmp_path: Path) -> None:
+    text = ("engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\nserver_args: -tp 2 -dp 3\n"
+            "requires: {gpus: 2}\n")
+    [warning] = inspect_config(write(tmp_path, text)).warnings
+    assert "run vLLM on 6 GPUs (tensor parallel 2 x pipeline parallel 1 x data parallel 3)" in warning.message
 
 
 def test_requires_gpus_that_cover_the_parallel_size_are_quiet(tmp_path: Path) -> None:

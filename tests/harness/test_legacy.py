@@ -94,3 +94,25 @@ def test_ruling_flashinfer_out_suggests_backends_that_serve_that_layer_type(swit
                                                                           never: tuple[str, ...]) -> None:
     advice = translate({switch: "0"}).unresolved[switch]
     assert suggested in advice and not any(name in advice for name in never), advice
+
+
+@pytest.mark.parametrize("flavour", ["fast", "cutlass", "", "latncy"])
+def test_an_unknown_flashinfer_flavour_is_never_read_as_the_default(flavour: str) -> None:
+    """vLLM accepts only throughput, latency and masked_gemm; any other value was translated to
+    --moe-backend flashinfer_trtllm, a backend the config may never have run."""
+    env = {"VLLM_USE_FLASHINFER_MOE_FP8": "1", "VLLM_FLASHINFER_MOE_BACKEND": flavour}
+    result = translate(env)
+    assert result.flags == [] and result.replaced == [] and set(result.unresolved) == set(env)
+    switch, mode = result.unresolved["VLLM_USE_FLASHINFER_MOE_FP8"], result.unresolved["VLLM_FLASHINFER_MOE_BACKEND"]
+    assert f"VLLM_FLASHINFER_MOE_BACKEND={flavour!r} is not one vLLM knows" in switch
+    assert f"{flavour!r} is not a flavour vLLM knows" in mode
+    for advice in (switch, mode):
+        assert "one of throughput, latency, masked_gemm" in advice
+        assert "--moe-backend (throughput: flashinfer_cutlass, latency: flashinfer_trtllm" in advice
+    alone = translate({"VLLM_FLASHINFER_MOE_BACKEND": flavour})  # no switch reads it: still its value's problem
+    assert "is not a flavour vLLM knows" in alone.unresolved["VLLM_FLASHINFER_MOE_BACKEND"]
+
+
+def test_a_known_flavour_in_another_case_still_translates() -> None:
+    result = translate({"VLLM_USE_FLASHINFER_MOE_FP8": "1", "VLLM_FLASHINFER_MOE_BACKEND": " Throughput "})
+    assert result.flags == ["--moe-backend", "flashinfer_cutlass"] and result.unresolved == {}

@@ -148,3 +148,52 @@ def test_a_task_is_linted_by_its_lm_eval_name_not_its_file_name(tmp_path: Path,
         assert main(["lint", str(bad)]) == 3
         out, _ = capsys.readouterr()
         assert out.startswith(f"{bad}:3: task: ") and says in out, out
+
+
+# -- gen-1 files: the listed metric values only the reference modes read -------------------------
+
+GEN1_TWO = ("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - name: exact_match,strict-match\n    value: 0.671\n"
+            "  - name: exact_match,flexible-extract\n    value: 0.664\nlimit: 100\n")
+
+
+@pytest.mark.parametrize("gate, compared", [
+    ("accuracy_threshold: 0.6\n", "with accuracy_threshold - tolerance"),  # absolute by default
+    ("gate: paired\nbaseline: base.yaml\n", "with baseline base.yaml's answers, question by question"),
+    ("gate: {mode: recovery}\nbaseline: base.yaml\n", "with baseline base.yaml's measured value"),
+])
+def test_listed_gen1_values_a_gate_does_not_read_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str], gate: str,
+                                                      compared: str) -> None:
+    """Only relative, hypothesis and wilson gate every listed metric (as vLLM's gen-1 test does):
+    under another gate the values were silently unread and flexible-extract not gated at all."""
+    (tmp_path / "base.yaml").write_text("model_name: b\naccuracy_threshold: 0.5\nlimit: 100\n")
+    config = tmp_path / "g.yaml"
+    config.write_text(GEN1_TWO + gate)
+    assert main(["lint", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "0 error(s), 1 warning(s)" in err
+    assert out.startswith(f"{config}:4: warning: tasks[0].metrics: gate ")
+    assert ("reads none of the values listed here (exact_match,strict-match 0.671, exact_match,flexible-extract "
+            f"0.664): it compares exact_match,strict-match {compared}, so exact_match,flexible-extract is not gated "
+            "at all") in out
+    assert "set gate: {mode: relative}" in out and "remove tasks[0].metrics" in out
+    assert "gate exact_match,flexible-extract in a config of its own (metric: 'exact_match,flexible-extract')" in out
+
+
+def test_one_listed_gen1_value_an_absolute_gate_does_not_read_warns(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', "
+                      "value: 0.671}\naccuracy_threshold: 0.6\n")
+    assert main(["lint", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "gate absolute reads none of the values listed here (exact_match,strict-match 0.671)" in out
+    assert "not gated at all" not in out and "in a config of its own" not in out
+
+
+@pytest.mark.parametrize("gate", ["", "gate: relative\n", "gate: hypothesis\n", "gate: {mode: wilson}\n"])
+def test_listed_gen1_values_a_gate_reads_are_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   gate: str) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text(GEN1_TWO + gate)
+    assert main(["lint", str(config)]) == 0
+    assert "0 warning(s)" in capsys.readouterr().err

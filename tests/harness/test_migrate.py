@@ -165,6 +165,28 @@ def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
     assert "server_args: --moe-backend flashinfer_cutlass\n" in path.read_text() and "VLLM_" not in path.read_text()
 
 
+def test_an_unknown_flashinfer_flavour_is_reported_and_the_file_left_as_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown VLLM_FLASHINFER_MOE_BACKEND became --moe-backend flashinfer_trtllm, silently."""
+    path = tmp_path / "c.yaml"
+    text = ('model_name: m\naccuracy_threshold: 0.5\nenv:\n'
+            '  VLLM_USE_FLASHINFER_MOE_FP8: "1"\n  VLLM_FLASHINFER_MOE_BACKEND: thruput\n')
+    path.write_text(text)
+    assert main(["migrate", "--write", str(path)]) == 3
+    assert path.read_text() == text
+    err = capsys.readouterr().err
+    assert (f"{path}:4: env.VLLM_USE_FLASHINFER_MOE_FP8: cannot migrate automatically: its flavour "
+            "VLLM_FLASHINFER_MOE_BACKEND='thruput' is not one vLLM knows") in err
+    assert f"{path}:5: env.VLLM_FLASHINFER_MOE_BACKEND: cannot migrate automatically: 'thruput' is not a flavour" in err
+    assert "2 legacy switch(es) need manual migration" in err
+    assert main(["migrate", str(path)]) == 3
+    assert capsys.readouterr().out == ""  # no diff: nothing is guessed
+    # lint gives the same cause instead of a replacement
+    [error, *_] = inspect_config(path).errors
+    assert error.field == "env.VLLM_USE_FLASHINFER_MOE_FP8" and "'thruput' is not one vLLM knows" in error.message
+    assert "use `--moe-backend" not in error.message
+
+
 @pytest.mark.parametrize("text, migrated", [
     # ruamel hangs the comment lines below a value on the key above them: they went with the
     # removed variable, though they introduce the next key (here, the parent's next key too).

@@ -530,6 +530,11 @@ def test_any_requires_key_sends_a_config_to_a_gpu_agent(tmp_path: Path) -> None:
     ("engine: vllm\nserver_args: --tensor-parallel-size 2\nrequires: {gpus: 8}\n", "8"),
     # gen-1's tensor_parallel_size key is the same flag
     ("engine: vllm\ntensor_parallel_size: 4\n", "4"),
+    # each data parallel replica is a tensor x pipeline parallel group of its own
+    ("engine: vllm\nserver_args: --data-parallel-size 2\n", "2"),
+    ("engine: vllm\nserver_args: [-dp, '2', -tp, '2']\nrequires: {gpus: 2}\n", "4"),
+    ("engine: vllm\nserver_args: --data-parallel-size=2 -tp 2 -pp 2\n", "8"),
+    ("engine: vllm\nserver_args: --data_parallel_size=4\n", "4"),
 ])
 def test_tensor_and_pipeline_parallelism_ask_for_their_gpus(tmp_path: Path, lines: str, gpus: str) -> None:
     """A vLLM server of --tensor-parallel-size 8 went to a CPU agent, or to one of requires.gpus
@@ -546,5 +551,27 @@ def test_no_parallelism_and_no_requires_stays_on_the_cpu_queue(tmp_path: Path) -
     from quantgate.harness.pipeline import agents_for
 
     path = tmp_path / "c.yaml"
-    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nengine: vllm\nserver_args: -tp 1\n")
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nserver_args: --max-num-seqs 4\n")
     assert agents_for(load_config(path)) == {"queue": "cpu"}
+
+
+@pytest.mark.parametrize("lines", ["", "server_args: -tp 1\n", "server_args: --data-parallel-size 1\n"])
+def test_a_vllm_config_without_requires_gets_one_gpu(tmp_path: Path, lines: str) -> None:
+    """vLLM's server needs a GPU on CI: with no requires: and no parallelism it went to the CPU
+    queue, where it cannot start."""
+    from quantgate.harness.pipeline import agents_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nengine: vllm\n" + lines)
+    assert agents_for(load_config(path)) == {"queue": "gpu", "gpus": "1"}
+
+
+def test_the_engine_override_decides_the_queue(tmp_path: Path) -> None:
+    """`pipeline --engine vllm` runs a builtin config on vLLM: a GPU agent; and the other way round."""
+    from quantgate.harness.pipeline import agents_for
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\n")
+    assert agents_for(load_config(path, engine="vllm")) == {"queue": "gpu", "gpus": "1"}
+    path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nengine: vllm\n")
+    assert agents_for(load_config(path, engine="builtin")) == {"queue": "cpu"}

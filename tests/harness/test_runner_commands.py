@@ -224,3 +224,53 @@ def test_repro_of_a_run_that_never_evaluated_keeps_its_limit(tmp_path: Path, gsm
     (tmp_path / "o" / "nostart" / "result.json").unlink()  # as for a skipped config's folder
     assert cli(["repro", str(tmp_path / "o" / "nostart")]) == 3
     assert "a run folder without its result.json" in capsys.readouterr().err
+
+
+def _quantgate_runs(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("quantgate run ")]
+
+
+def test_repro_of_a_run_leaves_out_a_limit_that_is_the_configs_own(tmp_path: Path, gsm8k_dir: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """result.json records num_questions as the limit of a run given no --limit: repro printed
+    `--limit 4` for a config of num_questions 4, as if that run had been cut short."""
+    config = write_config(tmp_path, "own", gsm8k_dir, num_questions=4)
+    assert cli(["run", str(config), "--output-dir", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert cli(["repro", str(tmp_path / "out" / "own"), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert _quantgate_runs(output) == [f"quantgate run {shlex.quote(str(config))} --engine vllm "
+                                       "--server-url http://127.0.0.1:8000"]
+    evaluation = shlex.split(_lines_after(output, "#    with the config's local dataset"))
+    assert evaluation[evaluation.index("--limit") + 1] == "4"  # the config's own, as `quantgate run` sends it
+    # A count the config would not use stays: the config changed since, or --limit asks for it.
+    config.write_text(config.read_text().replace("num_questions: 4", "num_questions: 6"))
+    assert cli(["repro", str(tmp_path / "out" / "own"), "--output-dir", str(tmp_path / "r")]) == 0
+    assert "--limit 4" in _quantgate_runs(capsys.readouterr().out)[0]
+    assert cli(["repro", str(config), "--limit", "6", "--output-dir", str(tmp_path / "r")]) == 0
+    assert "--limit 6" in _quantgate_runs(capsys.readouterr().out)[0]
+
+
+def test_repro_of_a_paired_run_keeps_a_limit_its_baseline_would_not_use(tmp_path: Path, gsm8k_dir: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The printed runs pass --limit to the baseline too: it is left out only when every config
+    would evaluate that many questions without it."""
+    base = write_config(tmp_path, "base", gsm8k_dir, num_questions=4)
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="paired", num_questions=4)
+    out = tmp_path / "out"
+    assert cli(["run", str(cand), "--output-dir", str(out)]) in (0, 1)
+    capsys.readouterr()
+    assert cli(["repro", str(out / "cand"), "--output-dir", str(tmp_path / "r")]) == 0
+    assert all("--limit" not in line for line in _quantgate_runs(capsys.readouterr().out))
+    base.write_text(base.read_text().replace("num_questions: 4", "num_questions: 6"))
+    assert cli(["repro", str(out / "cand"), "--output-dir", str(tmp_path / "r")]) == 0
+    runs = _quantgate_runs(capsys.readouterr().out)
+    assert len(runs) == 2 and all("--limit 4" in line for line in runs)
+    # A baseline whose result in the output directory is reused: --limit decides that reuse.
+    cand.write_text(cand.read_text().replace("baseline: base", "baseline: other"))
+    write_config(tmp_path, "other", gsm8k_dir, num_questions=6)
+    assert cli(["run", str(cand), "--limit", "4", "--output-dir", str(out)]) in (0, 1)
+    capsys.readouterr()
+    assert cli(["repro", str(out / "cand"), "--output-dir", str(out)]) == 0
+    assert _quantgate_runs(capsys.readouterr().out) == [f"quantgate run {shlex.quote(str(cand))} --engine vllm "
+                                                        "--limit 4 --server-url http://127.0.0.1:8000"]
