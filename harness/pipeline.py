@@ -12,10 +12,11 @@ One command step per config, grouped per list file. Tiers:
   nightly job is never the only place a crash can show. `select_for_changes` applies the same
   globs locally.
 
-Each step's agent: the `cpu` queue for a config with no `requires:` on the builtin engine; the
-`gpu` queue for any other, tagged with its GPU count (at least the vLLM server's tensor x
-pipeline x data parallel size, and 1 for an `engine: vllm` config that says nothing), device and
-minimum compute capability (`agents_for`).
+Each step's agent: the `cpu` queue for a config with no `requires:` on the builtin engine whose
+server_args can run on a CPU; the `gpu` queue for any other, tagged with its GPU count (at least
+the vLLM server's tensor x pipeline x data parallel size, and 1 for an `engine: vllm` config that
+says nothing), device and minimum compute capability (`requires:`, raised to what a builtin
+server's `--device cuda` or named GPU-only backends need: `agents_for`).
 
 A config tagged `negative-check` is built to FAIL (e.g. `expect:` names a kernel that does not
 run): its step passes only when the run's verdict is FAIL, so the check it exercises runs in CI
@@ -51,6 +52,7 @@ from .config import (
     load_config,
     parallel_gpus,
 )
+from .results import SAMPLES_FILE
 
 Tier = Literal["pr", "nightly", "release"]
 TIERS: tuple[Tier, ...] = ("pr", "nightly", "release")
@@ -91,9 +93,12 @@ class Group:
     configs: list[EvalConfig] = field(default_factory=list)
 
 
-def collect(paths: Sequence[Path | str], engine: str | None = None) -> tuple[list[Group], list[EvalConfig]]:
+def collect(paths: Sequence[Path | str], engine: str | None = None,
+            tier: str | None = None) -> tuple[list[Group], list[EvalConfig]]:
     """Groups per list file, then configs named directly. A directory contributes its list
-    files as groups and any YAML no list file names as a group of its own."""
+    files as groups and any YAML no list file names as a group of its own. A config listed in
+    several list files is in the first one's group: that of a list file named after `tier`
+    (release.txt for the release tier), else the first by path."""
     groups: list[Group] = []
     loose: list[EvalConfig] = []
     placed: set[Path] = set()
@@ -117,7 +122,7 @@ def collect(paths: Sequence[Path | str], engine: str | None = None) -> tuple[lis
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for list_file in sorted(path.rglob(f"*{LIST_SUFFIX}")):
+            for list_file in sorted(path.rglob(f"*{LIST_SUFFIX}"), key=lambda p: (p.stem != tier, p)):
                 add_list(list_file)
             rest = Group(_relative(path))
             for file in sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file()):
@@ -160,6 +165,8 @@ def _dependency_globs(config: EvalConfig, engine: str | None, seen: frozenset[Pa
                   if p is not None]
     if config.baseline_path is not None:
         globs.append(_literal(config, "baseline", _relative(config.baseline_path)))
+        if config.baseline_path.suffix == ".json":  # a results file: the gates read its answers beside it
+            globs.append(_literal(config, "baseline", _relative(config.baseline_path.with_name(SAMPLES_FILE))))
     base = baseline_config(config, engine)
     if base is not None and base.source not in seen:  # a baseline cycle is the runner's error to report
         globs += _dependency_globs(base, engine, seen | {config.source})
@@ -205,7 +212,8 @@ def kernel_files(config: EvalConfig) -> list[str]:
     kernels = [k for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS) if k.backend in backends]
     named = frozenset(flag for flag, value in config.backend_flags().items() if canonical(value) != "auto")
     on_cpu = agents_for(config)["queue"] == "cpu"
-    kernels += _auto_kernels(None if on_cpu else (config.requires.min_compute_capability or "0.0"), named)
+    floor = min_capability(config) or (0, 0)
+    kernels += _auto_kernels(None if on_cpu else f"{floor[0]}.{floor[1]}", named)
     files: set[str] = set()
     for kernel in kernels:
         files |= _module_closure(kernel.__module__)
@@ -341,15 +349,59 @@ def agents_for(config: EvalConfig) -> dict[str, str]:
     engine in GPU_ENGINES gets a GPU agent without any `requires:`: its server needs one."""
     requires = config.requires
     gpus = max(requires.gpus, parallel_gpus(config.server_args))
-    if (gpus <= 1 and requires.gpus == 0 and requires.device is None and requires.min_compute_capability is None
+    floor = min_capability(config)
+    if (gpus <= 1 and requires.gpus == 0 and requires.device is None and floor is None
             and config.engine not in GPU_ENGINES):
         return {"queue": "cpu"}
     agents = {"queue": "gpu", "gpus": str(max(gpus, 1))}  # any requires: needs a GPU, as the runner
     if requires.device:
         agents["device"] = requires.device
-    if requires.min_compute_capability:
-        agents["sm" + requires.min_compute_capability.replace(".", "")] = "true"
+    if floor is not None and floor > (0, 0):
+        agents[f"sm{floor[0]}{floor[1]}"] = "true"
     return agents
+
+
+def min_capability(config: EvalConfig) -> tuple[int, int] | None:
+    """The compute capability the config's agent must reach: its `requires:`, raised to what a
+    builtin server's own flags need, `--device cuda` (any GPU: (0, 0)) or a named backend whose
+    kernels run on no CPU (marlin: 8.0, triton: 8.9). Such a config without `requires:` went to a
+    CPU agent, where its server exits 3; None when a CPU agent can run it."""
+    given = config.requires.min_compute_capability
+    floors = [tuple(int(p) for p in given.split("."))] if given else []
+    if config.engine == "builtin":
+        if _device_flag(config.server_args) == "cuda":
+            floors.append((0, 0))
+        floors += [floor for flag, value in config.backend_flags().items()
+                   if (floor := _backend_floor(flag, value)) is not None]
+    return max(floors, default=None)  # type: ignore[arg-type]
+
+
+def _device_flag(args: Sequence[str]) -> str | None:
+    """The value of the last `--device` in `args` (argparse keeps the last)."""
+    device = None
+    for i, arg in enumerate(args):
+        head, eq, tail = arg.partition("=")
+        if head == "--device":
+            device = tail if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return device
+
+
+@cache
+def _backend_floor(flag: str, backend: str) -> tuple[int, int] | None:
+    """The lowest compute capability on which some kernel of builtin `backend` for the layers of
+    `flag` (--linear-backend, --moe-backend) runs; None when one runs on a CPU (or the name is
+    auto or unknown: the config check reports those)."""
+    from quantgate.kernels import Platform
+    from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
+
+    from .backends import canonical
+
+    every = ALL_LINEAR_KERNELS if flag == "--linear-backend" else ALL_MOE_KERNELS
+    kernels = [k for k in every if k.backend == canonical(backend)]
+    if not kernels or any(k.is_supported(Platform.hypothetical("cpu"))[0] for k in kernels):
+        return None
+    return next(((major, minor) for major in range(1, 21) for minor in range(10)
+                 if any(k.is_supported(Platform.hypothetical("cuda", (major, minor)))[0] for k in kernels)), None)
 
 
 def timeout_minutes(config: EvalConfig) -> int:

@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
         print("--changed-files only applies to --tier pr", file=sys.stderr)
         return EXIT_INVALID
     try:
-        groups, loose = collect(args.paths or DEFAULT_PATHS, args.engine)
+        groups, loose = collect(args.paths or DEFAULT_PATHS, args.engine, args.tier)
         pipeline = build_pipeline(groups, loose, args.tier, args.engine)
         if args.changed_files is not None:
             changed = [line.strip() for line in args.changed_files.read_text(encoding="utf-8").splitlines()

@@ -17,6 +17,7 @@ import yaml
 from quantgate.harness.cli import main
 from quantgate.harness.config import load_config
 from quantgate.harness.pipeline import (
+    agents_for,
     build_pipeline,
     collect,
     dependency_globs,
@@ -245,9 +246,12 @@ def test_marlin_kernel_change_selects_marlin_configs_and_pr_tagged(tiny_matrix: 
     groups, loose = collect([tiny_matrix])
     pipeline = build_pipeline(groups, loose, "pr")
     selected = set(select_for_changes(pipeline, [MARLIN_LINEAR]))
-    assert selected == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr"}
+    # `triton` names a backend with no CPU kernel, so it runs on GPU agents, where auto can pick
+    # marlin for its linear layers.
+    assert selected == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr", "triton"}
     # vllm-marlin runs vLLM's Marlin, not this repository's: it does not depend on kernels/.
-    assert set(select_for_changes(pipeline, ["kernels/moe/triton.py"])) == {"triton", "auto-pr"}
+    assert set(select_for_changes(pipeline, ["kernels/moe/triton.py"])) == {"triton", "auto-pr", "marlin-args",
+                                                                               "marlin-eq"}
     assert set(select_for_changes(pipeline, ["kernels/registry.py"])) == labels(pipeline) - {"vllm-marlin"}
     assert set(select_for_changes(pipeline, ["README.md"])) == {"auto-pr"}
     model_change = set(select_for_changes(pipeline, ["models/tiny-qwen3/model.safetensors"]))
@@ -268,7 +272,7 @@ def test_changed_files_option_filters_here(capsys: pytest.CaptureFixture[str], t
     changes.write_text(f"{MARLIN_LINEAR}\n\n")
     pipeline = emitted(capsys, "--tier", "pr", "--changed-files", str(changes), str(tiny_matrix))
     validate(pipeline)
-    assert labels(pipeline) == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr"}
+    assert labels(pipeline) == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr", "triton"}
     assert "if_changed" not in json.dumps(pipeline)
 
 
@@ -277,9 +281,33 @@ def test_dependencies_of_a_builtin_config(tiny_matrix: Path) -> None:
     assert globs[0].endswith("marlin-args.yaml")
     for expected in ("models/tiny-qwen3/**", "models/recipes/**", "engine/**", "kernels/*.py",
                      "kernels/linear/marlin.py", "kernels/moe/marlin.py",
-                     "kernels/linear/emulation.py"):  # what `auto` picks on CPU for the other layers
+                     "kernels/linear/unquantized.py"):  # what `auto` picks on a GPU for lm_head
         assert expected in globs
-    assert "kernels/moe/triton.py" not in globs and "kernels/linear/triton_block.py" not in globs
+    # Both layers name marlin: the FP8 kernels auto would pick are not this config's.
+    assert "kernels/linear/triton_block.py" not in globs and "kernels/linear/torch_scaled_mm.py" not in globs
+    emulation = dependency_globs(load_config(tiny_matrix / "emulation.yaml"))
+    assert "kernels/linear/emulation.py" in emulation and "kernels/linear/marlin.py" not in emulation  # a CPU agent's
+
+
+@pytest.mark.parametrize("body,agents", [
+    # Their servers exit 3 on a CPU agent: the step goes where they can start.
+    ("server_args: --linear-backend marlin\n", {"queue": "gpu", "gpus": "1", "sm80": "true"}),
+    ("server_args: [--linear-backend=triton]\n", {"queue": "gpu", "gpus": "1", "sm89": "true"}),
+    ("server_args: --device cuda\n", {"queue": "gpu", "gpus": "1"}),
+    ("server_args: --device=cuda --moe-backend marlin\n", {"queue": "gpu", "gpus": "1", "sm80": "true"}),
+    # requires: stays the floor; a backend raises it, never lowers it.
+    ("server_args: --linear-backend triton\nrequires: {min_compute_capability: '8.0'}\n",
+     {"queue": "gpu", "gpus": "1", "sm89": "true"}),
+    ("server_args: --linear-backend marlin\nrequires: {min_compute_capability: '9.0'}\n",
+     {"queue": "gpu", "gpus": "1", "sm90": "true"}),
+    # Backends with a CPU kernel, and the CPU device, stay on the CPU queue.
+    ("server_args: --linear-backend torch --moe-backend emulation\n", {"queue": "cpu"}),
+    ("server_args: --device cpu --linear-backend auto\n", {"queue": "cpu"}),
+])
+def test_a_builtin_server_that_needs_a_gpu_gets_a_gpu_agent(tmp_path: Path, body: str, agents: dict) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model_name: models/tiny-qwen3-fp8-block-ct\naccuracy_threshold: 0.5\n{body}")
+    assert agents_for(load_config(path)) == agents
 
 
 def test_gpu_configs_depend_on_what_auto_picks_on_every_agent_they_reach(tmp_path: Path) -> None:
@@ -575,3 +603,28 @@ def test_the_engine_override_decides_the_queue(tmp_path: Path) -> None:
     assert agents_for(load_config(path, engine="vllm")) == {"queue": "gpu", "gpus": "1"}
     path.write_text("model_name: org/model\naccuracy_threshold: 0.5\nengine: vllm\n")
     assert agents_for(load_config(path, engine="builtin")) == {"queue": "cpu"}
+
+
+def test_a_config_in_several_list_files_is_grouped_under_the_tiers_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """The release tier's configs sat under the group eval_configs/tiny/nightly.txt, the first list
+    file by path that names them."""
+    groups = {s["group"] for s in emitted(capsys, "--tier", "release")["steps"] if "group" in s}
+    assert groups == {"eval_configs/tiny/release.txt", "eval_configs/vllm/release.txt"}
+    pr = emitted(capsys, "--tier", "pr")["steps"]
+    assert pr[0]["group"] == "eval_configs/tiny/pr.txt"
+
+
+def test_a_results_file_baselines_answers_are_a_dependency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paired gate reads the baseline's per-question answers beside its result.json: a PR
+    changing only them ran no step."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").symlink_to(REPO / "models")
+    base = tmp_path / "baselines" / "demo"
+    base.mkdir(parents=True)
+    (base / "result.json").write_text('{"schema_version": 1, "name": "demo", "verdict": "PASS", "metrics": '
+                                      '{"metric": "exact_match,strict-match", "value": 0.8, "n": 10}}\n')
+    (base / "samples.jsonl").write_text("")
+    (tmp_path / "paired.yaml").write_text("model_name: models/tiny-qwen3\nbaseline: baselines/demo\n"
+                                          "gate: {mode: paired}\n")
+    globs = dependency_globs(load_config(tmp_path / "paired.yaml"))
+    assert "baselines/demo/result.json" in globs and "baselines/demo/samples.jsonl" in globs
