@@ -66,6 +66,7 @@ class Checkpoint:
         self._files = files
         self._stack: ExitStack | None = None
         self._where: dict[str, tuple[object, Path]] = {}
+        self._unindexed: dict[str, list[str]] = {}  # tensor -> files holding it that the index does not name for it
 
     def __enter__(self) -> Checkpoint:
         self._stack = ExitStack()
@@ -79,6 +80,8 @@ class Checkpoint:
                 if self._map is not None:
                     if self._map.get(name) == file.name:
                         self._where[name] = (handle, file)
+                    else:  # not read, but the cause when the tensor is missing where the index says
+                        self._unindexed.setdefault(name, []).append(file.name)
                 elif name in self._where:
                     self._stack.close()
                     raise CheckpointError(f"{self.path}: tensor {name!r} is in both {self._where[name][1].name} and "
@@ -92,6 +95,7 @@ class Checkpoint:
         self._stack.close()
         self._stack = None
         self._where.clear()
+        self._unindexed.clear()
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -102,7 +106,7 @@ class Checkpoint:
     def get(self, name: str) -> torch.Tensor:
         entry = self._where.get(name)
         if entry is None:
-            raise CheckpointError(self._missing(name))
+            raise CheckpointError(self.missing(name))
         handle, file = entry
         stem, _, attr = name.rpartition(".")
         other = _OTHER_SCALE_NAME.get(attr)
@@ -114,14 +118,31 @@ class Checkpoint:
             _check_scale(tensor, f"{file}: {name}")
         return tensor
 
-    def _missing(self, name: str) -> str:
+    def missing(self, name: str, config_cause: str = "") -> str:
+        """Why `name` cannot be read, with the cause where the files show it; `config_cause` (what
+        config.json asks for that the checkpoint lacks) when they do not."""
         message = f"{self.path}: tensor {name!r} is missing from the checkpoint"
         stem, _, attr = name.rpartition(".")
         other = _OTHER_SCALE_NAME.get(attr)
         if other and f"{stem}.{other}" in self._where:
-            message += (f"; it has {stem}.{other} instead. {_SCALE_NAME_RULE}: the checkpoint's scale names do "
-                        "not match its config.json (re-export it, or fix quantization_config)")
-        return message
+            return message + (f"; it has {stem}.{other} instead. {_SCALE_NAME_RULE}: the checkpoint's scale names "
+                              "do not match its config.json (re-export it, or fix quantization_config)")
+        index_cause = self._index_cause(name)
+        return message + (f"; {index_cause}" if index_cause else f"; {config_cause}" if config_cause else "")
+
+    def _index_cause(self, name: str) -> str:
+        """A tensor the index sends to a file that lacks it, or one a file holds that the index omits."""
+        if self._map is None:
+            return ""
+        holders = " and ".join(self._unindexed.get(name, []))
+        if name in self._map:
+            where = (f"{holders} holds it: correct the index's weight_map entry" if holders else
+                     "no file the index names holds it: copy that file again, or re-download the checkpoint")
+            return f"{INDEX} maps it to {self._map[name]}, which does not hold it; {where}"
+        if holders:
+            return (f"{INDEX} does not list it, though {holders} holds it: add it to the index's weight_map "
+                    "(or regenerate the index)")
+        return ""
 
 
 def _unopenable(file: Path, exc: Exception) -> str:

@@ -72,16 +72,18 @@ class KernelLayer(nn.Module):
                 f"{source}: shape {tuple(tensor.shape)} does not match {shape} expected from config.json "
                 f"for {self.module_name}.{name}"
             )
+        if dtype != FP8 and not tensor.dtype.is_floating_point:
+            raise CheckpointError(self._not_float(name, tensor, source))
         if dtype == FP8 and tensor.dtype != FP8:
             raise CheckpointError(
                 f"{source}: expected float8_e4m3fn weights for {self.module_name} (quantization_config says "
                 f"it is quantized), found {tensor.dtype}; add it to the ignore list (or leave it out of the "
                 "compressed-tensors targets) or re-quantize the checkpoint"
             )
-        if dtype != FP8 and tensor.dtype == FP8 and name not in _WEIGHTS:
+        if dtype != FP8 and tensor.dtype.itemsize == 1 and name not in _WEIGHTS:  # a float8 dtype, any variant
             raise CheckpointError(f"{source}: {self.module_name}.{name} is stored as FP8; scales must be stored in "
                                   "float32, bf16 or fp16: re-export the checkpoint")
-        if dtype != FP8 and tensor.dtype == FP8:
+        if dtype != FP8 and tensor.dtype.itemsize == 1:
             raise CheckpointError(
                 f"{source}: {self.module_name} is stored in FP8 but runs unquantized (lm_head and the MoE router "
                 "always do; other modules when quantization_config ignores or does not target them); re-quantize "
@@ -89,6 +91,18 @@ class KernelLayer(nn.Module):
                 "targets)"
             )
         return tensor
+
+    def _not_float(self, name: str, tensor: torch.Tensor, source: str) -> str:
+        """Why an integer or bool tensor cannot stand for a float one: the cast to floats would keep
+        the codes (int8 weights without their scales, 0/1 for bools) and serve wrong numbers."""
+        if name in _WEIGHTS:
+            what, fix = "unquantized weights", "with it in the model dtype (or quantized to FP8 with its scales)"
+        elif name == "bias":
+            what, fix = "biases", "with it in the model dtype"
+        else:
+            what, fix = "scales", "with float32 scales"
+        return (f"{source}: stored as {tensor.dtype}; {what} must be float32, bfloat16 or float16 (a cast to floats "
+                f"would serve its integer codes as values): re-export the checkpoint {fix}")
 
     def set_raw(self, name: str, tensor: torch.Tensor, source: str) -> None:
         dtype = self.raw_specs()[name][1]

@@ -40,7 +40,7 @@ from quantgate.kernels import (
 )
 
 from .checkpoint import FUSED_EXPERT_SUFFIXES, Checkpoint, CheckpointError, fused_experts_advice
-from .config import ModelConfig, ModelConfigError, unreadable
+from .config import ModelConfig, ModelConfigError, QuantConfig, unreadable
 from .layers import FusedMoE, KernelLayer, QuantLinear, RMSNorm
 from .model import Qwen3ForCausalLM
 
@@ -101,6 +101,7 @@ class LoadedModel:
         """Re-read the weights from disk into the storage every buffer already has. Every tensor
         is checked before any is overwritten (the files are read twice): a bad file leaves the
         served weights as they were, not half replaced."""
+        self._check_config_unchanged()
         with Checkpoint(self.path) as ckpt:
             _load_weights(self.model, ckpt, self.model_config, check_only=True)
             _load_weights(self.model, ckpt, self.model_config)
@@ -112,6 +113,53 @@ class LoadedModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("Reloaded weights from %s", self.path)
+
+    def _check_config_unchanged(self) -> None:
+        """The model, its kernels and their scheme were built from the config.json read at start; a
+        reload swaps weights only. A folder re-exported in another format would otherwise fail on its
+        scale names or shapes, with advice (re-export, fix the config) for a checkpoint that is fine."""
+        changes = _config_changes(self.model_config, ModelConfig.from_pretrained(self.path))
+        if changes:
+            raise ConfigChanged(
+                f"{self.path / 'config.json'}: the checkpoint's config changed since the server started "
+                f"({'; '.join(changes)}); restart the server to serve the new format (reload only swaps weights of "
+                "the same format and shapes)")
+
+
+# ModelConfig fields under their config.json names, for messages.
+_CONFIG_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                "num_kv_heads": "num_key_value_heads", "eos_token_ids": "eos_token_id", "architecture": "architectures",
+                "quant": "quantization_config"}
+
+
+def _config_changes(served: ModelConfig, now: ModelConfig) -> list[str]:
+    """What differs between the config the model was built from and config.json now, as "field: old ->
+    new". The dtype is left out: the served one was chosen at start (--dtype) and new weights are cast
+    to it, as the first ones were."""
+    changes = []
+    for field in dataclasses.fields(ModelConfig):
+        old, new = getattr(served, field.name), getattr(now, field.name)
+        if not field.compare or field.name == "dtype" or old == new:
+            continue
+        if field.name == "quant":
+            old, new = _describe_quant(old), _describe_quant(new)
+            if old == new:
+                old, new = "its ignore list or targets", "others"
+        changes.append(f"{_CONFIG_KEYS.get(field.name, field.name)}: {old} -> {new}")
+    return changes
+
+
+def _describe_quant(quant: QuantConfig | None) -> str:
+    if quant is None:
+        return "unquantized"
+    described = f"{'native' if quant.fmt == 'fp8' else quant.fmt} {quant.scheme.value} with `{quant.scale_name}` scales"
+    if quant.block_size:
+        described += f" in {quant.block_size[0]}x{quant.block_size[1]} blocks"
+    return described + (", static activations" if quant.static_input_scale else "")
+
+
+class ConfigChanged(CheckpointError):
+    """config.json no longer describes the served model: only a restart can serve it."""
 
 
 class WeightsPartlyReloaded(RuntimeError):
@@ -263,6 +311,8 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, c
 
     def take(name: str) -> torch.Tensor:
         used.add(name)
+        if name not in ckpt:
+            raise CheckpointError(ckpt.missing(name, _missing_cause(name, ckpt, cfg)))
         return ckpt.get(name)
 
     def put(module: KernelLayer, attr: str, tensor: torch.Tensor, source: str) -> None:
@@ -296,6 +346,27 @@ def _load_weights(model: Qwen3ForCausalLM, ckpt: Checkpoint, cfg: ModelConfig, c
     if foreign and not check_only:
         logger.warning("%d checkpoint tensors are not used (other heads, rotary buffers, FP8 KV-cache scales: the "
                        "cache stays in the model dtype), e.g. %s", len(foreign), ", ".join(foreign[:5]))
+
+
+def _missing_cause(name: str, ckpt: Checkpoint, cfg: ModelConfig) -> str:
+    """What config.json asks for that makes the model read a tensor the checkpoint lacks, and the fix,
+    where the config explains it: static activations' input scales, an untied lm_head."""
+    if name.endswith(".input_scale"):  # read only when the config says activations are static
+        native = cfg.quant.fmt == "fp8"
+        field = "activation_scheme: static" if native else "input_activations with dynamic: false"
+        fix = "activation_scheme: dynamic" if native else "dynamic: true"
+        if any(n.endswith(".input_scale") for n in ckpt.names()):
+            return (f"config.json's quantization_config has static activations ({field}), which need an input_scale "
+                    "for every quantized linear, and other linears have one: re-export the checkpoint with all of "
+                    f"them (or set {fix} to compute activation scales at run time)")
+        return (f"config.json's quantization_config has static activations ({field}), which need an input_scale for "
+                "every quantized linear, and the checkpoint has none (it was quantized for dynamic activations): "
+                f"set {fix}")
+    if name == "lm_head.weight" and not cfg.tie_word_embeddings:
+        said = "tie_word_embeddings: false" if "tie_word_embeddings" in cfg.raw else "no tie_word_embeddings (false)"
+        return (f"config.json has {said}, so lm_head needs a weight of its own; if the model ties lm_head to the "
+                "embeddings (transformers then saves no lm_head.weight), set tie_word_embeddings: true")
+    return ""
 
 
 def _check_unused(unused: list[str], ckpt: Checkpoint, cfg: ModelConfig) -> list[str]:
@@ -333,12 +404,20 @@ def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, key: str, check_onl
 def _joined(op, tensors: list[torch.Tensor], what: str) -> torch.Tensor:
     """`op` (torch.cat or torch.stack) over checkpoint tensors that must agree in shape and dtype
     (merged projections, experts); a CheckpointError naming them when they do not."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1 and not all(d.is_floating_point for d in dtypes):  # torch would cast the integers silently
+        raise CheckpointError(f"{what}: these tensors cannot be joined ({_shapes(tensors)}): an integer or bool tensor "
+                              "among floats would be cast to floats, its codes served as values; store them all in "
+                              "the model dtype (weights) or float32 (scales)")
     try:
         return op(tensors)
     except RuntimeError as exc:
-        found = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
-        raise CheckpointError(f"{what}: these tensors cannot be joined ({found}): {exc}; their shapes and dtypes "
-                              "must agree with config.json and with each other") from None
+        raise CheckpointError(f"{what}: these tensors cannot be joined ({_shapes(tensors)}): {exc}; their shapes and "
+                              "dtypes must agree with config.json and with each other") from None
+
+
+def _shapes(tensors: list[torch.Tensor]) -> str:
+    return ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
 
 
 def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:

@@ -13,6 +13,9 @@ ignored modules are listed in the config. Two on-disk formats:
   weights with dynamic per-token activations; tensor [1] weights with dynamic per-tensor
   activations (no calibration data, so no static `input_scale`). Scale name `weight_scale`.
 
+fp8-block refuses MoE experts whose intermediate size is not a multiple of 128 (no server loads
+them) and warns about other linears that are not whole blocks (only this engine serves those).
+
 The output is deterministic: tensors in sorted order, fixed safetensors metadata, JSON with
 sorted keys, tokenizer and generation files copied byte for byte.
 """
@@ -55,6 +58,12 @@ _QUANTIZED = re.compile(
     r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight$"
 )
 _ROUTER = re.compile(r"^(model\.layers\.\d+\.mlp\.gate)\.weight$")
+_EXPERT_GATE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.gate_proj\.weight$")
+# Projections vLLM runs as one merged GEMM (qkv_proj, gate_up_proj): its validate_fp8_block_shape
+# refuses a block checkpoint where one part's output rows are not whole blocks.
+_MERGED_PART = re.compile(r"\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)$")
+_LAYER_INDEX = re.compile(r"^model\.layers\.\d+\.")
+BLOCK_ALTERNATIVES = "--scheme fp8-channel --format compressed-tensors, or --scheme fp8-tensor"
 
 
 class QuantizeError(Exception):
@@ -209,6 +218,39 @@ def _read_checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, state
 
 
+def _check_block_experts(src: Path, state: dict[str, torch.Tensor]) -> None:
+    """fp8-block experts must have whole blocks of intermediate rows: each expert's gate and up rows
+    stack into one [2I, H] weight, where up's scale blocks would otherwise straddle the seam. Neither
+    quantgate serve's MoE kernels nor vLLM's Fp8MoEMethod load such a checkpoint, so it is not written."""
+    for name, tensor in state.items():
+        rows = tensor.shape[0] if _EXPERT_GATE.match(name) else 0
+        if rows % BLOCK[0]:
+            raise QuantizeError(
+                f"SRC {src}: moe_intermediate_size {rows} ({name} has {rows} rows) is not a multiple of the fp8-block "
+                f"height {BLOCK[0]}; each expert's gate and up rows stack into one weight whose scale blocks would "
+                "straddle them, so neither quantgate serve's MoE kernels nor vLLM's Fp8MoEMethod can serve the "
+                f"checkpoint. Use {BLOCK_ALTERNATIVES}")
+
+
+def _partial_block_warnings(state: dict[str, torch.Tensor]) -> list[str]:
+    """The linears (experts aside) that are not whole 128x128 blocks: quantgate serve runs them (it
+    does not merge their projections), but other servers do not, and the command still succeeds."""
+    partial: dict[str, tuple[int, ...]] = {}  # module of every layer -> its shape
+    for name, tensor in state.items():
+        if _QUANTIZED.match(name) and ".experts." not in name and any(d % b for d, b in zip(tensor.shape, BLOCK)):
+            partial.setdefault(_LAYER_INDEX.sub("model.layers.*.", name[: -len(".weight")]), tuple(tensor.shape))
+    if not partial:
+        return []
+    shown = ", ".join(f"{module} {list(shape)}" for module, shape in partial.items())
+    merged = [module for module, shape in partial.items() if _MERGED_PART.search(module) and shape[0] % BLOCK[0]]
+    vllm = (f"vLLM refuses {', '.join(merged)} (the parts of its merged q/k/v and gate/up GEMMs need output rows "
+            f"that are a multiple of {BLOCK[0]}: validate_fp8_block_shape)" if merged else
+            "vLLM needs whole blocks where tensor parallelism splits a layer (validate_fp8_block_shape)")
+    return [f"these linears are not whole {BLOCK[0]}x{BLOCK[1]} blocks: {shown}. quantgate serve runs them; {vllm}, "
+            "and transformers cannot load or run partial blocks. To serve it with those, quantize with "
+            f"{BLOCK_ALTERNATIVES}"]
+
+
 def _check_replaceable(src: Path, dst: Path) -> None:
     """--force deletes DST: only ever a model folder (or an empty one) that neither is SRC nor
     holds it nor lies inside it, so a mistyped DST can never take anything else with it."""
@@ -227,33 +269,96 @@ def _check_replaceable(src: Path, dst: Path) -> None:
 
 
 def quantize_checkpoint(src: Path, dst: Path, scheme: str, fmt: str, force: bool = False) -> dict:
-    """Write the FP8 checkpoint of `src` to `dst`; returns a summary for the command's output."""
-    from safetensors.torch import save_file
-
+    """Write the FP8 checkpoint of `src` to `dst`; returns a summary for the command's output, with
+    warnings about servers that cannot load it."""
     target = parse_target(scheme, fmt)
     src, dst = Path(src), Path(dst)
     if dst.exists() and not force:
         raise QuantizeError(f"DST {dst} already exists; choose another path or pass --force to replace it")
     _check_replaceable(src, dst)
     config, state = _read_checkpoint(src)
+    warnings = []
+    if target.scheme is Scheme.FP8_BLOCK:
+        _check_block_experts(src, state)
+        warnings = _partial_block_warnings(state)
     tensors, ignored = quantize_state_dict(state, target)
     config["quantization_config"] = quantization_config(target, ignored)
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
-        staging = Path(tmp) / "out"
-        staging.mkdir()
-        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        for name in SIDE_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, staging / name)
-        if dst.exists():
-            shutil.rmtree(dst)
-        staging.rename(dst)
+    _write(src, dst, tensors, config)
     quantized = sum(1 for n in state if _QUANTIZED.match(n))
     return {"dst": str(dst), "scheme": target.scheme.value, "format": target.fmt, "quantized": quantized,
-            "kept": len(state) - quantized, "ignored": ignored}
+            "kept": len(state) - quantized, "ignored": ignored, "warnings": warnings}
+
+
+def _write(src: Path, dst: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """DST appears whole or not at all: the files are written to a temporary folder beside it, which
+    is renamed into place; on failure nothing is left, not even the parent folders made for it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    made = _missing_parents(dst)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
+            staging = Path(tmp) / "out"
+            staging.mkdir()
+            save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            for name in SIDE_FILES:
+                if (src / name).is_file():
+                    shutil.copyfile(src / name, staging / name)
+            _replace(staging, dst, Path(tmp) / "old")
+    except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error
+        for folder in made:
+            _remove_if_empty(folder)
+        if isinstance(exc, OSError) and exc.filename and Path(exc.filename).parent == src:  # a side file
+            raise QuantizeError(f"SRC {unreadable(Path(exc.filename), exc)}") from None
+        raise QuantizeError(_unwritable(dst, exc)) from None
+
+
+def _replace(staging: Path, dst: Path, old: Path) -> None:
+    """Rename `staging` to `dst`; an existing DST (--force) is moved to `old`, which the temporary
+    folder deletes, and moved back if the rename fails, so a failure never loses the earlier output."""
+    if dst.exists():
+        dst.rename(old)
+    try:
+        staging.rename(dst)
+    except OSError:
+        if old.exists():
+            old.rename(dst)
+        raise
+
+
+def _missing_parents(dst: Path) -> list[Path]:
+    """The folders above DST that do not exist yet, deepest first."""
+    missing = []
+    for parent in dst.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty, or never made: leave it
+        pass
+
+
+def _unwritable(dst: Path, exc: Exception) -> str:
+    """One line: DST, where and why it cannot be written, and the fix."""
+    existing = next((p for p in dst.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        cause = f"{existing} is a file, not a folder"
+    elif isinstance(exc, OSError):
+        where = Path(exc.filename) if exc.filename else dst.parent
+        if where != dst and where not in dst.parents:  # a file of the temporary folder beside DST
+            where = dst.parent
+        cause = f"{where}: {exc.strerror or exc}"
+    else:  # SafetensorError: "Error while serializing: I/O error: No space left on device (os error 28)"
+        cause = f"{dst.parent}: {str(exc).rpartition('I/O error: ')[2] or exc}"
+    return (f"DST {dst} cannot be written ({cause}); no partial output was left. Choose a folder on a writable file "
+            "system with room for the checkpoint, or free space")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -272,6 +377,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"wrote {summary['dst']}: {summary['quantized']} linear weights in {summary['scheme']} "
           f"({summary['format']}), {summary['kept']} tensors kept; unquantized modules: {', '.join(summary['ignored'])}")
+    for warning in summary["warnings"]:
+        print(f"quantgate quantize: warning: {warning}", file=sys.stderr)
     if summary["scheme"] == Scheme.FP8_TENSOR.value and summary["format"] == "native":
         print(NATIVE_TENSOR_NOTE, file=sys.stderr)
     return 0

@@ -34,7 +34,7 @@ from quantgate.kernels import IncompatibleBufferError
 
 from . import AsyncEngine, EngineDeadError, InvalidRequestError, LoadedModel, RequestOutput, SamplingParams
 from .chat_template import SPECIAL_TOKENS, ChatTemplate, ChatTemplateError
-from .loader import WeightsPartlyReloaded
+from .loader import ConfigChanged, WeightsPartlyReloaded
 from .metrics import PROMETHEUS_CONTENT_TYPE, RequestMetricsMiddleware, ServerMetrics
 from .protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -698,6 +698,9 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         start = time.perf_counter()
         try:
             await engine.reload_weights()
+        except ConfigChanged as exc:  # the folder is fine, for a restart: no advice to fix it
+            raise APIError(409, f"reload from {loaded.path} refused: {exc}. The served weights are unchanged",
+                           type="conflict", code="reload_failed") from None
         except (ValueError, SafetensorError) as exc:  # the files no longer fit the model; checked before any write
             raise APIError(409, f"reload from {loaded.path} failed: {exc}. The served weights are unchanged: fix "
                            "the checkpoint and reload again, or restart the server for a different model",

@@ -421,3 +421,158 @@ def test_fused_expert_tensors_are_refused_with_how_to_resave(moe_dir, tmp_path):
     save_file(tensors, str(fused_dir / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"stores fused MoE experts \(model\.layers\.0\.mlp\.experts\.down_proj\)"):
         load_model(fused_dir, device="cpu")
+
+
+# ---- integer or bool tensors where floats belong: refused, never cast to floats ---------------------------
+
+O_PROJ = "model.layers.0.self_attn.o_proj"
+
+
+def _as_int8(w: torch.Tensor) -> torch.Tensor:
+    return (w.float() * 100).round().clamp(-127, 127).to(torch.int8)
+
+
+@pytest.mark.parametrize("case,model,edit,message", [
+    ("int8 weight", "tiny-qwen3", _set(f"{O_PROJ}.weight", _as_int8),
+     f"{O_PROJ}.weight: stored as torch.int8; unquantized weights must be float32, bfloat16 or float16"),
+    ("bool weight", "tiny-qwen3", _set(f"{O_PROJ}.weight", lambda w: w > 0), f"{O_PROJ}.weight: stored as torch.bool"),
+    ("int lm_head", "tiny-qwen3-fp8-block-native",
+     _add("lm_head.weight", lambda t: _as_int8(t["model.embed_tokens.weight"])),
+     "lm_head.weight: stored as torch.int8; unquantized weights"),
+    ("int scale", "tiny-qwen3-fp8-block-native",
+     _set(f"{DOWN}.weight_scale_inv", lambda s: (s * 1e4).to(torch.int32) + 1),
+     f"{DOWN}.weight_scale_inv: stored as torch.int32; scales must be float32, bfloat16 or float16"),
+    ("int experts", "tiny-qwen3-moe", lambda t: t.update({n: _as_int8(w) for n, w in t.items() if ".experts." in n}),
+     "model.layers.0.mlp.experts.*: stored as torch.int8; unquantized weights"),
+    ("int merged part", "tiny-qwen3", _set("model.layers.0.self_attn.k_proj.weight", _as_int8),
+     "model.layers.0.self_attn.q_proj.weight + model.layers.0.self_attn.k_proj.weight + "
+     "model.layers.0.self_attn.v_proj.weight: these tensors cannot be joined ((256, 256) torch.bfloat16, (128, 256) "
+     "torch.int8, (128, 256) torch.bfloat16): an integer or bool tensor among floats would be cast"),
+])
+def test_integer_or_bool_tensors_where_floats_belong_are_refused_naming_them(tmp_path, case, model, edit, message):
+    """They were cast to floats silently (int8 codes served as weights); embeddings and norms were refused."""
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(_edited(SHIPPED_MODELS / model, tmp_path, case.replace(" ", "-"), edit), device="cpu")
+
+
+def test_float_tensors_of_another_float_dtype_still_load(tmp_path):
+    def edit(tensors):
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].float()
+        tensors[f"{DOWN}.weight_scale_inv"] = tensors[f"{DOWN}.weight_scale_inv"].bfloat16()
+        tensors["model.layers.0.self_attn.k_proj.weight_scale_inv"] = tensors[
+            "model.layers.0.self_attn.k_proj.weight_scale_inv"].half()
+
+    load_model(_edited(SHIPPED_MODELS / "tiny-qwen3-fp8-block-native", tmp_path, "floats", edit), device="cpu")
+    load_model(_edited(SHIPPED_MODELS / "tiny-qwen3", tmp_path, "fp16", _set(f"{O_PROJ}.weight", lambda w: w.half())),
+               device="cpu")
+
+
+def test_a_reload_after_a_re_export_in_another_format_says_to_restart(tmp_path):
+    """It blamed the new folder's scale names and said to re-export it, though the folder is fine:
+    the model was built for the old format, and only a restart serves the new one."""
+    from quantgate.engine import quantize
+
+    served = tmp_path / "served"
+    quantize.quantize_checkpoint(SHIPPED_MODELS / "tiny-qwen3", served, "fp8-block", "native")
+    loaded = load_model(served, device="cpu", linear_backend="emulation")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    before = _logits(loaded, prompt)
+    quantize.quantize_checkpoint(SHIPPED_MODELS / "tiny-qwen3", served, "fp8-block", "compressed-tensors", force=True)
+    with pytest.raises(CheckpointError) as info:
+        loaded.reload_weights()
+    assert str(info.value) == (
+        f"{served / 'config.json'}: the checkpoint's config changed since the server started (quantization_config: "
+        "native fp8-block with `weight_scale_inv` scales in 128x128 blocks -> compressed-tensors fp8-block with "
+        "`weight_scale` scales in 128x128 blocks); restart the server to serve the new format (reload only swaps "
+        "weights of the same format and shapes)")
+    assert torch.equal(_logits(loaded, prompt), before)
+    load_model(served, device="cpu")  # what a restart does
+    config = json.loads((served / "config.json").read_text())
+    (served / "config.json").write_text(json.dumps(dict(config, intermediate_size=640)))
+    with pytest.raises(CheckpointError, match=re.escape("intermediate_size: 768 -> 640")):
+        loaded.reload_weights()
+
+
+# ---- a tensor missing from the checkpoint: the cause, where the files or config.json show it --------------
+
+def _sharded(src: Path, dst: Path, edit_index, drop: tuple[str, ...] = ()) -> Path:
+    """`src` in two shards, without the tensors `drop`, and an index whose weight_map went through
+    `edit_index`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    (dst / "model.safetensors").unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate([names[: len(names) // 2], names[len(names) // 2:]]):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({name: tensors[name] for name in part if name not in drop}, str(dst / file))
+        weight_map.update({name: file for name in part})
+    edit_index(weight_map)
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def _configured(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    edit(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def _static(config: dict) -> None:
+    qc = config["quantization_config"]
+    if qc["quant_method"] == "fp8":
+        qc["activation_scheme"] = "static"
+    else:
+        qc["config_groups"]["group_0"]["input_activations"]["dynamic"] = False
+
+
+O_SCALE = f"{O_PROJ}.weight_scale_inv"  # in the first of the two shards
+SHARD_1, SHARD_2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+BLOCK_NATIVE = "tiny-qwen3-fp8-block-native"
+STATIC_NO_SCALES = ("config.json's quantization_config has static activations ({}), which need an input_scale for "
+                    "every quantized linear, and the checkpoint has none (it was quantized for dynamic activations): "
+                    "set {}")
+
+
+@pytest.mark.parametrize("case,model,folder,message", [
+    ("index names another shard", BLOCK_NATIVE, lambda src, dst: _sharded(src, dst, lambda wm: wm.update(
+        {O_SCALE: SHARD_2})),
+     f"tensor '{O_SCALE}' is missing from the checkpoint; model.safetensors.index.json maps it to {SHARD_2}, which "
+     f"does not hold it; {SHARD_1} holds it: correct the index's weight_map entry"),
+    ("index names a shard, none holds it", BLOCK_NATIVE, lambda src, dst: _sharded(src, dst, lambda wm: None,
+                                                                                    drop=(O_SCALE,)),
+     f"tensor '{O_SCALE}' is missing from the checkpoint; model.safetensors.index.json maps it to {SHARD_1}, which "
+     "does not hold it; no file the index names holds it: copy that file again, or re-download the checkpoint"),
+    ("index omits it", BLOCK_NATIVE, lambda src, dst: _sharded(src, dst, lambda wm: wm.pop(O_SCALE)),
+     f"tensor '{O_SCALE}' is missing from the checkpoint; model.safetensors.index.json does not list it, though "
+     f"{SHARD_1} holds it: add it to the index's weight_map (or regenerate the index)"),
+    ("untied without lm_head", BLOCK_NATIVE, lambda src, dst: _configured(
+        src, dst, lambda c: c.update(tie_word_embeddings=False)),
+     "tensor 'lm_head.weight' is missing from the checkpoint; config.json has tie_word_embeddings: false, so lm_head "
+     "needs a weight of its own; if the model ties lm_head to the embeddings (transformers then saves no "
+     "lm_head.weight), set tie_word_embeddings: true"),
+    ("static native", "tiny-qwen3-fp8-tensor-native", lambda src, dst: _configured(src, dst, _static),
+     "tensor 'model.layers.0.self_attn.q_proj.input_scale' is missing from the checkpoint; "
+     + STATIC_NO_SCALES.format("activation_scheme: static", "activation_scheme: dynamic")),
+    ("static compressed-tensors", "tiny-qwen3-moe-fp8-tensor-ct", lambda src, dst: _configured(src, dst, _static),
+     "tensor 'model.layers.0.self_attn.q_proj.input_scale' is missing from the checkpoint; "
+     + STATIC_NO_SCALES.format("input_activations with dynamic: false", "dynamic: true")),
+])
+def test_a_missing_tensor_is_named_with_its_cause_and_fix(tmp_path, case, model, folder, message):
+    """It said only "tensor X is missing from the checkpoint"."""
+    with pytest.raises(CheckpointError, match=re.escape(message) + "$"):
+        load_model(folder(SHIPPED_MODELS / model, tmp_path / "m"), device="cpu")
+
+
+def test_static_activations_with_some_input_scales_missing_say_which_is_missing(tmp_path):
+    static = quantize_folder(SHIPPED_MODELS / "tiny-qwen3", tmp_path / "q", Scheme.FP8_TENSOR, "fp8", static_input=True)
+    key = "model.layers.1.mlp.down_proj.input_scale"
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"tensor '{key}' is missing from the checkpoint; config.json's quantization_config has static activations "
+            "(activation_scheme: static), which need an input_scale for every quantized linear, and other linears have "
+            "one: re-export the checkpoint with all of them (or set activation_scheme: dynamic")):
+        load_model(_edited(static, tmp_path, "partial", lambda t: t.pop(key)), device="cpu")

@@ -303,3 +303,89 @@ def test_sources_already_quantized_or_not_finite_exit_3_naming_the_tensor_or_fie
     assert f"SRC {bad_json / 'config.json'} is not valid JSON" in refused(bad_json)
     qc_list = variant("qc", config=lambda c: json.dumps({**c, "quantization_config": ["x"]}))
     assert "config.json: quantization_config must be an object (or null), got ['x']" in refused(qc_list)
+
+
+def test_block_moe_whose_experts_are_not_whole_blocks_is_refused_before_writing(tmp_path, capsys) -> None:
+    """Each expert's gate and up rows stack into one weight: with moe_intermediate_size 96 neither
+    this engine's MoE kernels nor vLLM's Fp8MoEMethod load the fp8-block checkpoint, which used to be
+    written with exit 0 and no word."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from quantgate.engine import load_model
+    from tests.engine.tiny_models import write_tokenizer
+
+    torch.manual_seed(3)
+    config = Qwen3MoeConfig(vocab_size=192, hidden_size=256, intermediate_size=256, moe_intermediate_size=96,
+                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+    src = _save(Qwen3MoeForCausalLM(config), tmp_path / "src")
+    write_tokenizer(src, 192)
+    for fmt in ("native", "compressed-tensors"):
+        assert cli_main(["quantize", str(src), str(tmp_path / "d"), "--scheme", "fp8-block", "--format", fmt]) == 3
+        err = capsys.readouterr().err
+        assert ("moe_intermediate_size 96 (model.layers.0.mlp.experts.0.gate_proj.weight has 96 rows) is not a "
+                "multiple of the fp8-block height 128") in err and "vLLM's Fp8MoEMethod" in err
+        assert "Use --scheme fp8-channel --format compressed-tensors, or --scheme fp8-tensor" in err
+        assert not (tmp_path / "d").exists()
+    for scheme, fmt in (("fp8-channel", "compressed-tensors"), ("fp8-tensor", "native")):  # what it suggests serves
+        dst = tmp_path / scheme
+        assert cli_main(["quantize", str(src), str(dst), "--scheme", scheme, "--format", fmt]) == 0
+        load_model(dst, device="cpu")
+
+
+def test_block_linears_that_are_not_whole_blocks_warn_naming_them_and_who_refuses_them(dense_src, tmp_path,
+                                                                                      capsys) -> None:
+    """dense_src's intermediate size 320: this engine serves partial blocks (unmerged), vLLM refuses
+    merged gate/up parts that are not whole blocks, transformers cannot load them. A warning, not a
+    refusal."""
+    assert cli_main(["quantize", str(dense_src), str(tmp_path / "d"), "--scheme", "fp8-block",
+                     "--format", "native"]) == 0
+    err = capsys.readouterr().err
+    assert ("quantgate quantize: warning: these linears are not whole 128x128 blocks: model.layers.*.mlp.down_proj "
+            "[256, 320], model.layers.*.mlp.gate_proj [320, 256], model.layers.*.mlp.up_proj [320, 256]. quantgate "
+            "serve runs them; vLLM refuses model.layers.*.mlp.gate_proj, model.layers.*.mlp.up_proj (the parts of its "
+            "merged q/k/v and gate/up GEMMs need output rows that are a multiple of 128: validate_fp8_block_shape), "
+            "and transformers cannot load or run partial blocks") in err
+    assert "self_attn" not in err and err.count("\n") == 1
+    assert cli_main(["quantize", str(dense_src), str(tmp_path / "c"), "--scheme", "fp8-channel",
+                     "--format", "compressed-tensors"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_an_unusable_destination_is_one_line_and_exit_3(dense_src, tmp_path, capsys) -> None:
+    """A DST under a file or in /proc was a traceback with exit 1, which SPEC gives to a failed gate."""
+    (tmp_path / "afile").write_text("mine")
+    a_file = f"{tmp_path / 'afile'} is a file, not a folder"
+    for dst, cause in ((tmp_path / "afile" / "out", a_file), (tmp_path / "afile" / "sub" / "out", a_file),
+                       (Path("/proc/quantgate-out"), "/proc: "), (Path("/proc/quantgate/out"), "/proc/quantgate: ")):
+        assert cli_main(["quantize", str(dense_src), str(dst), "--scheme", "fp8-tensor", "--format", "native"]) == 3
+        err = capsys.readouterr().err
+        assert err.startswith(f"quantgate quantize: error: DST {dst} cannot be written ({cause}")
+        assert err.count("\n") == 1 and "no partial output was left" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_write_that_fails_midway_leaves_nothing_and_keeps_the_earlier_output(dense_src, tmp_path) -> None:
+    """A full disk during save_file (here a file-size limit: the same failed write) raised safetensors'
+    own error, a traceback and exit 1. Now: one line, exit 3, no partial folder, --force's earlier
+    output intact."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    earlier = tmp_path / "out"
+    quantize.quantize_checkpoint(dense_src, earlier, "fp8-tensor", "native")
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    for dst, force in ((tmp_path / "new" / "out", []), (earlier, ["--force"])):
+        proc = subprocess.run([sys.executable, "-m", "quantgate.harness.cli", "quantize", str(dense_src), str(dst),
+                               "--scheme", "fp8-block", "--format", "native", *force],
+                              capture_output=True, text=True, preexec_fn=small_files)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"error: DST {dst} cannot be written ({dst.parent}: File too large" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no new/, no temporary .out.* folder
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before

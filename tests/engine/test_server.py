@@ -446,6 +446,21 @@ def test_reload_from_a_changed_checkpoint_is_a_conflict(tmp_path: Path) -> None:
         assert complete(c, prompt="Vera", max_tokens=4, temperature=0)["choices"][0]["text"] == before
 
 
+def test_a_reload_after_config_json_changed_says_to_restart_not_to_fix_the_checkpoint(tmp_path: Path) -> None:
+    with _served_from_a_folder(tmp_path) as (model, _, c):
+        config = json.loads((model / "config.json").read_text())
+        flipped = dict(config, tie_word_embeddings=not config["tie_word_embeddings"])
+        (model / "config.json").write_text(json.dumps(flipped))
+        response = c.post("/v1/reload_weights")
+        message = response.json()["error"]["message"]
+        assert response.status_code == 409 and response.json()["error"]["code"] == "reload_failed", response.text
+        assert "the checkpoint's config changed since the server started (tie_word_embeddings: " in message
+        assert "restart the server to serve the new format" in message and "fix the checkpoint" not in message
+        assert message.endswith("The served weights are unchanged")
+        (model / "config.json").write_text(json.dumps(config))
+        assert c.post("/v1/reload_weights").status_code == 200
+
+
 def test_a_reload_refused_for_the_checkpoint_keeps_serving_the_old_weights(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors.torch import load_file, save_file
