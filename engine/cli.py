@@ -95,17 +95,27 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _serve(args, sock)
     except KeyboardInterrupt:  # SIGINT; while serving, uvicorn shuts down first and then re-raises it
-        _exit_by_sigint()
+        _exit_by_signal(signal.SIGINT)
+    except _Terminated:
+        _exit_by_signal(signal.SIGTERM)
     finally:
         sock.close()
 
 
-def _exit_by_sigint() -> NoReturn:
-    """End as a SIGTERM ends the server (uvicorn re-raises it after its shutdown): by the signal, so
-    the exit status says why, without the traceback Python prints for a KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.raise_signal(signal.SIGINT)
-    raise SystemExit(128 + signal.SIGINT)  # the shell's status for it, should SIGINT be blocked here
+class _Terminated(Exception):
+    """SIGTERM, as uvicorn re-raises it after its shutdown."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _exit_by_signal(signum: signal.Signals) -> NoReturn:
+    """End by the signal that stopped the server, once it has shut down, so the exit status says
+    why, without the traceback Python prints for a KeyboardInterrupt."""
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+    raise SystemExit(128 + signum)  # the shell's status for it, should the signal be blocked here
 
 
 def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
@@ -137,6 +147,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    # uvicorn re-raises the signals it caught once it has shut down, the last first. After SIGTERM
+    # and a forcing Ctrl-C, asyncio's SIGINT handler only cancels the main task, and SIGTERM's
+    # default action then killed the process before the requests still in flight were cancelled
+    # and answered 503 (CancelledRequestMiddleware): as an exception, it unwinds like Ctrl-C.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         asyncio.run(_run_until_stopped(server, sock, url, names[0]))
     finally:

@@ -152,8 +152,9 @@ def _flag_error(parser: argparse.ArgumentParser, fail: Callable[[str], None]) ->
             unknown = [a.split("=", 1)[0] for a in message[len(prefix):].split() if a.startswith("-")]
             hints = []
             for flag in unknown or message[len(prefix):].split():
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-                hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+                # Compared without the dashes every flag shares: they made --kv-cache-dtype "close" to --dtype.
+                close = difflib.get_close_matches(flag.lstrip("-"), [k[2:] for k in known], n=1, cutoff=0.6)
+                hints.append(f"{flag} (did you mean --{close[0]}?)" if close else flag)
             message = (f"unknown flag(s): {', '.join(hints)}. Known flags: {', '.join(known)}. "
                        "A vLLM-only flag needs `engine: vllm` in the eval config")
         fail(message)

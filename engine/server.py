@@ -147,14 +147,15 @@ class OpenAIServer:
 
     # -- text <-> tokens (the folder's tokenizer.json through `tokenizers`; a folder may ship none)
 
-    async def encode(self, text: str, add_special_tokens: bool, param: str) -> TokenIds:
+    async def encode(self, text: str, add_special_tokens: bool, param: str, bounded: bool = True) -> TokenIds:
         """Token ids of `text`, off the event loop (encode_batch releases the GIL, so other
-        clients keep streaming); a text that cannot fit max_model_len is refused untokenized."""
+        clients keep streaming); with `bounded` (a prompt to run), a text that cannot fit
+        max_model_len is refused untokenized."""
         if self.tokenizer is None:
             raise APIError(400, f"this model folder has no tokenizer, so {param} cannot be text; "
                            "send the prompt as token ids to /v1/completions", param=param)
         limit = self.settings.max_model_len
-        if self.max_token_bytes and len(text.encode()) > limit * self.max_token_bytes:
+        if bounded and self.max_token_bytes and len(text.encode()) > limit * self.max_token_bytes:
             raise APIError(400, f"This model's maximum context length is {limit} tokens; the {param} text "
                            f"({len(text.encode())} bytes) is longer than any {limit} tokens can be. "
                            "Shorten it.", param=param, code="context_length_exceeded")
@@ -464,9 +465,12 @@ class OpenAIServer:
         if req.messages is not None:
             text = self.render_chat(ChatCompletionRequest(messages=req.messages,
                                                           add_generation_prompt=req.add_generation_prompt))
-            ids = await self.encode(text, add_special_tokens=False, param="messages")
+            ids = await self.encode(text, add_special_tokens=False, param="messages", bounded=False)
         else:
-            ids = await self.encode(req.prompt, add_special_tokens=req.add_special_tokens, param="prompt")
+            # Unbounded, as vLLM's: lm-eval counts a whole document here before cutting it into
+            # windows that fit (loglikelihood_rolling), and a refusal aborted its run.
+            ids = await self.encode(req.prompt, add_special_tokens=req.add_special_tokens, param="prompt",
+                                    bounded=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.settings.max_model_len, tokens=ids)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
@@ -654,6 +658,12 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         kind = "invalid_request_error" if exc.status_code < 500 else "internal_error"
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's words
+            # What json.loads raises besides JSONDecodeError (a validation error of its own): bytes
+            # that are not UTF-8, nesting deeper than Python's recursion limit.
+            message = ("the request body cannot be read as JSON: it is not UTF-8 text, or its JSON nests too deeply; "
+                       "send a JSON object encoded as UTF-8")
+            code = "invalid_body"
         if exc.status_code in (404, 405):
             message = f"{message}: {request.method} {request.url.path}; this server has {', '.join(routes)}"
         return APIError(exc.status_code, message, type=kind, code=code).response()

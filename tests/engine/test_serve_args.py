@@ -36,6 +36,13 @@ def test_refused_flags_get_the_servers_own_message(args: list[str], expected: st
     assert problem is not None and expected in problem, problem
 
 
+@pytest.mark.parametrize("flag", ["--kv-cache-dtype", "--bogus"])
+def test_a_did_you_mean_is_not_matched_on_the_dashes(flag: str) -> None:
+    # --kv-cache-dtype was "close" to --dtype (a change of results) by the shared leading "--".
+    problem = usage_problem([flag, "fp8"])
+    assert problem is not None and f"unknown flag(s): {flag}. Known" in problem, problem
+
+
 def test_a_vllm_only_flag_points_at_engine_vllm() -> None:
     assert "needs `engine: vllm`" in usage_problem(["--gpu-memory-utilization", "0.9"])
 

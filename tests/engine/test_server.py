@@ -762,11 +762,23 @@ def test_malformed_bodies(client: TestClient, path: str, raw: bytes) -> None:
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("raw", [b'{"prompt": "\xff\xfe abc"}', b"[" * 100_000])
+def test_bodies_json_cannot_read_say_why(client: TestClient, raw: bytes) -> None:
+    """FastAPI's own words were "There was an error parsing the body", with no cause or fix."""
+    response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_body"
+    assert "not UTF-8 text, or its JSON nests too deeply" in response.json()["error"]["message"]
+
+
 def test_text_too_long_for_any_tokenization_is_refused_untokenized(client: TestClient) -> None:
     response = client.post("/v1/completions", json={"prompt": "Ava " * 500_000})
     assert_openai_error(response, 400, "prompt")
     assert response.json()["error"]["code"] == "context_length_exceeded"
     assert "longer than any" in response.json()["error"]["message"]
+    # /tokenize counts it, as vLLM's does: lm-eval's rolling loglikelihood sends whole documents
+    # there before cutting them into windows that fit, and a refusal aborted its run.
+    counted = client.post("/tokenize", json={"prompt": "Ava " * 5_000}).json()
+    assert counted["count"] > MAX_MODEL_LEN and counted["max_model_len"] == MAX_MODEL_LEN
 
 
 def test_unknown_routes_and_methods(client: TestClient) -> None:

@@ -301,7 +301,47 @@ def test_disconnect_aborts_a_plain_request(server: LiveServer) -> None:
 def test_sigterm_shuts_down_gracefully(server: LiveServer) -> None:
     # uvicorn finishes its shutdown, then re-raises the signal so the exit status tells why.
     assert server.stop() == -signal.SIGTERM
-    assert "Finished server process" in server.log_path.read_text()
+    log = server.log_path.read_text()
+    assert "Finished server process" in log and "Traceback" not in log, log
+
+
+def test_a_forced_quit_after_sigterm_answers_the_requests_in_flight(model_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (graceful: waits for requests), then Ctrl-C (force): the requests still running get
+    a 503 and a stream its error event, as after two Ctrl-Cs. SIGTERM's default action had killed
+    the process when uvicorn re-raised it, and every client saw the connection drop."""
+    import concurrent.futures
+    import json
+
+    live = LiveServer(model_dir, tmp_path / "server.log")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+
+    def plain() -> httpx.Response:
+        return httpx.post(f"{live.url}/v1/completions", json=body, headers=headers, timeout=120)
+
+    def streamed() -> list[str]:
+        with httpx.stream("POST", f"{live.url}/v1/completions", json={**body, "stream": True}, headers=headers,
+                          timeout=120) as response:
+            return [line for line in response.iter_lines() if line]
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers, events = pool.submit(plain), pool.submit(streamed)
+            deadline = time.monotonic() + 30
+            while metric(live.metrics(), "quantgate_num_requests_running") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            live.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # uvicorn waits for the requests; 2000 tokens take seconds
+            status = live.stop(signal.SIGINT)
+            answer, lines = answers.result(), events.result()
+    finally:
+        if live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_shutting_down", answer.text
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][len("data: "):])["error"]["code"] == \
+        "server_shutting_down", lines[-3:]
+    assert status in (-signal.SIGINT, -signal.SIGTERM)
 
 
 def test_sigint_shuts_down_as_sigterm_does_without_a_traceback(model_dir: Path, tmp_path: Path) -> None:
