@@ -336,8 +336,10 @@ def load_config(path: Path | str, engine: Engine | None = None) -> EvalConfig:
     return result.config
 
 
-def inspect_config(path: Path | str, engine: Engine | None = None) -> Inspection:
-    """Validate one config file and collect every error and warning (for lint)."""
+def inspect_config(path: Path | str, engine: Engine | None = None, models: bool = False) -> Inspection:
+    """Validate one config file and collect every error and warning (for lint); with `models`,
+    also warn when a builtin config's model folder is not found here (lint's check of the files a
+    config names: `quantgate run` refuses such a config itself)."""
     path = Path(path)
     report = Inspection(path=path, config=None)
     try:
@@ -362,16 +364,18 @@ def inspect_config(path: Path | str, engine: Engine | None = None) -> Inspection
         kind = type(doc.data).__name__
         report.errors.append(ConfigError(path, 1, "", f"a config must be a mapping of keys to values, got a {kind}"))
         return report
-    _Loader(path, raw, doc, engine, report).run()
+    _Loader(path, raw, doc, engine, report, models).run()
     return report
 
 
 class _Loader:
     """One file's journey from YAML to EvalConfig, with every problem located."""
 
-    def __init__(self, path: Path, raw: bytes, doc: YamlDocument, engine: Engine | None, report: Inspection):
+    def __init__(self, path: Path, raw: bytes, doc: YamlDocument, engine: Engine | None, report: Inspection,
+                 models: bool = False):
         self.path, self.raw, self.doc, self.report = path, raw, doc, report
         self.engine_override = engine
+        self.check_models = models
         self.data: dict[str, Any] = doc.data
         self.origin: dict[str, KeyPath] = {}  # EvalConfig field -> YAML key path it came from
         self.arg_origin: dict[int, KeyPath] = {}  # server_args index -> the option key that added it
@@ -607,6 +611,8 @@ class _Loader:
         self._check_server_flags(config)
         self._check_expect(config)
         self._check_parallel_gpus(config)
+        if self.check_models:
+            self._check_model_folder(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
         metric = self._check_task(config)
@@ -672,6 +678,20 @@ class _Loader:
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
                       "to run this command, or remove it")
+
+    def _check_model_folder(self, config: EvalConfig) -> None:
+        """A name that points into a local folder (an absolute path, or one whose first part is a
+        folder next to the config, above it or in the CWD: `models/tiny-qwen3-fp8-block`) but
+        holds no model. Not a hub id (`Qwen/Qwen3-8B`, no `Qwen/` folder) nor a bare name. A
+        warning, not an error: a shipped FP8 variant exists only once `make models` built it."""
+        name = Path(config.model_name)
+        bases = (config.source.parent, *config.source.parent.parents, Path.cwd())
+        local = name.is_absolute() or (len(name.parts) > 1 and any((b / name.parts[0]).is_dir() for b in bases))
+        if config.engine == "builtin" and local and not (Path(resolve_model(config)) / "config.json").is_file():
+            self.warn(self._at("model_name"), f"{config.model_name} is not a model folder here (no config.json next to "
+                      "the config, in a folder above it, or in the current directory), so `quantgate run` refuses "
+                      "it: fix the path (a shipped FP8 variant is built by `make models`), or set `engine: vllm` for "
+                      "a hub id")
 
     def _check_parallel_gpus(self, config: EvalConfig) -> None:
         """A vLLM server of tensor x pipeline x data parallelism N needs N GPUs: `quantgate
@@ -910,6 +930,19 @@ def _file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def resolve_model(config: EvalConfig) -> str:
+    """A relative local model folder is found next to the config, above it, or in the CWD;
+    anything else (a hub id) is passed through."""
+    name = config.model_name
+    if Path(name).is_absolute():
+        return name
+    for base in (config.source.parent, *config.source.parent.parents, Path.cwd()):
+        candidate = base / name
+        if (candidate / "config.json").is_file():
+            return str(candidate.resolve())
+    return name
 
 
 def builtin_flags_problem(config: EvalConfig) -> str | None:

@@ -36,7 +36,7 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
-                     load_config, count_test_questions)
+                     load_config, count_test_questions, resolve_model)
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
@@ -255,19 +255,6 @@ def _cell(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- planning
-
-
-def resolve_model(config: EvalConfig) -> str:
-    """A relative local model folder is found next to the config, above it, or in the CWD;
-    anything else (a hub id) is passed through."""
-    name = config.model_name
-    if Path(name).is_absolute():
-        return name
-    for base in (config.source.parent, *config.source.parent.parents, Path.cwd()):
-        candidate = base / name
-        if (candidate / "config.json").is_file():
-            return str(candidate.resolve())
-    return name
 
 
 class PlanError(Exception):

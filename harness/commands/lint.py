@@ -78,7 +78,7 @@ def lint(paths: list[str], engine: str | None = None) -> tuple[list[ConfigError]
     warnings: list[ConfigError] = []
     configs: list[EvalConfig] = []
     for path in configs_files.values():
-        report = inspect_config(path, engine)  # type: ignore[arg-type]
+        report = inspect_config(path, engine, models=True)  # type: ignore[arg-type]
         errors += report.errors
         warnings += report.warnings
         if report.config is not None:

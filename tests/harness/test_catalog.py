@@ -18,7 +18,7 @@ from quantgate.harness.backends import canonical
 from quantgate.harness.cli import main
 from quantgate.harness.config import EvalConfig, expand_paths, list_file_entries, load_config
 from quantgate.harness.pipeline import build_pipeline, collect, select_for_changes
-from quantgate.harness.runner import resolve_model
+from quantgate.harness.config import resolve_model
 from quantgate.kernels import (
     LinearLayerConfig,
     MoELayerConfig,

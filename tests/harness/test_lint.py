@@ -197,3 +197,22 @@ def test_listed_gen1_values_a_gate_reads_are_quiet(tmp_path: Path, capsys: pytes
     config.write_text(GEN1_TWO + gate)
     assert main(["lint", str(config)]) == 0
     assert "0 warning(s)" in capsys.readouterr().err
+
+
+def test_a_builtin_model_folder_that_is_not_there_warns_on_its_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """lint passed a typo in model_name that `quantgate run` then refused (exit 3) before any server."""
+    (tmp_path / "models" / "real").mkdir(parents=True)
+    (tmp_path / "models" / "real" / "config.json").write_text("{}")
+    (tmp_path / "typo.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: models/reel\n")
+    (tmp_path / "found.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: models/real\n")
+    # A hub id names no local folder (no `Qwen/` here), whatever the engine; neither does a bare name.
+    (tmp_path / "hub.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: Qwen/Qwen3-8B\n")
+    (tmp_path / "bare.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: m\n")
+    (tmp_path / "absolute.yaml").write_text(f"accuracy_threshold: 0.5\nmodel_name: {tmp_path / 'nowhere'}\n")
+    files = [str(tmp_path / f"{name}.yaml") for name in ("typo", "found", "hub", "bare", "absolute")]
+    assert main(["lint", *files]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{tmp_path / 'typo.yaml'}:2: warning: model_name: models/reel is not a model folder here")
+    assert f"{tmp_path / 'absolute.yaml'}:2: warning: model_name: {tmp_path / 'nowhere'} is not a model folder" in out
+    assert "make models" in out and "5 config(s): 0 error(s), 2 warning(s)" in err

@@ -28,7 +28,7 @@ import pandas as pd
 from quantgate.harness.config import load_config
 from quantgate.harness.gates import paired
 from quantgate.harness.results import markdown_table
-from quantgate.harness.runner import resolve_model
+from quantgate.harness.config import resolve_model
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
