@@ -678,7 +678,8 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             report, where = _kernel_report(config, server)
         _judge(record, item, config, server, outcome, report, where)
     except ServerStartError as exc:
-        record.reason = f"server did not start: {exc}"
+        # A --server-url server is the user's and running: it did not start here, it was not usable.
+        record.reason = f"{'server not usable' if options.server_url else 'server did not start'}: {exc}"
         record.log_tail = exc.log_tail
         # quantgate serve exits 3 for what the config asks that cannot work here (the model
         # folder's contents, a backend that cannot serve a layer): fixing the config, not a retry.

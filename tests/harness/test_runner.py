@@ -190,6 +190,7 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
         if expected_code == 0:
             assert result["kernels"]["source"] == "GET /v1/kernels"
         else:
+            assert result["reason"].startswith("server not usable: --server-url ")  # the user's, running
             assert "refused the request (401): the API key is wrong" in result["reason"]
 
 
