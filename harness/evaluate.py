@@ -7,19 +7,26 @@ dataset replaced by the config's local files (absolute paths: lm-eval resolves r
 lm-eval's own.
 
 A request that fails is never scored: lm-eval retries it, then aborts the whole evaluation.
-Every answer received before that is recorded as it arrives, so an aborted run still keeps
-(and scores, with the task's own filters) the questions answered so far. lm-eval is imported
-lazily: it costs seconds and `quantgate lint` never needs it.
+So is a 200 that is not an OpenAI completion response (no JSON, no answer, more choices than
+prompts). A request that times out (on either of lm-eval's paths, a body that stalls after the
+headers too) or is answered as another model than the one asked for aborts at once: a retry
+would wait, or answer, the same. Every answer received before that is recorded as it arrives,
+with its finish_reason, so an aborted run still keeps (and scores, with the task's own filters)
+the questions answered so far. lm-eval is imported lazily: it costs seconds and `quantgate lint`
+never needs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import difflib
+import errno
 import functools
 import gc
 import hashlib
+import json
 import logging
 import math
 import os
@@ -34,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .results import ArtifactsUnwritable
 
 INVALID = "[invalid]"  # lm-eval's RegexFilter fallback when no answer can be extracted
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
@@ -58,6 +67,12 @@ class RequestTimedOut(BaseException):
     """
 
 
+class WrongModelAnswered(BaseException):
+    """A response named another model than the one the requests asked for: whatever answers at
+    the server's address (a proxy, a router) serves another model, so its answers are not the
+    model under test's. A BaseException, like RequestTimedOut: every retry would get the same."""
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     base_url: str  # server root, e.g. http://127.0.0.1:8000
@@ -77,6 +92,9 @@ class EvalSettings:
     use_chat_completions: bool = False
     gen_prefix: str | None = None
     api_key: str | None = None  # sent as a bearer token; never in model_args (repro prints those)
+    # Other names a response's `model` may carry for `model`: the server's aliases of the same model
+    # (vLLM and quantgate serve answer with the first --served-model-name whichever one was asked for).
+    model_aliases: tuple[str, ...] = ()
 
 
 @dataclass
@@ -91,6 +109,11 @@ class EvalOutcome:
     task_file: Path
     task_sha256: str
     dataset_sha256: dict[str, str] = field(default_factory=dict)
+    # How many answers stopped because they reached max_tokens (finish_reason "length"), of those
+    # whose finish_reason the server gave (`finish_reasons`, by reason); None when it gave none.
+    truncated: int | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    config_error: bool = False  # the error is the server setup's or the config's: a retry cannot help
 
 
 def dataset_hashes(test: Path | None, train: Path | None) -> dict[str, str]:
@@ -447,9 +470,12 @@ def _recording_model_class(chat: bool) -> type:
     class Recording(base):
         """`base` that keeps every answer as it arrives and never retries a timed-out request."""
 
-        def __init__(self, *, on_progress: ProgressCallback | None, **kwargs: Any) -> None:
+        def __init__(self, *, on_progress: ProgressCallback | None, model_aliases: tuple[str, ...] = (),
+                     **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.answers: dict[str, str] = {}
+            self.finish_reasons: dict[str, str | None] = {}  # by prompt, as `answers`
+            self._answering_models = {self.model, *model_aliases}
             self.requested = 0
             self.clock = _BusyClock()
             self._on_progress = on_progress
@@ -479,17 +505,30 @@ def _recording_model_class(chat: bool) -> type:
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
         def _record(self, messages: Any, answers: list) -> None:
-            batch = messages if isinstance(messages, (list, tuple)) else [messages]
-            for message, answer in zip(batch, answers):
+            batch = _batch(messages)
+            if len(answers) != len(batch):  # zipped, the extra answers would be dropped or misattributed
+                raise MalformedResponse(f"the server answered 200 with {len(answers)} choices for {len(batch)} "
+                                        "prompt(s)")
+            reasons = _PARSED_FINISH.get()
+            for i, (message, answer) in enumerate(zip(batch, answers)):
                 self.answers[_prompt_key(message)] = answer
+                self.finish_reasons[_prompt_key(message)] = reasons[i] if i < len(reasons) else None
             if self._on_progress is not None:
                 self._on_progress(len(self.answers), self.requested)
 
         def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
             # lm-eval turns a body it cannot read into "" (a wrong answer); here it is an error,
             # retried like an HTTP error and, if it persists, the run's ERROR.
-            texts = [text for out in (outputs if isinstance(outputs, list) else [outputs])
-                     for text in _choice_texts(out, chat)]
+            parsed = []
+            for out in outputs if isinstance(outputs, list) else [outputs]:
+                choices = _choices(out, chat)
+                answered_as = out.get("model")
+                if isinstance(answered_as, str) and answered_as not in self._answering_models:
+                    raise WrongModelAnswered(answered_as)
+                parsed += choices
+            # For `_record`, in this request's own context (an asyncio task has one of its own).
+            _PARSED_FINISH.set([reason for _, reason in parsed])
+            texts = [text for text, _ in parsed]
             if not chat:
                 return texts
             from lm_eval.models.utils import postprocess_generated_text
@@ -504,6 +543,12 @@ def _recording_model_class(chat: bool) -> type:
                                                     **kwargs)
             except TimeoutError:  # aiohttp's total timeout
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
+            except aiohttp.ContentTypeError as exc:  # a 200 whose body is not JSON (a proxy's HTML page)
+                raise MalformedResponse(f"the server answered {exc.status} with a body that is not JSON "
+                                        f"({exc.message})") from None
+            except json.JSONDecodeError as exc:
+                raise MalformedResponse(f"the server answered 200 with a body that is not valid JSON ({exc}: "
+                                        f"{exc.doc[:200]!r})") from None
             except aiohttp.ClientResponseError as exc:
                 await asyncio.sleep(_retry_after_s(exc.status, exc.headers))
                 raise
@@ -517,7 +562,14 @@ def _recording_model_class(chat: bool) -> type:
             self.clock.start()
             try:
                 outputs = super().model_call(messages, **kwargs)
-            except requests.exceptions.Timeout:
+            except requests.exceptions.JSONDecodeError as exc:  # before the ConnectionError: not a transport one
+                raise MalformedResponse(f"the server answered 200 with a body that is not valid JSON ({exc.msg} at "
+                                        f"char {exc.pos}: {exc.doc[:200]!r})") from None
+            except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
+                # A body that stalls after the headers: requests wraps urllib3's read timeout in a
+                # ConnectionError, which lm-eval would retry. A timeout all the same.
+                if not _read_timeout(exc):
+                    raise
                 raise RequestTimedOut(f"no answer within {self.timeout} s (request_timeout_seconds)") from None
             except requests.exceptions.HTTPError as exc:
                 response = exc.response
@@ -533,14 +585,38 @@ def _recording_model_class(chat: bool) -> type:
     return Recording
 
 
+# The finish_reasons of the response body parsed last in this context (an asyncio task's own).
+_PARSED_FINISH: contextvars.ContextVar[list[str | None]] = contextvars.ContextVar("quantgate_finish", default=[])
+
+
+def _batch(messages: Any) -> list[Any]:
+    return list(messages) if isinstance(messages, (list, tuple)) else [messages]
+
+
+def _read_timeout(exc: BaseException) -> bool:
+    """requests' Timeout, or its ConnectionError around urllib3's ReadTimeoutError (a body that
+    stalls after the headers)."""
+    import requests
+    import urllib3
+
+    if isinstance(exc, requests.exceptions.Timeout):
+        return True
+    return any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
+
+
 class MalformedResponse(Exception):
     """A 200 whose body holds no answer: never scored, retried, then the run's ERROR."""
 
 
 def _choice_texts(out: Any, chat: bool) -> list[str]:
-    """The answers of one response body, in choice order, or MalformedResponse saying what is wrong.
-    A null text is an empty answer only when the server says generation stopped at max_tokens
-    (a reasoning model can spend them all before any content)."""
+    """The answers of one response body, in choice order (see `_choices`)."""
+    return [text for text, _ in _choices(out, chat)]
+
+
+def _choices(out: Any, chat: bool) -> list[tuple[str, str | None]]:
+    """The answers of one response body and their finish_reasons, in choice order, or
+    MalformedResponse saying what is wrong. A null text is an empty answer only when the server
+    says generation stopped at max_tokens (a reasoning model can spend them all before any content)."""
     if not isinstance(out, dict):
         raise MalformedResponse(f"the server answered 200 with a {type(out).__name__}, not a JSON object")
     if out.get("error"):
@@ -550,6 +626,7 @@ def _choice_texts(out: Any, chat: bool) -> list[str]:
         raise MalformedResponse(f"the server answered 200 with no choices ({str(out)[:300]})")
     field = "message.content" if chat else "text"
     texts: list[str | None] = [None] * len(choices)
+    reasons: list[str | None] = [None] * len(choices)
     for position, choice in enumerate(choices):
         index = choice.get("index", position) if isinstance(choice, dict) else None
         if not isinstance(index, int) or not 0 <= index < len(choices) or texts[index] is not None:
@@ -561,7 +638,9 @@ def _choice_texts(out: Any, chat: bool) -> list[str]:
         if not isinstance(text, str):
             raise MalformedResponse(f"the server answered 200 with no {field} in choice {index} ({str(choice)[:300]})")
         texts[index] = text
-    return texts
+        reason = choice.get("finish_reason")
+        reasons[index] = reason if isinstance(reason, str) else None
+    return [(str(text), reason) for text, reason in zip(texts, reasons)]  # every text was set above
 
 
 RETRY_AFTER_MAX_S = 60.0
@@ -586,7 +665,11 @@ def _lm_eval_output_to(path: Path) -> Iterator[None]:
     # "Task exception was never retrieved", reported when they are garbage collected.
     loggers = [logging.getLogger("lm_eval"), logging.getLogger("asyncio")]
     saved = [(lg.handlers[:], lg.propagate, lg.level) for lg in loggers]
-    with open(path, "a", encoding="utf-8") as stream, contextlib.redirect_stderr(stream):
+    try:
+        stream = open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise ArtifactsUnwritable.of(path, exc) from None
+    with _closed_quietly(stream), contextlib.redirect_stderr(stream):
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         for lg in loggers:
@@ -599,6 +682,17 @@ def _lm_eval_output_to(path: Path) -> Iterator[None]:
             for lg, (handlers, propagate, level) in zip(loggers, saved):
                 lg.handlers, lg.propagate = handlers, propagate
                 lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _closed_quietly(stream: Any) -> Iterator[Any]:
+    """A log closed without raising when a full disk refused its last buffered lines (the file
+    is closed all the same): that must not cost the evaluation's outcome."""
+    try:
+        yield stream
+    finally:
+        with contextlib.suppress(OSError):
+            stream.close()
 
 
 def preload() -> threading.Thread:
@@ -675,8 +769,15 @@ def lm_eval_command(settings: EvalSettings, task_file: Path, output_path: Path) 
 
 
 def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None) -> EvalOutcome:
-    """Evaluate the server at `settings.base_url`; never raises for request or server failures."""
-    task_file = write_task_yaml(settings)
+    """Evaluate the server at `settings.base_url`; never raises for request or server failures.
+    ArtifactsUnwritable when the run's files (the task YAML, lm_eval.log) cannot be written."""
+    try:
+        task_file = write_task_yaml(settings)
+    except OSError as exc:  # a full disk, a folder made read-only: the path, the OS's words, the fix
+        written = Path(exc.filename) if exc.filename else settings.work_dir / "task" / f"{settings.task}.yaml"
+        if not written.resolve().is_relative_to(settings.work_dir.resolve()):
+            raise  # not a file of this run (the installed task YAML)
+        raise ArtifactsUnwritable.of(written, exc) from None
     dataset_sha = dataset_hashes(settings.test_file, settings.train_file)
     from lm_eval import evaluate
     from lm_eval.defaults import DEFAULT_OTHER_SEED
@@ -686,12 +787,21 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
 
     started = time.perf_counter()
     auth = {"header": {"Authorization": f"Bearer {settings.api_key}"}} if settings.api_key else {}
-    lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress, **model_args(settings), **auth)
+    lm = _recording_model_class(settings.use_chat_completions)(on_progress=on_progress,
+                                                               model_aliases=settings.model_aliases,
+                                                               **model_args(settings), **auth)
     with _lm_eval_output_to(settings.work_dir / "lm_eval.log"):
         manager = TaskManager(include_path=str(task_file.parent), include_defaults=False)
         try:
             loaded = manager.load([settings.task])
         except (OSError, ConnectionError) as exc:  # datasets' ConnectionError is an OSError too
+            full = disk_error(exc)
+            if full is not None:  # datasets' "Cannot find data file" over a write its progress bar or cache lost
+                import datasets
+
+                raise ArtifactsUnwritable.of(f"{settings.work_dir / 'lm_eval.log'} (or the datasets cache "
+                                             f"{datasets.config.HF_DATASETS_CACHE}) while lm-eval prepared the "
+                                             "dataset", full) from None
             if settings.test_file is not None:
                 raise
             raise DatasetUnreachable(
@@ -707,6 +817,7 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
         if settings.temperature is not None:
             task.set_config(key="generation_kwargs", value={"temperature": settings.temperature}, update=True)
         error: str | None = None
+        config_error = False
         results: dict | None = None
         server_said = _LastRefusal()
         logging.getLogger("lm_eval").addHandler(server_said)
@@ -716,6 +827,12 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
                                fewshot_as_multiturn=settings.use_chat_completions)
         except RequestTimedOut as exc:
             error = f"request timed out: {exc}"
+        except WrongModelAnswered as exc:
+            config_error = True
+            error = (f"the server answered as model {str(exc)!r}, but the requests asked for {settings.model!r}, "
+                     f"the model under test: what answers at {settings.base_url} serves another model (a proxy or "
+                     "router in front of the server?), so its answers are not this model's; fix that setup, or "
+                     f"evaluate {settings.model!r}'s own server")
         except KeyboardInterrupt as exc:  # SIGINT, or the runner's SIGTERM: the caller decides, with
             lm.interrupted()               # the answers received so far (`exc.outcome`) to keep
             exc.outcome = _outcome(settings, task, lm, None, "interrupted", started, task_file, dataset_sha)
@@ -723,7 +840,9 @@ def run_eval(settings: EvalSettings, on_progress: ProgressCallback | None = None
         except Exception as exc:  # lm-eval aborts on the first request that fails after its retries
             error = _failure(exc, server_said.text)
             logging.getLogger("lm_eval").exception("quantgate: the evaluation stopped")
-    return _outcome(settings, task, lm, results, error, started, task_file, dataset_sha)
+    outcome = _outcome(settings, task, lm, results, error, started, task_file, dataset_sha)
+    outcome.config_error = config_error
+    return outcome
 
 
 def _outcome(settings: EvalSettings, task: Any, lm: Any, results: dict | None, error: str | None, started: float,
@@ -738,6 +857,12 @@ def _outcome(settings: EvalSettings, task: Any, lm: Any, results: dict | None, e
         logged = _score_answered(task, lm.answers)
         n, scores = len({s["doc_id"] for s in logged}), {}
     samples = per_question(logged, settings.metric)
+    from lm_eval.utils import hash_string
+
+    finish = {hash_string(prompt): reason for prompt, reason in lm.finish_reasons.items()}
+    for sample in samples:  # an answer cut at max_tokens scores wrong for a reason that is not accuracy
+        sample["finish_reason"] = finish.get(sample["prompt_hash"])
+    given = [s["finish_reason"] for s in samples if s["finish_reason"] is not None]
     return EvalOutcome(
         metrics=_metrics(scores, samples, settings.metric, n),
         samples=samples,
@@ -749,6 +874,8 @@ def _outcome(settings: EvalSettings, task: Any, lm: Any, results: dict | None, e
         task_file=task_file,
         task_sha256=sha256_file(task_file),
         dataset_sha256=dataset_sha,
+        truncated=sum(reason == "length" for reason in given) if given else None,
+        finish_reasons={reason: given.count(reason) for reason in sorted(set(given))},
     )
 
 
@@ -766,6 +893,22 @@ class _LastRefusal(logging.Handler):
                 self.text = message.split(marker, 1)[1].removesuffix(". Retrying...").strip()
 
 
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The full disk (or quota, or read-only file system) behind `exc`, if one is: libraries
+    re-raise it in words of their own ("Cannot find data file"), keeping it as the cause."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _failure(exc: BaseException, server_said: str | None) -> str:
     """Why the evaluation stopped: a request that kept failing, or (rarely) something else."""
     import aiohttp
@@ -773,8 +916,15 @@ def _failure(exc: BaseException, server_said: str | None) -> str:
 
     text = str(exc) or type(exc).__name__
     text = text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}"
-    if isinstance(exc, MalformedResponse):
-        return f"request failed after lm-eval's retries: {exc}"
+    # What the server sent is not an answer: before the transport errors, of which requests' and
+    # aiohttp's JSON errors are subclasses.
+    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, aiohttp.ContentTypeError)):
+        return f"request failed after lm-eval's retries: the server's answer was not a valid OpenAI completion " \
+               f"response: {exc if isinstance(exc, MalformedResponse) else text}"
+    full = disk_error(exc)
+    if full is not None and not isinstance(exc, (aiohttp.ClientError, requests.RequestException)):
+        return f"lm-eval stopped: a file could not be written ({full}; lm_eval.log, or the datasets cache); free " \
+               "space or pass another --output-dir and run again"
     if isinstance(exc, (aiohttp.ClientError, requests.RequestException, ConnectionError)):
         said = f" (the server said: {server_said[:500]})" if server_said else ""
         return f"request failed after lm-eval's retries: {text}{said}"

@@ -17,12 +17,14 @@ below DeepGEMM's row alignment is recorded as a note (that fallback is the backe
 
 A mismatch fails the run even when accuracy passes, and so does an expectation that cannot
 be checked (no report, or no module of that layer): a run that cannot prove its backend
-does not prove the config.
+does not prove the config. A report that exists but could not be read (GET /v1/kernels
+answering 5xx, timing out: `KernelReportUnavailable`) is no verdict: an ERROR, exit 2.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,21 +57,45 @@ MOE_LOG_MODULE = "fused_moe"  # vLLM's MoE lines name no layer: every MoE choice
 _SHOWN_MODULES = 6
 
 
-def report_from_server(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict[str, Any] | None:
-    """The `/v1/kernels` body, or None when the server has no such endpoint (e.g. vLLM)."""
-    try:
-        response = httpx.get(base_url.rstrip("/") + "/v1/kernels", timeout=timeout_s, headers=auth_headers(api_key))
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or not isinstance(body.get("modules"), dict):
-        return None
-    return {"source": "GET /v1/kernels", "platform": body.get("platform"), "modules": body["modules"]}
+class KernelReportUnavailable(Exception):
+    """GET /v1/kernels failed (a 5xx, a timeout, a refused connection), where a server without the
+    endpoint answers 404: what the server ran is unknown, not absent. Retryable (exit 2)."""
+
+
+# How a server without the endpoint answers (vLLM: 404): it has no kernel report.
+_NO_ENDPOINT = (404, 405, 501)
+REPORT_ATTEMPTS, REPORT_RETRY_WAIT_S = 3, 1.0
+
+
+def report_from_server(base_url: str, timeout_s: float = 10.0, api_key: str | None = None,
+                       attempts: int = REPORT_ATTEMPTS) -> dict[str, Any] | None:
+    """The `/v1/kernels` body, or None when the server has no such endpoint (e.g. vLLM: 404) or
+    answers 200 with something else. Any other failure (a 5xx, a timeout, a connection error) is
+    tried `attempts` times, then KernelReportUnavailable naming the endpoint and what it answered."""
+    url = base_url.rstrip("/") + "/v1/kernels"
+    problem = ""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(REPORT_RETRY_WAIT_S * attempt)
+        try:
+            response = httpx.get(url, timeout=timeout_s, headers=auth_headers(api_key))
+        except httpx.HTTPError as exc:
+            problem = f"GET {url} failed: {type(exc).__name__}: {exc or 'no detail'}"
+            continue
+        if response.status_code in _NO_ENDPOINT:
+            return None
+        if response.status_code != 200:
+            problem = f"GET {url} answered {response.status_code} {response.reason_phrase}".rstrip() + (
+                f" ({response.text.strip()[:200]})" if response.text.strip() else "")
+            continue
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        if not isinstance(body, dict) or not isinstance(body.get("modules"), dict):
+            return None
+        return {"source": "GET /v1/kernels", "platform": body.get("platform"), "modules": body["modules"]}
+    raise KernelReportUnavailable(f"{problem} ({attempts} attempt{'s' if attempts != 1 else ''})")
 
 
 def _add_choice(modules: dict[str, dict[str, Any]], module: str, entry: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ what was not measured is null, never a missing key or a missing object.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -30,6 +31,22 @@ SCHEMA_VERSION = 1
 RESULT_FILE, SAMPLES_FILE, SERVER_LOG = "result.json", "samples.jsonl", "server.log"
 PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR, EXIT_USAGE = 0, 1, 2, 3
+
+
+class ArtifactsUnwritable(OSError):
+    """A file of a config's run (its folder, server.log, lm_eval.log, the task YAML) cannot be
+    written: a full disk, a quota, a permission. That config is an ERROR (exit 2: it may pass once
+    there is room), and the others still run."""
+
+    @classmethod
+    def of(cls, path: Path | str, exc: OSError) -> ArtifactsUnwritable:
+        """The error naming `path`, the OS's own words and the fix."""
+        said = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc) or type(exc).__name__
+        fix = ("make it writable or pass another --output-dir" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+               else "free space or pass another --output-dir")
+        error = cls(f"artifacts cannot be written to {path} ({said}); {fix} and run again")
+        error.errno = exc.errno  # what the OS said, for callers that tell a full disk from the rest
+        return error
 
 
 @dataclass

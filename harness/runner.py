@@ -41,6 +41,7 @@ from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupEr
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
+                      ArtifactsUnwritable,
                       RunRecord, Skipped, artifact_path_problems,
                       harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
                       write_result, write_samples, write_summary)
@@ -61,11 +62,6 @@ _CONTEXT_TOO_SHORT = ("context_length_exceeded", "maximum context length")
 
 class OutputDirUnwritable(Exception):
     """The output directory cannot be made or locked (a full disk): exit 2, may pass next time."""
-
-
-class ArtifactsUnwritable(OSError):
-    """The run directory of a config cannot be made (a full disk, a permission): that config is
-    an ERROR, and the others still run."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -571,8 +567,8 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
             "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir), "data": data}
 
 
-def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir: Path,
-                  limit: int | None, api_key: str | None = None) -> EvalSettings:
+def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir: Path, limit: int | None,
+                  api_key: str | None = None, model_aliases: tuple[str, ...] = ()) -> EvalSettings:
     """How `config` is evaluated against the server at `base_url`. Without `dataset:` the task
     loads its own (from the Hugging Face hub: that needs network)."""
     return EvalSettings(
@@ -593,7 +589,25 @@ def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir:
         use_chat_completions=config.use_chat_completions,
         gen_prefix=config.gen_prefix,
         api_key=api_key,
+        model_aliases=model_aliases,
     )
+
+
+def model_aliases(server: Server) -> tuple[str, ...]:
+    """The other names the server's /v1/models lists for the model it serves as `served_model`
+    (cards with the same `root`, as vLLM and quantgate serve give): both answer every request with
+    their first --served-model-name, whichever one was asked for. Empty when it says nothing."""
+    import httpx
+
+    try:
+        response = httpx.get(server.base_url + "/v1/models", timeout=5.0, headers=auth_headers(server.api_key))
+        cards = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return ()
+    cards = [c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)] if isinstance(cards, list) \
+        else []
+    roots = {c.get("root") for c in cards if c["id"] == server.served_model and isinstance(c.get("root"), str)}
+    return tuple(c["id"] for c in cards if c["id"] != server.served_model and c.get("root") in roots - {""})
 
 
 def _engine_version(server: Server, config: EvalConfig) -> str | None:
@@ -609,13 +623,24 @@ def _engine_version(server: Server, config: EvalConfig) -> str | None:
     return harness_versions()["quantgate"] if config.engine == "builtin" else None
 
 
-def _kernel_report(config: EvalConfig, server: Server) -> tuple[dict | None, str]:
+def _kernel_report(config: EvalConfig, server: Server,
+                   attempts: int = expect_mod.REPORT_ATTEMPTS) -> tuple[dict | None, str]:
     """The kernel report and where it was looked for (for messages when there is none)."""
     if isinstance(server, AttachedServer) or config.engine == "builtin":
-        return (expect_mod.report_from_server(server.base_url, api_key=server.api_key),
+        return (expect_mod.report_from_server(server.base_url, api_key=server.api_key, attempts=attempts),
                 f"GET {server.base_url}/v1/kernels")
     return expect_mod.report_from_vllm_log(server.log_lines()), "`Selected <Kernel> for <module>` / " \
         "`Using <X> Fp8 MoE backend` lines in server.log"
+
+
+def _read_kernel_report(config: EvalConfig, server: Server,
+                        attempts: int = expect_mod.REPORT_ATTEMPTS) -> tuple[dict | None, str, str | None]:
+    """`_kernel_report`, and why the server's report could not be read (a 5xx, a timeout) when it
+    could not: unknown, which is not the same as absent."""
+    try:
+        return (*_kernel_report(config, server, attempts), None)
+    except expect_mod.KernelReportUnavailable as exc:
+        return None, f"GET {server.base_url}/v1/kernels", str(exc)
 
 
 def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: InterruptGuard) -> RunRecord:
@@ -635,8 +660,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             run_dir.mkdir(parents=True, exist_ok=True)
             _remove_stale_artifacts(run_dir)
         except OSError as exc:  # e.g. a full disk: this config is an ERROR, the others still run
-            raise ArtifactsUnwritable(f"artifacts cannot be written to {run_dir} ({exc}); free space or pass "
-                                      "another --output-dir and run again") from None
+            raise ArtifactsUnwritable.of(run_dir, exc) from None
         evaluate_mod.preload()  # overlaps lm-eval's import with the server's start-up
         cached = item.baseline_cached.origin if item.baseline_cached is not None else None
         if cached is not None:  # not measured in this run: say which run it was (result.json gate.baseline)
@@ -668,15 +692,17 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.versions["engine"] = _engine_version(server, config)
         # vLLM logs some choices at the first request: its log is read once the evaluation is over.
         from_log = config.engine == "vllm" and isinstance(server, LaunchedServer)
-        report, where = (None, "") if from_log else _kernel_report(config, server)
+        # One try now: a report a transient error keeps back is asked for again after the evaluation.
+        report, where, report_error = (None, "", None) if from_log else _read_kernel_report(config, server, 1)
         display.eval_start()
         settings = eval_settings(config, server.base_url, server.served_model, run_dir, options.limit,
-                                 api_key=server.api_key)
+                                 api_key=server.api_key, model_aliases=model_aliases(server))
         record.evaluation = {"limit": settings.limit}
         outcome = run_eval(settings, on_progress=display.progress)
-        if from_log:
-            report, where = _kernel_report(config, server)
-        _judge(record, item, config, server, outcome, report, where)
+        # vLLM's log, read now; a report a transient error kept back, with retries.
+        if from_log or (report_error is not None and server.poll() is None):
+            report, where, report_error = _read_kernel_report(config, server)
+        _judge(record, item, config, server, outcome, report, where, report_error)
     except ServerStartError as exc:
         # A --server-url server is the user's and running: it did not start here, it was not usable.
         record.reason = f"{'server not usable' if options.server_url else 'server did not start'}: {exc}"
@@ -701,13 +727,32 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
         record.reason = f"interrupted by {exc.signal_name}: {torn_down}; no verdict"
         raise
     except Exception as exc:  # a bug here must not cost the other configs their runs, nor leak a server
-        record.reason = f"quantgate internal error: {type(exc).__name__}: {exc} (please report it, with the " \
-                        "traceback above)"
-        display.console.print_exception()
+        if isinstance(exc, OSError) and _run_file_error(exc, options.output_dir):  # a full disk, not a bug
+            record.reason = str(ArtifactsUnwritable.of(exc.filename or run_dir, exc))
+        else:
+            record.reason = f"quantgate internal error: {type(exc).__name__}: {exc} (please report it, with the " \
+                            "traceback above)"
+            display.console.print_exception()
     finally:
         with guard.shield():
             _finish(record, item, server, outcome, run_dir, started)
     return record
+
+
+_UNWRITABLE = "artifacts cannot be written to"  # how ArtifactsUnwritable's message starts
+_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def _run_file_error(exc: OSError, output_dir: Path) -> bool:
+    """Whether `exc` is the file system refusing a write of this run (not a bug to report): a full
+    disk or quota anywhere, a permission or I/O error on a path under the output directory."""
+    if exc.errno in _DISK_ERRORS:
+        return True
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EIO) or not exc.filename:
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        return Path(os.fsdecode(exc.filename)).resolve().is_relative_to(output_dir.resolve())
+    return False
 
 
 def _remove_stale_artifacts(run_dir: Path) -> None:
@@ -735,16 +780,26 @@ def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outco
         write_result(run_dir, record)
     except OSError as exc:  # e.g. a full disk: the verdict still reaches the console, junit and summary
         record.verdict = ERROR
-        record.reason = f"artifacts could not be written to {run_dir} ({exc}); free space or pass another " \
-                        f"--output-dir and run again; the run itself said: {record.reason}"
+        # result.json is the record that matters: samples.jsonl, written or not, gives up its space.
         with contextlib.suppress(OSError):
-            write_result(run_dir, record)  # without the samples, it may still fit
+            (run_dir / SAMPLES_FILE).unlink(missing_ok=True)
+        dropped = f"{SAMPLES_FILE} could not be kept (removed to leave room for {RESULT_FILE}); " if (
+            outcome is not None and outcome.samples) else ""
+        if record.reason.startswith(_UNWRITABLE):  # the run's own error already says so and how to fix it
+            record.reason += f"; {dropped}{RESULT_FILE} could not be written either"
+        else:
+            record.reason = f"{_UNWRITABLE} {run_dir} ({exc}); {dropped}free space or pass another --output-dir and " \
+                            f"run again; the run itself said: {record.reason}"
+        with contextlib.suppress(OSError):
+            write_result(run_dir, record)
 
 
 def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) -> None:
     record.metrics = outcome.metrics
     record.evaluation = {**(record.evaluation or {}), "requested": outcome.requested, "answered": outcome.answered,
-                         "error": outcome.error, "complete": outcome.error is None and not interrupted}
+                         "error": outcome.error, "complete": outcome.error is None and not interrupted,
+                         # of the evaluated answers: those cut at max_tokens, and every finish_reason's count
+                         "truncated": outcome.truncated, "finish_reasons": outcome.finish_reasons}
     record.task = {"file": str(outcome.task_file), "sha256": outcome.task_sha256}
     record.dataset = {"sha256": outcome.dataset_sha256}
     record.timings["eval_s"] = round(outcome.eval_s, 3)
@@ -752,8 +807,9 @@ def _record_outcome(record: RunRecord, outcome: EvalOutcome, interrupted: bool) 
 
 
 def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: Server, outcome: EvalOutcome,
-           report: dict | None, where: str) -> None:
-    """Verdict and reason, most fundamental problem first."""
+           report: dict | None, where: str, report_error: str | None = None) -> None:
+    """Verdict and reason, most fundamental problem first. `report_error`: why the server's kernel
+    report could not be read (it has one, but a request for it failed)."""
     record.kernels = report
     if outcome.error is not None:
         answered = f"{outcome.answered} of {outcome.requested} questions answered (kept in samples.jsonl)"
@@ -763,6 +819,9 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
         else:
             record.reason = f"evaluation incomplete: {outcome.error}; {answered}; a failed request is never " \
                             "scored as a wrong answer"
+            if outcome.config_error:  # the same server answers the same way again
+                record.usage_error = True
+                record.reason += "; exit 3, not retried"
             if any(marker in outcome.error for marker in _CONTEXT_TOO_SHORT):  # the same prompts fail again
                 record.usage_error = True
                 record.reason += ("; a prompt and max_tokens exceed the server's context: raise --max-model-len in "
@@ -777,9 +836,14 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
         record.reason = "no question was evaluated (empty test set or limit 0)"
         return
     implied = _implied_expectations(config, server)
+    checked = bool(config.expect.linear_kernel or config.expect.moe_kernel or implied)
+    if report_error is not None and checked:  # unknown is not "no report": no verdict, and a retry may read it
+        wanted = ", ".join(f"{layer}={name}" for layer, name in {**implied, **_explicit(config)}.items())
+        record.reason = (f"the kernel report could not be read: {report_error}; the kernel check ({wanted}) needs it, "
+                         "so there is no verdict; run again once the server answers /v1/kernels")
+        return
     check = expect_mod.verify(config.expect, report, where, implied,
-                              "attached" if isinstance(server, AttachedServer) else config.engine) if (
-        config.expect.linear_kernel or config.expect.moe_kernel or implied) else None
+                              "attached" if isinstance(server, AttachedServer) else config.engine) if checked else None
     baseline = _baseline_for(item)
     gate: GateOutcome = evaluate_gate(config, outcome.metrics, outcome.samples, baseline,
                                       dataset=outcome.dataset_sha256)
@@ -801,6 +865,32 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
         record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
             f"; kernels as expected ({', '.join(_expected_text(check))})" if check else "") + "".join(
             f"; note: {note}" for note in (check.notes if check else []))
+    if report_error is not None:  # nothing was checked against it; result.json's kernels stays empty
+        record.reason += f"; note: the kernel report could not be read ({report_error})"
+    cut = _truncation_note(outcome, config)
+    if cut:
+        record.reason += f"; note: {cut}"
+
+
+TRUNCATED_NOTE_SHARE = 0.10  # above this share of answers cut at max_tokens, the verdict says so
+
+
+def _truncation_note(outcome: EvalOutcome, config: EvalConfig) -> str | None:
+    """What to say when many answers stopped at max_tokens (finish_reason "length"): they score
+    wrong (no final answer to extract) for a reason that is not the model's accuracy."""
+    given = sum(outcome.finish_reasons.values())
+    if not outcome.truncated or not given or outcome.truncated / given <= TRUNCATED_NOTE_SHARE:
+        return None
+    return (f"{outcome.truncated} of {given} answers ({outcome.truncated / given:.0%}) stopped at max_tokens "
+            f"({config.max_tokens}; finish_reason \"length\"), so they may lack a final answer and score wrong for a "
+            "reason that is not accuracy; raise max_tokens in the config (lm-eval's max_gen_toks) if the answers "
+            "need more")
+
+
+def _explicit(config: EvalConfig) -> dict[str, str]:
+    """The kernels `expect:` names, by layer."""
+    return {layer: name for layer, name in (("linear", config.expect.linear_kernel),
+                                            ("moe", config.expect.moe_kernel)) if name}
 
 
 def _expected_text(check: expect_mod.ExpectCheck) -> list[str]:
@@ -985,7 +1075,9 @@ def output_dir_lock(options: RunOptions, clear_summaries: bool = False) -> Itera
 
     try:
         options.output_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(options.output_dir / LOCK_FILE, "a+")
+        # Unbuffered: a "pid N" that a full disk refused must not stay in a buffer that closing
+        # the file writes again (an OSError out of `with lock:`, a traceback and exit 1).
+        lock = open(options.output_dir / LOCK_FILE, "a+b", buffering=0)
     except OSError as exc:
         if exc.errno in _TRANSIENT_WRITE_ERRORS:  # may pass on the next try: retryable
             raise OutputDirUnwritable(f"--output-dir {options.output_dir}: {exc.strerror or exc}; free space or pass "
@@ -999,7 +1091,7 @@ def output_dir_lock(options: RunOptions, clear_summaries: bool = False) -> Itera
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            holder = lock.read().strip() or "another process"
+            holder = lock.read().decode(errors="replace").strip() or "another process"
             raise PlanError([f"--output-dir {options.output_dir}: another quantgate run ({holder}) is writing to it; "
                              "pass another --output-dir, or wait for that run to end"]) from None
         except OSError as exc:  # a file system without locks (some network ones): run unlocked
@@ -1008,8 +1100,7 @@ def output_dir_lock(options: RunOptions, clear_summaries: bool = False) -> Itera
         with contextlib.suppress(OSError):
             lock.seek(0)
             lock.truncate()
-            lock.write(f"pid {os.getpid()}\n")
-            lock.flush()
+            lock.write(f"pid {os.getpid()}\n".encode())
         for stale in (options.junit or options.output_dir / "junit.xml",
                       options.markdown or options.output_dir / "summary.md") if clear_summaries else ():
             if stale.is_file():

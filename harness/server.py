@@ -28,6 +28,8 @@ from typing import Any, BinaryIO, Protocol
 
 import httpx
 
+from .results import ArtifactsUnwritable
+
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
 # After an interrupt: a CI agent that cancels a job SIGKILLs this runner some seconds after its
@@ -542,12 +544,23 @@ class LaunchedServer:
         """
         import subprocess
 
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.command.env, RUNNER_ENV: str(os.getpid())}
         started = time.monotonic()
         preferred, host = self.command.preferred_port, self.command.host
         _adopt_orphans()
-        with open(self.log_path, "ab") as log, httpx.Client(timeout=2.0) as client:
+        try:  # unbuffered: a line a full disk refused is never written again when the file closes
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab", buffering=0)
+        except OSError as exc:
+            raise ArtifactsUnwritable.of(self.log_path, exc) from None
+
+        def note(line: str) -> None:
+            try:
+                log.write(f"# quantgate: {line}\n".encode())
+            except OSError as exc:  # a full disk: the run's ERROR names the file and the fix
+                raise ArtifactsUnwritable.of(self.log_path, exc) from None
+
+        with log, httpx.Client(timeout=2.0) as client:
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 port = free_port(host)
                 if preferred is not None and preferred not in self.ports_tried:
@@ -555,11 +568,10 @@ class LaunchedServer:
                         port = preferred
                     else:
                         self.ports_tried.append(preferred)
-                        log.write(f"# quantgate: port {preferred} is in use; using {port}\n".encode())
+                        note(f"port {preferred} is in use; using {port}")
                 self.port = port
                 self.ports_tried.append(port)
-                log.write(f"# quantgate: launch attempt {attempt}: {self.command.shell(port, redact=True)}\n".encode())
-                log.flush()
+                note(f"launch attempt {attempt}: {self.command.shell(port, redact=True)}")
                 offset = log.tell()
                 self.process = subprocess.Popen(
                     self.command.with_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -569,9 +581,8 @@ class LaunchedServer:
                 _STARTED_HERE.add(self.process.pid)
                 self._leader_start = (_stat(self.process.pid) or [None] * 20)[19]
                 self._watchdog = _start_watchdog(self.process.pid)
-                log.write(f"# quantgate: pid {self.process.pid} (process group {self.process.pid})\n".encode())
-                log.flush()
                 try:
+                    note(f"pid {self.process.pid} (process group {self.process.pid})")
                     if self._wait_healthy(client, started, startup_timeout_s, offset, attempt, on_wait):
                         self._check_served_model(client)
                         return

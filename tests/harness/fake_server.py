@@ -3,10 +3,12 @@
 It answers GSM8K-format prompts from a dataset file (the gold answer for a chosen share of
 questions, a wrong or unparsable one for the rest; with or without the "#### N" marker) and can
 be told to fail the ways a real server fails: exit during start-up, die or hang after N
-answers, exit right after its Nth answer went out, answer with HTTP errors,
-ignore SIGTERM, leave a child process in its group, or fail to bind its port. It takes the
-flags the runner passes to `quantgate serve` / `vllm serve` (MODEL, --host, --port,
---served-model-name, --linear-backend, --moe-backend) and ignores the rest.
+answers, exit right after its Nth answer went out, answer with HTTP errors or broken 200s
+(a body that is not JSON, more choices than prompts, a body that stalls after the headers),
+answer as another model, fail GET /v1/kernels, ignore SIGTERM, leave a child process in its
+group, or fail to bind its port. It takes the flags the runner passes to `quantgate serve` /
+`vllm serve` (MODEL, --host, --port, --served-model-name, --linear-backend, --moe-backend) and
+ignores the rest.
 
     python tests/harness/fake_server.py MODEL --port 8000 --dataset test.jsonl [--accuracy 0.8]
 """
@@ -68,6 +70,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--error-message", default="injected failure", help="the errors' message")
     p.add_argument("--malformed", choices=sorted(MALFORMED), default=None,
                    help="after --error-after N answers, answer 200 with this broken body instead of an error")
+    p.add_argument("--broken", choices=BROKEN, default=None,
+                   help="after --error-after N answers, answer 200 this way instead of an error: invalid_json, "
+                        "html (a proxy's page), extra_choice (one choice more than prompts), stall_body (the "
+                        "headers, then --stall-s seconds before the body)")
+    p.add_argument("--stall-s", type=float, default=30.0, help="--broken stall_body: seconds before the body")
+    p.add_argument("--finish-reason", default="stop", help="every completion's finish_reason (length: cut at "
+                                                          "max_tokens)")
+    p.add_argument("--answer-as", default=None,
+                   help="completions name this model, not the one asked for (a proxy answering from another model)")
+    p.add_argument("--kernels-status", type=int, default=None, help="answer GET /v1/kernels with this error status")
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
     p.add_argument("--late-kernel", default=None,
                    help="on the first request, log that this backend's kernel serves the first linear module too "
@@ -98,6 +110,8 @@ MALFORMED: dict[str, Callable[[bool], dict]] = {
     "no_choices": lambda chat: {"choices": []},
     "error_body": lambda chat: {"error": {"message": "injected failure in a 200", "type": "server_error"}},
 }
+# 200s that are no OpenAI completion response at all, or whose body never comes (`--broken`).
+BROKEN = ["invalid_json", "html", "extra_choice", "stall_body"]
 
 
 def _answer_of(answer_field: str) -> str:
@@ -182,6 +196,31 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _write(self, data: bytes, content_type: str = "application/json", stall_s: float = 0.0) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(stall_s)
+            self.wfile.write(data)
+
+        def _broken(self, kind: str, body: dict) -> None:
+            """--broken: a 200 that is not a completion response, or one whose body stalls."""
+            prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [body.get("prompt", "")]
+            good = {"id": "cmpl-broken", "object": "text_completion", "model": engine.served,
+                    "choices": [{"index": i, "text": engine.text_for(p), "finish_reason": "stop"}
+                                for i, p in enumerate(prompts)]}
+            if kind == "invalid_json":
+                self._write(b'{"id": "cmpl-broken", "choices": [{"index": 0, "text": "#### 1"')
+            elif kind == "html":
+                self._write(b"<html><body>502 Bad Gateway</body></html>", "text/html")
+            elif kind == "extra_choice":
+                good["choices"].append({"index": len(prompts), "text": " #### 0", "finish_reason": "stop"})
+                self._send(200, good)
+            elif kind == "stall_body":
+                self._write(json.dumps(good).encode(), stall_s=engine.args.stall_s)
+
         def _refused(self) -> bool:
             """vLLM's and quantgate serve's --api-key: /v1/* needs the bearer token."""
             key = engine.args.api_key
@@ -197,6 +236,8 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {})
             elif self.path == "/v1/models" and not engine.args.no_models_endpoint:
                 self._send(200, {"object": "list", "data": [{"id": engine.served, "object": "model"}]})
+            elif self.path == "/v1/kernels" and engine.args.kernels_status is not None:
+                self._send(engine.args.kernels_status, {"error": {"message": "busy", "type": "server_error"}})
             elif self.path == "/v1/kernels" and not engine.args.no_kernels_endpoint:
                 self._send(200, engine.kernels())
             else:
@@ -229,6 +270,9 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             if hang:
                 time.sleep(3600)
             if args.error_after is not None and seen >= args.error_after:
+                if args.broken is not None:
+                    self._broken(args.broken, body)
+                    return
                 if args.malformed is not None:
                     self._send(200, MALFORMED[args.malformed](self.path == "/v1/chat/completions"))
                     return
@@ -238,18 +282,19 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 return
             time.sleep(args.latency)
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            answered_as = args.answer_as or engine.served
             if self.path == "/v1/chat/completions":  # the last user turn holds the question
                 question = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
                 message = {"role": "assistant", "content": engine.text_for(question)}
-                self._send(200, {"id": f"chat-{seen}", "object": "chat.completion", "model": engine.served,
-                                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                self._send(200, {"id": f"chat-{seen}", "object": "chat.completion", "model": answered_as,
+                                 "choices": [{"index": 0, "message": message, "finish_reason": args.finish_reason}],
                                  "usage": usage})
                 engine.sent_one()
                 return
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-            choices = [{"index": i, "text": engine.text_for(p), "finish_reason": "stop", "logprobs": None}
+            choices = [{"index": i, "text": engine.text_for(p), "finish_reason": args.finish_reason, "logprobs": None}
                        for i, p in enumerate(prompts)]
-            self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": engine.served,
+            self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": answered_as,
                              "choices": choices, "usage": usage})
             engine.sent_one()
 

@@ -239,6 +239,44 @@ def test_a_hanging_server_fails_within_the_request_timeout(tmp_path: Path, gsm8k
     assert outcome.answered == 3
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_body_that_stalls_after_the_headers_times_out_within_the_bound_on_either_path(
+        tmp_path: Path, gsm8k_dir: Path, serve, concurrency: int) -> None:
+    """requests reports a read timeout in the body as a ConnectionError (lm-eval retried it, 3 times
+    the bound, and the run said "connection error"); aiohttp's total timeout covers the body."""
+    server = serve(error_after=3, broken="stall_body", stall_s=60)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=10, max_concurrency=concurrency,
+                                 request_timeout_s=2))
+    assert outcome.error is not None and "timed out" in outcome.error, outcome.error
+    assert "request_timeout_seconds" in outcome.error
+    assert outcome.eval_s < 2 + 3, "a timed-out request must not be retried"
+    assert outcome.answered == 3
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_an_answer_from_another_model_stops_the_evaluation_unless_the_server_names_it_an_alias(
+        tmp_path: Path, gsm8k_dir: Path, serve, concurrency: int) -> None:
+    server = serve(answer_as="other-model")
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=4, max_concurrency=concurrency))
+    assert outcome.error is not None and outcome.config_error and outcome.answered == 0
+    assert "answered as model 'other-model', but the requests asked for 'fake-model'" in outcome.error
+    # vLLM and quantgate serve answer with their first --served-model-name whichever alias was asked for.
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=4, max_concurrency=concurrency,
+                                 model_aliases=("other-model",)))
+    assert outcome.error is None and outcome.answered == 4 and not outcome.config_error
+
+
+@pytest.mark.parametrize("reason, truncated", [("length", 6), ("stop", 0)])
+def test_answers_cut_at_max_tokens_are_counted_and_marked(tmp_path: Path, gsm8k_dir: Path, serve, reason: str,
+                                                           truncated: int) -> None:
+    server = serve(finish_reason=reason)
+    for concurrency in (1, 4):
+        outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, max_concurrency=concurrency))
+        assert outcome.error is None and outcome.truncated == truncated
+        assert outcome.finish_reasons == {reason: 6}
+        assert [s["finish_reason"] for s in outcome.samples] == [reason] * 6
+
+
 async def _interrupted() -> None:
     task = asyncio.current_task()  # noqa: F841  a cycle through the traceback, as aiohttp's writer task has
     raise KeyboardInterrupt

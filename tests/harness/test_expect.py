@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from quantgate.harness.config import Expect, inspect_config, load_config
 from quantgate.harness.backends import vllm_linear_backend
-from quantgate.harness.expect import (MOE_LOG_MODULE, kernel_matches, proof_env, report_from_server,
-                                      report_from_vllm_log, verify)
+from quantgate.harness.expect import (MOE_LOG_MODULE, KernelReportUnavailable, kernel_matches, proof_env,
+                                      report_from_server, report_from_vllm_log, verify)
 from quantgate.harness.server import build_command, launch
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
@@ -215,6 +217,26 @@ def test_report_from_a_server_and_from_one_without_the_endpoint(tmp_path: Path, 
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_kernel_report_request_that_fails_is_retried_then_named_not_taken_for_no_report(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import expect
+
+    monkeypatch.setattr(expect, "REPORT_RETRY_WAIT_S", 0.0)
+    server = launch(build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--kernels-status", "503"], {},
+                                  [sys.executable, str(FAKE_SERVER)]), tmp_path / "s.log", startup_timeout_s=30)
+    try:
+        with pytest.raises(KernelReportUnavailable) as error:
+            report_from_server(server.base_url)
+        said = str(error.value)
+        assert f"GET {server.base_url}/v1/kernels answered 503 Service Unavailable" in said and "busy" in said
+        assert "(3 attempts)" in said
+        assert server.log_text().count("GET /v1/kernels") == 3
+    finally:
+        server.stop()
+    with pytest.raises(KernelReportUnavailable, match="/v1/kernels failed: ConnectError"):
+        report_from_server(server.base_url, attempts=1)  # nothing listens there any more
 
 
 def test_vllm_moe_lines_of_every_oracle_are_read() -> None:

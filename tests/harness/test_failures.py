@@ -4,6 +4,7 @@ result.json keeps, and that no process is left behind."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,8 @@ def test_server_dying_mid_evaluation_keeps_the_samples_so_far(tmp_path: Path, gs
     assert code == 2, output
     assert result["verdict"] == "ERROR" and "exited with status 3 during evaluation" in result["reason"]
     assert result["evaluation"] == {"limit": 12, "requested": 12, "answered": 4,
-                                    "error": result["evaluation"]["error"], "complete": False}
+                                    "error": result["evaluation"]["error"], "complete": False,
+                                    "truncated": 0, "finish_reasons": {"stop": 4}}
     assert len(_samples(run_dir)) == 4
     assert "dying mid-evaluation" in result["log_tail"]
 
@@ -266,6 +269,97 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
     assert not list((tmp_path / "out").rglob("*.tmp"))
 
 
+def test_result_json_is_kept_when_the_samples_took_the_last_space(tmp_path: Path, gsm8k_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """samples.jsonl fit, result.json then did not: the retry of result.json freed nothing, and
+    the run's record was lost. Modelled: result.json fits only while samples.jsonl is absent."""
+    from quantgate.harness import runner
+
+    real_write_result = runner.write_result
+
+    def no_room_beside_the_samples(run_dir: Path, record) -> Path:
+        if (run_dir / "samples.jsonl").is_file() and (run_dir / "samples.jsonl").stat().st_size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_result(run_dir, record)
+
+    monkeypatch.setattr(runner, "write_result", no_room_beside_the_samples)
+    config = write_config(tmp_path, "tight", gsm8k_dir, num_questions=4)
+    code, output = run_in_process([config], tmp_path / "out")
+    run_dir = tmp_path / "out" / "tight"
+    result = load_json(run_dir / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR", output
+    assert "samples.jsonl could not be kept (removed to leave room for result.json)" in result["reason"]
+    assert "gate absolute passed" in result["reason"]  # what the run measured is not lost
+    assert result["metrics"]["n"] == 4 and not (run_dir / "samples.jsonl").exists()
+
+
+@pytest.mark.parametrize("failing, error, says", [
+    ("task yaml", errno.ENOSPC, "No space left on device"),
+    ("lm_eval.log", errno.ENOSPC, "No space left on device"),
+    ("server.log", errno.EPERM, "Operation not permitted"),
+])
+def test_a_run_file_that_cannot_be_written_while_the_evaluation_is_set_up_is_exit_2_not_an_internal_error(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, failing: str, error: int, says: str) -> None:
+    """It was "quantgate internal error ... please report it" with a traceback."""
+    import builtins
+
+    from quantgate.harness import evaluate, server
+
+    def refuse(*args, **kwargs):
+        raise OSError(error, os.strerror(error))
+
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kwargs):
+        if os.path.basename(str(file)) == failing:
+            raise OSError(error, os.strerror(error), str(file))
+        return real_open(file, *args, **kwargs)
+
+    if failing == "task yaml":
+        monkeypatch.setattr(evaluate, "write_task_yaml", refuse)
+    else:
+        monkeypatch.setattr(evaluate if failing == "lm_eval.log" else server, "open", refusing_open, raising=False)
+    config = write_config(tmp_path, "setup", gsm8k_dir, num_questions=4)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "setup" / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR" and result["usage_error"] is False, output
+    assert "internal error" not in result["reason"] and "Traceback" not in output, result["reason"]
+    path = {"task yaml": "setup/task/gsm8k.yaml", "lm_eval.log": "setup/lm_eval.log",
+            "server.log": "setup/server.log"}[failing]
+    assert f"artifacts cannot be written to {tmp_path / 'out'}/{path} ([Errno {error}] {says})" in result["reason"]
+    fix = "make it writable or pass another --output-dir" if error == errno.EPERM else "free space or pass another"
+    assert fix in result["reason"]
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs filled to its last block (mounting one needs root)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        free_kb = int(subprocess.run(["df", "-k", "--output=avail", str(mount)], capture_output=True,
+                                     text=True).stdout.split()[-1])
+        (mount / "filler").write_bytes(b"\0" * (free_kb * 1024))
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_disk_full_from_the_start_exits_2_with_the_summary_not_1_with_a_traceback(
+        tmp_path: Path, gsm8k_dir: Path, full_disk: Path) -> None:
+    """The lock file's "pid N", refused by the full disk, stayed buffered and was written again when
+    the file closed: an OSError out of the run, exit 1 ("a gate failed")."""
+    config = write_config(tmp_path, "full", gsm8k_dir, num_questions=4)
+    run = run_cli("run", config, "--output-dir", full_disk / "out")
+    assert run.returncode == 2, run.output[-2000:]
+    assert "Traceback" not in run.output and "internal error" not in run.output, run.output[-2000:]
+    assert "ERROR full" in run.output and "No space left on device" in run.output
+    assert "quantgate summary" in run.output
+    assert f"could not write {full_disk / 'out' / 'junit.xml'}" in run.output.replace("\n", "")
+
+
 @pytest.mark.parametrize("accuracy, verdict", [(1.0, "PASS"), (0.0, "FAIL")])
 @pytest.mark.parametrize("unwritable", ["junit", "summary"])
 def test_a_run_whose_junit_or_summary_cannot_be_written_exits_2_whatever_its_verdicts(
@@ -303,6 +397,37 @@ def test_a_200_without_an_answer_is_an_error_never_a_wrong_answer(tmp_path: Path
     assert code == 2 and result["verdict"] == "ERROR", output
     assert "answered 200" in result["reason"] and "never scored as a wrong answer" in result["reason"]
     assert len(_samples(run_dir)) == 5 if concurrency == 1 else 5 <= len(_samples(run_dir)) < 12
+
+
+@pytest.mark.parametrize("broken", ["invalid_json", "html", "extra_choice"])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_200_that_is_no_completion_response_says_so_on_either_request_path(
+        tmp_path: Path, gsm8k_dir: Path, broken: str, concurrency: int) -> None:
+    """lm-eval's asynchronous path stopped with "JSONDecodeError" or "zip() argument 2 is longer"
+    (blamed on lm-eval, not the server); its synchronous one scored the first of two choices."""
+    config = write_config(tmp_path, "broken", gsm8k_dir, {"error_after": 5, "broken": broken},
+                          max_concurrency=concurrency)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "broken" / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR", output
+    assert "the server's answer was not a valid OpenAI completion response" in result["reason"], result["reason"]
+    assert "lm-eval stopped" not in result["reason"] and "never scored as a wrong answer" in result["reason"]
+    what = {"invalid_json": ["not valid JSON"], "html": ["JSON", "html"], "extra_choice": ["2 choices for 1 prompt"]}
+    assert all(words in result["reason"] for words in what[broken])  # the body's page, or its text/html type
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_server_answering_as_another_model_is_exit_3_naming_both(tmp_path: Path, gsm8k_dir: Path,
+                                                                   concurrency: int) -> None:
+    """A proxy in front of the server (or a wrapper in vllm_command) answering from another model:
+    its answers are not the model under test's, whatever they score; and a retry gets the same."""
+    config = write_config(tmp_path, "proxied", gsm8k_dir, {"answer_as": "other-model"}, max_concurrency=concurrency,
+                          num_questions=4)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "proxied" / "result.json")
+    assert code == 3 and result["verdict"] == "ERROR" and result["usage_error"] is True, output
+    assert "answered as model 'other-model', but the requests asked for 'fake-model'" in result["reason"]
+    assert result["evaluation"]["answered"] == 0 and result["timings"]["eval_s"] < 10  # not retried
 
 
 def test_retry_after_is_honoured_before_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:

@@ -166,6 +166,59 @@ def test_a_server_without_a_kernel_report_fails_a_kernel_check_as_unproven_not_a
     assert "cannot be verified" in result["reason"] and "nothing proves which kernel ran" in result["reason"]
 
 
+def test_a_kernel_report_request_that_fails_is_an_error_not_a_failed_kernel_check(tmp_path: Path,
+                                                                                   gsm8k_dir: Path) -> None:
+    """A 503 from GET /v1/kernels was taken for "no kernel report": the run FAILed (exit 1) on a
+    check it never made. A 404 (no such endpoint, as vLLM) still is no report (the test above)."""
+    server = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, kernels_status=503), {},
+                                  [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        checked = write_config(tmp_path, "checked", gsm8k_dir, num_questions=4, expect={"linear_kernel": "emulation"})
+        unchecked = write_config(tmp_path, "unchecked", gsm8k_dir, num_questions=4)
+        code, output = run_in_process([checked, unchecked], tmp_path / "out", server_url=server.base_url)
+    finally:
+        server.stop()
+    result = load_json(tmp_path / "out" / "checked" / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR" and result["usage_error"] is False, output
+    assert f"the kernel report could not be read: GET {server.base_url}/v1/kernels answered 503" in result["reason"]
+    assert "(linear=emulation) needs it, so there is no verdict" in result["reason"]
+    assert result["metrics"]["n"] == 4  # what was measured is kept
+    other = load_json(tmp_path / "out" / "unchecked" / "result.json")  # nothing to check: a verdict, and a note
+    assert other["verdict"] == "PASS" and "note: the kernel report could not be read" in other["reason"]
+
+
+def test_answers_cut_at_max_tokens_are_recorded_and_said_when_they_are_many(tmp_path: Path, gsm8k_dir: Path) -> None:
+    cut = write_config(tmp_path, "cut", gsm8k_dir, {"finish_reason": "length"}, num_questions=4, max_tokens=64)
+    whole = write_config(tmp_path, "whole", gsm8k_dir, num_questions=4)
+    code, output = run_in_process([cut, whole], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "cut" / "result.json")
+    assert code == 0 and result["verdict"] == "PASS", output
+    assert result["evaluation"]["truncated"] == 4 and result["evaluation"]["finish_reasons"] == {"length": 4}
+    assert "note: 4 of 4 answers (100%) stopped at max_tokens (64; finish_reason \"length\")" in result["reason"]
+    assert "raise max_tokens in the config" in result["reason"] and "raise max_tokens" in output
+    assert all(json.loads(line)["finish_reason"] == "length"
+               for line in (tmp_path / "out" / "cut" / "samples.jsonl").read_text().splitlines())
+    plain = load_json(tmp_path / "out" / "whole" / "result.json")
+    assert plain["evaluation"]["truncated"] == 0 and "max_tokens" not in plain["reason"]
+
+
+def test_a_servers_aliases_of_its_model_are_the_names_of_the_same_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM and quantgate serve answer every request with their first --served-model-name: the
+    others (same `root` in /v1/models) are the same model. Another model's name never is."""
+    import httpx
+
+    from quantgate.harness import runner
+
+    cards = [{"id": "first", "root": "/models/a"}, {"id": "second", "root": "/models/a"},
+             {"id": "other", "root": "/models/b"}, {"id": "rootless"}]
+    monkeypatch.setattr(httpx, "get", lambda *a, **k: httpx.Response(200, json={"data": cards}))
+    server = SimpleNamespace(base_url="http://h", api_key=None, served_model="second")
+    assert runner.model_aliases(server) == ("first",)
+    assert runner.model_aliases(SimpleNamespace(base_url="http://h", api_key=None, served_model="rootless")) == ()
+    monkeypatch.setattr(httpx, "get", lambda *a, **k: httpx.Response(404))
+    assert runner.model_aliases(server) == ()
+
+
 def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the_artifacts(
         tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "keyed", gsm8k_dir, {"api_key": "s3cret-key", "linear_backend": "marlin"},
