@@ -139,6 +139,8 @@ def _config_changes(served: ModelConfig, now: ModelConfig) -> list[str]:
     changes = []
     for field in dataclasses.fields(ModelConfig):
         old, new = getattr(served, field.name), getattr(now, field.name)
+        if field.name == "quant":  # the same modules ignored and targeted, listed in another order
+            old, new = _unordered(old), _unordered(new)
         if not field.compare or field.name == "dtype" or old == new:
             continue
         if field.name == "quant":
@@ -147,6 +149,11 @@ def _config_changes(served: ModelConfig, now: ModelConfig) -> list[str]:
                 old, new = "its ignore list or targets", "others"
         changes.append(f"{_CONFIG_KEYS.get(field.name, field.name)}: {old} -> {new}")
     return changes
+
+
+def _unordered(quant: QuantConfig | None) -> QuantConfig | None:
+    return quant and dataclasses.replace(quant, ignore=tuple(sorted(set(quant.ignore))),
+                                         targets=tuple(sorted(set(quant.targets))))
 
 
 def _describe_quant(quant: QuantConfig | None) -> str:

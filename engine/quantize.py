@@ -23,6 +23,7 @@ sorted keys, tokenizer and generation files copied byte for byte.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
 import shutil
@@ -64,6 +65,9 @@ _EXPERT_GATE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.gate_proj\.w
 _MERGED_PART = re.compile(r"\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)$")
 _LAYER_INDEX = re.compile(r"^model\.layers\.\d+\.")
 BLOCK_ALTERNATIVES = "--scheme fp8-channel --format compressed-tensors, or --scheme fp8-tensor"
+
+
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
 class QuantizeError(Exception):
@@ -310,7 +314,10 @@ def _write(src: Path, dst: Path, tensors: dict[str, torch.Tensor], config: dict)
     except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error
         for folder in made:
             _remove_if_empty(folder)
-        if isinstance(exc, OSError) and exc.filename and Path(exc.filename).parent == src:  # a side file
+        # A side file SRC could not give; copyfile names the source on a failed write too (sendfile
+        # sets both names), so the errors only a write meets (a full disk) go to DST.
+        if (isinstance(exc, OSError) and exc.filename and Path(exc.filename).parent == src
+                and exc.errno not in _WRITE_ERRNOS):
             raise QuantizeError(f"SRC {unreadable(Path(exc.filename), exc)}") from None
         raise QuantizeError(_unwritable(dst, exc)) from None
 

@@ -315,8 +315,8 @@ _VLLM_ONLY_KEYS = {
 _OWN_KEYS = set(EvalConfig.model_fields) - {"source", "sha256", "baseline_path", "extra", "other_references"}
 _GATE_ONLY_KEYS = set(GateSpec.model_fields) - _OWN_KEYS  # alpha, beta, recovery ...: read under gate: only
 # What a mode that reads no reference value compares the gated metric with.
-_COMPARED_WITH = {"absolute": "accuracy_threshold - tolerance", "paired": "baseline {baseline}'s answers, question "
-                  "by question", "recovery": "baseline {baseline}'s measured value"}
+_COMPARED_WITH = {"absolute": "accuracy_threshold - tolerance", "paired": "the baseline{baseline}'s answers, question "
+                  "by question", "recovery": "the baseline{baseline}'s measured value"}
 _GATE_KEYS_READ: dict[str, set[str]] = {  # per mode, besides max_invalid_rate, which every mode reads
     "absolute": set(), "relative": {"rtol"}, "hypothesis": {"alpha", "beta"}, "wilson": {"alpha", "rtol"},
     "paired": {"alpha"}, "recovery": {"recovery"},
@@ -785,7 +785,7 @@ class _Loader:
         lost = f", so {' and '.join(others)} {'is' if len(others) == 1 else 'are'} not gated at all" if others else ""
         own = "".join(f" and gate {name} in a config of its own (metric: {name!r})" for name in others)
         modes = f"{', '.join(REFERENCE_MODES[:-1])} and {REFERENCE_MODES[-1]}"
-        compared = _COMPARED_WITH[mode].format(baseline=config.baseline)
+        compared = _COMPARED_WITH[mode].format(baseline=f" {config.baseline}" if config.baseline else "")
         self.warn(["tasks", 0, "metrics"], f"gate {mode} reads none of the values listed here ({values}): it "
                   f"compares {config.metric} with {compared}{lost}; vLLM's gen-1 test gates every listed metric "
                   f"against its value, as quantgate does only in modes {modes}: set gate: {{mode: relative}} (vLLM's "

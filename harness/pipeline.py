@@ -51,6 +51,7 @@ from .config import (
     list_file_entries,
     load_config,
     parallel_gpus,
+    resolve_model,
 )
 from .results import SAMPLES_FILE
 
@@ -364,16 +365,38 @@ def agents_for(config: EvalConfig) -> dict[str, str]:
 def min_capability(config: EvalConfig) -> tuple[int, int] | None:
     """The compute capability the config's agent must reach: its `requires:`, raised to what a
     builtin server's own flags need, `--device cuda` (any GPU: (0, 0)) or a named backend whose
-    kernels run on no CPU (marlin: 8.0, triton: 8.9). Such a config without `requires:` went to a
-    CPU agent, where its server exits 3; None when a CPU agent can run it."""
+    kernels for the model's scheme run on no CPU (marlin: 8.0; triton: 8.9 for FP8). Such a
+    config without `requires:` went to a CPU agent, where its server exits 3; None when a CPU
+    agent can run it."""
     given = config.requires.min_compute_capability
     floors = [tuple(int(p) for p in given.split("."))] if given else []
     if config.engine == "builtin":
         if _device_flag(config.server_args) == "cuda":
             floors.append((0, 0))
-        floors += [floor for flag, value in config.backend_flags().items()
-                   if (floor := _backend_floor(flag, value)) is not None]
+        model = _model_layers(config)
+        for flag, value in config.backend_flags().items():
+            if flag == "--moe-backend" and model is not None and not model[1]:
+                continue  # a dense model has no layer the MoE backend serves
+            floor = _backend_floor(flag, value, None if model is None else model[0])
+            if floor is not None:
+                floors.append(floor)
     return max(floors, default=None)  # type: ignore[arg-type]
+
+
+def _model_layers(config: EvalConfig) -> tuple[str, bool] | None:
+    """(the checkpoint's scheme, whether it has MoE layers) from the model folder's config.json;
+    None where the folder is not here (a hub id, or an FP8 variant `make models` has not built)."""
+    from quantgate.engine.config import ModelConfig
+    from quantgate.kernels import Scheme
+
+    folder = Path(resolve_model(config))
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        model = ModelConfig.from_pretrained(folder)
+    except (OSError, ValueError):  # the server will say what is wrong with it
+        return None
+    return (model.quant.scheme if model.quant else Scheme.UNQUANTIZED).value, model.is_moe
 
 
 def _device_flag(args: Sequence[str]) -> str | None:
@@ -387,10 +410,12 @@ def _device_flag(args: Sequence[str]) -> str | None:
 
 
 @cache
-def _backend_floor(flag: str, backend: str) -> tuple[int, int] | None:
-    """The lowest compute capability on which some kernel of builtin `backend` for the layers of
-    `flag` (--linear-backend, --moe-backend) runs; None when one runs on a CPU (or the name is
-    auto or unknown: the config check reports those)."""
+def _backend_floor(flag: str, backend: str, scheme: str | None) -> tuple[int, int] | None:
+    """The lowest compute capability on which builtin `backend` can serve the layers of `flag`
+    (--linear-backend, --moe-backend) quantized in `scheme`; for an unknown scheme, the highest
+    such floor over the schemes the backend serves (triton MoE: 8.0 unquantized, 8.9 FP8), so the
+    agent can run it whichever. None when a kernel for it runs on a CPU (or the name is auto or
+    unknown, or the backend cannot serve the scheme: the config check and the server say so)."""
     from quantgate.kernels import Platform
     from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
 
@@ -398,10 +423,16 @@ def _backend_floor(flag: str, backend: str) -> tuple[int, int] | None:
 
     every = ALL_LINEAR_KERNELS if flag == "--linear-backend" else ALL_MOE_KERNELS
     kernels = [k for k in every if k.backend == canonical(backend)]
-    if not kernels or any(k.is_supported(Platform.hypothetical("cpu"))[0] for k in kernels):
-        return None
-    return next(((major, minor) for major in range(1, 21) for minor in range(10)
-                 if any(k.is_supported(Platform.hypothetical("cuda", (major, minor)))[0] for k in kernels)), None)
+    schemes = {s.value for k in kernels for s in k.schemes} if scheme is None else {scheme}
+    floors = []
+    for name in sorted(schemes):
+        serving = [k for k in kernels if any(s.value == name for s in k.schemes)]
+        if not serving or any(k.is_supported(Platform.hypothetical("cpu"))[0] for k in serving):
+            continue
+        floors.append(next(((major, minor) for major in range(1, 21) for minor in range(10)
+                            if any(k.is_supported(Platform.hypothetical("cuda", (major, minor)))[0] for k in serving)),
+                           (0, 0)))
+    return max(floors, default=None)
 
 
 def timeout_minutes(config: EvalConfig) -> int:

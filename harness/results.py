@@ -340,15 +340,29 @@ def _shown_comparison(metrics: dict[str, Any], gate: dict[str, Any]) -> tuple[An
     gen-1 file's other listed metric failed, the first failing one's, so that measured vs
     threshold never contradicts the verdict. Thresholds are on the measured scale (wilson's lower
     bound and recovery's ratio have their own)."""
-    def threshold_of(numbers: dict[str, Any]) -> Any:
-        return numbers["measured_threshold"] if "measured_threshold" in numbers else numbers.get("threshold")
-
     gated = metrics.get("metric") or gate.get("metric")
-    other = next((o for o in gate.get("other_metrics") or [] if o.get("passed") is False), None)
-    if other is not None and gated not in (gate.get("failed_metrics") or ()):  # absent from older result.json
-        return other["metric"], other.get("measured"), threshold_of(other)
+    failed = _failed_metrics(gate)
+    other = next((o for o in gate.get("other_metrics") or [] if o.get("metric") in failed), None)
+    if other is not None and gate.get("metric") not in failed:
+        return other["metric"], other.get("measured"), _threshold_of(other)
     measured = metrics.get("value") if metrics.get("complete", True) else None  # partial: no score
-    return gated, measured, threshold_of(gate)
+    return gated, measured, _threshold_of(gate)
+
+
+def _threshold_of(numbers: dict[str, Any]) -> Any:
+    return numbers["measured_threshold"] if "measured_threshold" in numbers else numbers.get("threshold")
+
+
+def _failed_metrics(gate: dict[str, Any]) -> list[str]:
+    """The gen-1 metrics that failed: `failed_metrics`, or for a result.json written before it
+    existed, the other metrics marked failed and the gated one when its measured value is below
+    its threshold (no other mode lists several)."""
+    if "failed_metrics" in gate or not gate.get("other_metrics"):
+        return list(gate.get("failed_metrics") or [])
+    measured, threshold = gate.get("measured"), _threshold_of(gate)
+    below = isinstance(measured, (int, float)) and isinstance(threshold, (int, float)) and measured < threshold
+    return [gate["metric"]] * bool(below and gate.get("metric")) + [
+        o["metric"] for o in gate["other_metrics"] if o.get("passed") is False]
 
 
 def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> str:
@@ -357,8 +371,7 @@ def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> st
     if verdict != "FAIL":
         return ""
     accuracy_failed = gate.get("accuracy_passed", gate.get("passed")) is False  # the key exists with max_invalid_rate
-    failed = gate.get("failed_metrics") or [o["metric"] for o in gate.get("other_metrics") or [] if o.get("passed") is False]
-    causes = list(failed or [gate.get("metric") or "accuracy"]) if accuracy_failed else []
+    causes = (_failed_metrics(gate) or [gate.get("metric") or "accuracy"]) if accuracy_failed else []
     if gate.get("invalid_rate_passed") is False:
         causes.append(f"invalid_rate > {gate['max_invalid_rate']:g}")
     if expect and expect.get("passed") is False:

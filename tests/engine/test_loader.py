@@ -493,6 +493,20 @@ def test_a_reload_after_a_re_export_in_another_format_says_to_restart(tmp_path):
         loaded.reload_weights()
 
 
+def test_a_reload_of_the_same_config_written_otherwise_still_reloads(tmp_path):
+    """The same ignore list in another order (or keys reordered, indented) is the same format."""
+    from quantgate.engine import quantize
+
+    served = tmp_path / "served"
+    quantize.quantize_checkpoint(SHIPPED_MODELS / "tiny-qwen3-moe", served, "fp8-block", "compressed-tensors")
+    loaded = load_model(served, device="cpu", linear_backend="emulation", moe_backend="emulation")
+    config = json.loads((served / "config.json").read_text())
+    assert len(config["quantization_config"]["ignore"]) > 1
+    config["quantization_config"]["ignore"].reverse()
+    (served / "config.json").write_text(json.dumps(dict(reversed(config.items())), indent=4))
+    loaded.reload_weights()
+
+
 # ---- a tensor missing from the checkpoint: the cause, where the files or config.json show it --------------
 
 def _sharded(src: Path, dst: Path, edit_index, drop: tuple[str, ...] = ()) -> Path:

@@ -389,3 +389,19 @@ def test_a_write_that_fails_midway_leaves_nothing_and_keeps_the_earlier_output(d
         assert f"error: DST {dst} cannot be written ({dst.parent}: File too large" in proc.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no new/, no temporary .out.* folder
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+    # A side file copied past the limit: copyfile names SRC's file then too, which read fine.
+    import shutil
+
+    src = tmp_path / "src-big-tokenizer"
+    shutil.copytree(dense_src, src)
+    (src / "tokenizer.json").write_text(" " * (int((earlier / "model.safetensors").stat().st_size * 1.5)))
+    limit = int((earlier / "model.safetensors").stat().st_size * 1.2)
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "quantgate.harness.cli", "quantize", str(src), str(tmp_path / "side"),
+                           "--scheme", "fp8-tensor", "--format", "native"], capture_output=True, text=True,
+                          preexec_fn=limited)
+    assert proc.returncode == 3 and f"error: DST {tmp_path / 'side'} cannot be written" in proc.stderr, proc.stderr

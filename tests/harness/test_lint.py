@@ -158,8 +158,8 @@ GEN1_TWO = ("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - name: exact_m
 
 @pytest.mark.parametrize("gate, compared", [
     ("accuracy_threshold: 0.6\n", "with accuracy_threshold - tolerance"),  # absolute by default
-    ("gate: paired\nbaseline: base.yaml\n", "with baseline base.yaml's answers, question by question"),
-    ("gate: {mode: recovery}\nbaseline: base.yaml\n", "with baseline base.yaml's measured value"),
+    ("gate: paired\nbaseline: base.yaml\n", "with the baseline base.yaml's answers, question by question"),
+    ("gate: {mode: recovery}\nbaseline: base.yaml\n", "with the baseline base.yaml's measured value"),
 ])
 def test_listed_gen1_values_a_gate_does_not_read_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str], gate: str,
                                                       compared: str) -> None:
@@ -177,6 +177,15 @@ def test_listed_gen1_values_a_gate_does_not_read_warn(tmp_path: Path, capsys: py
             "at all") in out
     assert "set gate: {mode: relative}" in out and "remove tasks[0].metrics" in out
     assert "gate exact_match,flexible-extract in a config of its own (metric: 'exact_match,flexible-extract')" in out
+
+
+def test_the_gen1_warning_of_a_paired_gate_without_baseline_names_no_baseline(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text(GEN1_TWO + "gate: paired\n")
+    assert main(["lint", str(config)]) == 3  # the missing baseline is the error; the warning still reads right
+    out, _ = capsys.readouterr()
+    assert "with the baseline's answers, question by question" in out and "None" not in out, out
 
 
 def test_one_listed_gen1_value_an_absolute_gate_does_not_read_warns(tmp_path: Path,

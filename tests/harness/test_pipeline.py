@@ -246,12 +246,11 @@ def test_marlin_kernel_change_selects_marlin_configs_and_pr_tagged(tiny_matrix: 
     groups, loose = collect([tiny_matrix])
     pipeline = build_pipeline(groups, loose, "pr")
     selected = set(select_for_changes(pipeline, [MARLIN_LINEAR]))
-    # `triton` names a backend with no CPU kernel, so it runs on GPU agents, where auto can pick
-    # marlin for its linear layers.
-    assert selected == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr", "triton"}
+    # `triton` names an MoE backend for a dense model: it has no layer that backend serves, so it
+    # stays on a CPU agent, where auto never picks marlin.
+    assert selected == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr"}
     # vllm-marlin runs vLLM's Marlin, not this repository's: it does not depend on kernels/.
-    assert set(select_for_changes(pipeline, ["kernels/moe/triton.py"])) == {"triton", "auto-pr", "marlin-args",
-                                                                               "marlin-eq"}
+    assert set(select_for_changes(pipeline, ["kernels/moe/triton.py"])) == {"triton", "auto-pr", "marlin-args"}
     assert set(select_for_changes(pipeline, ["kernels/registry.py"])) == labels(pipeline) - {"vllm-marlin"}
     assert set(select_for_changes(pipeline, ["README.md"])) == {"auto-pr"}
     model_change = set(select_for_changes(pipeline, ["models/tiny-qwen3/model.safetensors"]))
@@ -272,7 +271,7 @@ def test_changed_files_option_filters_here(capsys: pytest.CaptureFixture[str], t
     changes.write_text(f"{MARLIN_LINEAR}\n\n")
     pipeline = emitted(capsys, "--tier", "pr", "--changed-files", str(changes), str(tiny_matrix))
     validate(pipeline)
-    assert labels(pipeline) == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr", "triton"}
+    assert labels(pipeline) == {"marlin-args", "marlin-eq", "marlin-expect-only", "auto-pr"}
     assert "if_changed" not in json.dumps(pipeline)
 
 
@@ -294,19 +293,30 @@ def test_dependencies_of_a_builtin_config(tiny_matrix: Path) -> None:
     ("server_args: --linear-backend marlin\n", {"queue": "gpu", "gpus": "1", "sm80": "true"}),
     ("server_args: [--linear-backend=triton]\n", {"queue": "gpu", "gpus": "1", "sm89": "true"}),
     ("server_args: --device cuda\n", {"queue": "gpu", "gpus": "1"}),
-    ("server_args: --device=cuda --moe-backend marlin\n", {"queue": "gpu", "gpus": "1", "sm80": "true"}),
+    ("server_args: --device=cuda --moe-backend marlin\n", {"queue": "gpu", "gpus": "1"}),  # a dense model
+    ("model_name: models/tiny-qwen3-moe-fp8-block-ct\nserver_args: --device=cuda --moe-backend marlin\n",
+     {"queue": "gpu", "gpus": "1", "sm80": "true"}),
     # requires: stays the floor; a backend raises it, never lowers it.
     ("server_args: --linear-backend triton\nrequires: {min_compute_capability: '8.0'}\n",
      {"queue": "gpu", "gpus": "1", "sm89": "true"}),
     ("server_args: --linear-backend marlin\nrequires: {min_compute_capability: '9.0'}\n",
      {"queue": "gpu", "gpus": "1", "sm90": "true"}),
-    # Backends with a CPU kernel, and the CPU device, stay on the CPU queue.
-    ("server_args: --linear-backend torch --moe-backend emulation\n", {"queue": "cpu"}),
+    # For the checkpoint's scheme: torch serves FP8 channel on a CPU, FP8 block only on 9.x.
+    ("server_args: --linear-backend torch --moe-backend emulation\n", {"queue": "gpu", "gpus": "1", "sm90": "true"}),
+    ("model_name: models/tiny-qwen3-fp8-channel-ct\nserver_args: --linear-backend torch\n", {"queue": "cpu"}),
+    # triton MoE: 8.9 for FP8 experts (8.0 serves only unquantized ones); a dense model has none.
+    ("model_name: models/tiny-qwen3-moe-fp8-block-ct\nserver_args: --moe-backend triton\n",
+     {"queue": "gpu", "gpus": "1", "sm89": "true"}),
+    ("server_args: --moe-backend triton\n", {"queue": "cpu"}),
+    # A model folder not here (a variant not built yet): whatever scheme it has.
+    ("model_name: models/not-built-yet\nserver_args: --moe-backend triton\n",
+     {"queue": "gpu", "gpus": "1", "sm89": "true"}),
     ("server_args: --device cpu --linear-backend auto\n", {"queue": "cpu"}),
 ])
 def test_a_builtin_server_that_needs_a_gpu_gets_a_gpu_agent(tmp_path: Path, body: str, agents: dict) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text(f"model_name: models/tiny-qwen3-fp8-block-ct\naccuracy_threshold: 0.5\n{body}")
+    model = "" if body.startswith("model_name:") else "model_name: models/tiny-qwen3-fp8-block-ct\n"
+    path.write_text(f"{model}accuracy_threshold: 0.5\n{body}")
     assert agents_for(load_config(path)) == agents
 
 
