@@ -147,17 +147,22 @@ def test_a_folder_without_configs_is_a_usage_error(tmp_path: Path, capsys: pytes
     assert "no config files" in capsys.readouterr().err
 
 
+def _refused_migration(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> tuple[Path, str]:
+    """`migrate --write` of a config holding `text`: refused (exit 3), the file unchanged; its stderr."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert main(["migrate", "--write", str(path)]) == 3
+    assert path.read_text() == text
+    return path, capsys.readouterr().err
+
+
 def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Deleting the flavour would turn the switch, once the conflict is settled, into vLLM's default
     flavour (flashinfer_trtllm) at the next migrate, not the throughput (flashinfer_cutlass) it ran."""
-    path = tmp_path / "c.yaml"
     text = ('model_name: m\naccuracy_threshold: 0.5\nserver_args: --moe-backend triton\nenv:\n'
             '  VLLM_USE_FLASHINFER_MOE_FP4: "1"\n  VLLM_FLASHINFER_MOE_BACKEND: throughput\n')
-    path.write_text(text)
-    assert main(["migrate", "--write", str(path)]) == 3
-    assert path.read_text() == text
-    err = capsys.readouterr().err
+    path, err = _refused_migration(tmp_path, capsys, text)
     assert f"{path}:5: env.VLLM_USE_FLASHINFER_MOE_FP4: cannot migrate automatically" in err
     assert f"{path}:6: env.VLLM_FLASHINFER_MOE_BACKEND: cannot migrate automatically" in err
     path.write_text(text.replace("server_args: --moe-backend triton\n", ""))  # the author drops the conflict
@@ -168,13 +173,8 @@ def test_the_flashinfer_flavour_stays_while_its_switch_cannot_be_migrated(
 def test_an_unknown_flashinfer_flavour_is_reported_and_the_file_left_as_it_is(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown VLLM_FLASHINFER_MOE_BACKEND became --moe-backend flashinfer_trtllm, silently."""
-    path = tmp_path / "c.yaml"
-    text = ('model_name: m\naccuracy_threshold: 0.5\nenv:\n'
-            '  VLLM_USE_FLASHINFER_MOE_FP8: "1"\n  VLLM_FLASHINFER_MOE_BACKEND: thruput\n')
-    path.write_text(text)
-    assert main(["migrate", "--write", str(path)]) == 3
-    assert path.read_text() == text
-    err = capsys.readouterr().err
+    path, err = _refused_migration(tmp_path, capsys, 'model_name: m\naccuracy_threshold: 0.5\nenv:\n'
+                                   '  VLLM_USE_FLASHINFER_MOE_FP8: "1"\n  VLLM_FLASHINFER_MOE_BACKEND: thruput\n')
     assert (f"{path}:4: env.VLLM_USE_FLASHINFER_MOE_FP8: cannot migrate automatically: its flavour "
             "VLLM_FLASHINFER_MOE_BACKEND='thruput' is not one vLLM knows") in err
     assert f"{path}:5: env.VLLM_FLASHINFER_MOE_BACKEND: cannot migrate automatically: 'thruput' is not a flavour" in err
