@@ -853,7 +853,7 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
     record.expect = check.to_dict() if check is not None else None
     failed = []
     if not gate.passed:
-        failed.append(f"gate {gate.mode} failed: {_gate_line(gate)}")
+        failed.append(f"gate {gate.mode} failed: {gate_line(gate)}")
     if check is not None and not check.passed:
         failed.append(f"kernel check failed: {check.message}")
     if failed:
@@ -862,7 +862,7 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
             record.reason += (" (accuracy passed, but the backend under test did not run)" if check.mismatches
                               else " (accuracy passed, but nothing proves which kernel ran)")
     else:
-        record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {_gate_line(gate)}" + (
+        record.verdict, record.reason = PASS, f"gate {gate.mode} passed: {gate_line(gate)}" + (
             f"; kernels as expected ({', '.join(_expected_text(check))})" if check else "") + "".join(
             f"; note: {note}" for note in (check.notes if check else []))
     if report_error is not None:  # nothing was checked against it; result.json's kernels stays empty
@@ -931,7 +931,7 @@ def _comparison(mode: str, numbers: dict[str, Any], metric: Any) -> str:
     return f"{metric} {measured} vs threshold {threshold}"
 
 
-def _gate_line(gate: GateOutcome) -> str:
+def gate_line(gate: GateOutcome) -> str:
     """What the gate actually compared, in one line (the whole arithmetic is in the explanation):
     a line naming a number the verdict did not rest on would contradict it. For a gen-1 file it
     names the listed metrics that failed (`failed_metrics`)."""

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import ENGINES
-from ..config import LIST_SUFFIX, EvalConfig, count_test_questions
-from ..gates import absolute, hypothesis, relative, shown, wilson
+from ..config import LIST_SUFFIX, REPORTED_METRICS, ConfigError, EvalConfig, Reference, count_test_questions, load_config
+from ..gates import absolute, evaluate_gate, hypothesis, relative, shown, wilson
 from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, OutputDirUnwritable, PlanError, PlannedConfig,
-                      RunInterrupted, RunOptions, output_dir_lock, plan, run_one)
+                      RunInterrupted, RunOptions, gate_line, output_dir_lock, plan, run_one)
 from .arg_types import int_at_least, positive_int, server_url
 
 
@@ -37,8 +37,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
     parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
     parser.add_argument("--server-url", type=server_url, default=None, metavar="URL", help="measure this running server")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "calibrate",
-                        help="runs go to OUTPUT_DIR/run-<i>/<config>/ (default results/calibrate)")
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="runs go to OUTPUT_DIR/run-<i>/<config>/, the proposal to OUTPUT_DIR/calibration.json "
+                             "(default results/calibrate/<config name>)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -48,6 +49,8 @@ def main(args: argparse.Namespace) -> int:
         display.note(f"error: calibrate takes one config file; {given} is a {'folder' if given.is_dir() else 'list file'}"
                      ": calibrate its configs one at a time (a reference belongs to one config)")
         return EXIT_USAGE
+    if args.output_dir is None:  # one folder per config: a second config's proposal replaced the first's
+        args.output_dir = DEFAULT_OUTPUT_DIR / "calibrate" / _config_name(given, args.engine)
     # plan() puts a paired or recovery gate's baseline first, unless a usable result of it is
     # already in OUTPUT_DIR/baseline/; the runs' gates find it in the records the items share.
     base_options = RunOptions(output_dir=args.output_dir / "baseline", engine=args.engine, limit=args.limit,
@@ -70,9 +73,20 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_ERROR
 
 
+def _config_name(path: Path, engine: str | None) -> str:
+    """The config's name, for its default output folder; the file's stem when it does not load
+    (plan() then reports why, before anything is written)."""
+    try:
+        return load_config(path, engine).name  # type: ignore[arg-type]
+    except (ConfigError, OSError):
+        return path.stem
+
+
 def _calibrate(args: argparse.Namespace, display: Display, baselines: list[PlannedConfig], item: PlannedConfig,
                base_options: RunOptions) -> int:
     """The runs, under the output directory's lock, and the proposal."""
+    path = args.output_dir / "calibration.json"
+    path.unlink(missing_ok=True)  # an earlier calibration's proposal must not sit beside this one's runs
     records: list[RunRecord] = []
     guard = InterruptGuard()
     with guard.installed():
@@ -92,6 +106,8 @@ def _calibrate(args: argparse.Namespace, display: Display, baselines: list[Plann
                                      limit=args.limit, server_url=args.server_url)
                 records.append(run_one(item, options, display, guard))
                 display.verdict(records[-1])
+                if records[-1].exit_code == EXIT_USAGE:  # the config's own error: every later run repeats it
+                    break
         except RunInterrupted as exc:
             display.note(f"interrupted by {exc.signal_name} after {len(records)} run(s); nothing proposed")
             return EXIT_ERROR
@@ -99,7 +115,8 @@ def _calibrate(args: argparse.Namespace, display: Display, baselines: list[Plann
     if errors:
         display.note(f"error: {len(errors)} of {len(records)} runs measured nothing ({errors[0].reason}); "
                      "a reference needs every run: fix the cause and calibrate again")
-        return EXIT_ERROR
+        # As `quantgate run` exits: 3 for what the config causes (a retry repeats it), else 2.
+        return max(r.exit_code for r in errors)
     unproven = [r for r in records if r.expect is not None and not r.expect.get("passed")]
     if unproven:
         display.note(f"error: {len(unproven)} of {len(records)} runs did not run the kernels `expect:` names "
@@ -107,7 +124,6 @@ def _calibrate(args: argparse.Namespace, display: Display, baselines: list[Plann
                      "test: fix the backend or the config, then calibrate again")
         return EXIT_FAIL
     proposal = propose(item.config, records, args.limit)
-    path = args.output_dir / "calibration.json"
     path.write_text(json.dumps(proposal, indent=2) + "\n")
     print(format_proposal(proposal))
     display.note(f"written to {path}")
@@ -161,22 +177,28 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
            "wilson": thresholds["wilson"]}
     if gate.mode == "absolute" and config.accuracy_threshold is not None:  # always set for absolute (load_config)
         own["absolute"] = absolute(value, config.accuracy_threshold, config.tolerance)[1]["threshold"]
-    # Each run gated by the config's own gate with the proposed reference, as `quantgate run` would
-    # (its epsilon included): the warning says exactly which runs that gate would fail.
-    verdicts = {
-        "absolute": lambda v, k: absolute(v, config.accuracy_threshold or 0.0, config.tolerance)[0],
-        "relative": lambda v, k: relative(v, value, rtol)[0],
-        "hypothesis": lambda v, k: hypothesis(v, value, k, gate.alpha, gate.beta, n)[0],
-        "wilson": lambda v, k: wilson(v, k, value, rtol, gate.alpha)[0],
-    }
-    judge = verdicts.get(gate.mode)
-    failing = [] if judge is None else [float(r.metrics["value"]) for r in records
-                                        if r.metrics and not judge(float(r.metrics["value"]), int(r.metrics["n"]))]
+    # Each run gated by the config with the proposed reference pasted, through `quantgate run`'s own
+    # gate (a gen-1 file's other listed metrics and max_invalid_rate included): the warning says
+    # exactly which runs, and why, that config would fail. Paired and recovery read no reference.
+    pasted = config.model_copy(update={"reference": Reference(value=value, n=n)})
+    failing, why = [], []
+    for record in records if gate.mode not in ("paired", "recovery") else []:
+        outcome = evaluate_gate(pasted, record.metrics)
+        if not outcome.passed:
+            failing.append(float(record.metrics["value"]))
+            why.append(gate_line(outcome))
+    # The reference as a run of its own: wilson's lower bound at a small n fails even the mean.
+    mean_fails = gate.mode == "wilson" and not wilson(value, n, value, rtol, gate.alpha)[0]
+    others = {name: statistics.fmean(float(r.metrics[REPORTED_METRICS[name]]) for r in records)
+              for name in config.other_references if all(REPORTED_METRICS[name] in r.metrics for r in records)}
     return {"config": str(config.source), "values": values, "mean": mean, "stdev": stdev, "min": min(values),
             "max": max(values), "n_per_run": ns, "reference": reference, "rtol": rtol, "alpha": gate.alpha,
             "beta": gate.beta, "thresholds": thresholds, "gate_mode": gate.mode,
             "accuracy_threshold": config.accuracy_threshold, "tolerance": config.tolerance,
-            "gate_threshold": own.get(gate.mode), "failing_runs": failing,
+            "gate_threshold": own.get(gate.mode), "failing_runs": failing, "failing_because": why,
+            "reference_fails": mean_fails, "other_listed": {name: {"listed": config.other_references[name],
+                                                                   "mean": round(mean, 4)}
+                                                            for name, mean in others.items()},
             "config_num_questions": config.num_questions, "limit": limit, "test_questions": count_test_questions(config)}
 
 
@@ -213,19 +235,28 @@ def format_proposal(p: dict[str, Any]) -> str:
     elif threshold is None:
         lines.append(f"# WARNING: at n {ref['n']} no measured accuracy passes the wilson gate with this reference: "
                      "evaluate more questions")
+    elif p.get("reference_fails"):
+        lines.append(f"# WARNING: at n {ref['n']} the reference itself ({ref['value']}) fails the wilson gate (rtol "
+                     f"{p['rtol']:g}, alpha {p['alpha']:g}): its Wilson lower bound is below reference * (1 - rtol); "
+                     "evaluate more questions or raise rtol")
     elif p["failing_runs"]:
-        lowest, shown_threshold = shown(min(p["failing_runs"]), threshold)  # never "0.7142 is below 0.7142"
-        lines.append(f"# WARNING: the lowest run ({lowest}) is below the config's {mode} threshold "
-                     f"({shown_threshold}): too noisy to gate")
+        lines.append(f"# WARNING: with this reference the config would fail {len(p['failing_runs'])} of "
+                     f"{len(p['values'])} runs: " + "; ".join(
+                         f"{v:.4f} ({because})" for v, because in zip(p["failing_runs"], p.get("failing_because") or
+                                                                       [f"below the {mode} threshold {threshold}"] * 99)))
+    for name, other in (p.get("other_listed") or {}).items():
+        lines.append(f"# {name}, also listed and gated: measured mean {other['mean']:.4f} against its listed value "
+                     f"{other['listed']}: update that value in tasks[0].metrics too")
     if mode == "hypothesis" and 3 * p["stdev"] > hyp["margin"]:
         lines.append(f"# WARNING: 3 * stdev = {3 * p['stdev']:.4f} exceeds the hypothesis margin (reference - "
                      f"threshold = {hyp['margin']:.4f}): run-to-run noise alone can fail the gate")
     if len(p["n_per_run"]) > 1:
         lines.append("# WARNING: runs evaluated different numbers of questions")
     full, size = p.get("config_num_questions"), p.get("test_questions")
-    if full is not None and ref["n"] < full:
-        lines.append(f"# WARNING: measured on {ref['n']} of the {full} questions the config's gate evaluates (--limit); "
-                     "calibrate without --limit before pasting this reference")
+    evaluated = full if full is None or size is None else min(full, size)  # what a run of the config evaluates
+    if evaluated is not None and ref["n"] < evaluated:
+        lines.append(f"# WARNING: measured on {ref['n']} of the {evaluated} questions the config's gate evaluates "
+                     "(--limit); calibrate without --limit before pasting this reference")
     elif full is None and p.get("limit") is not None and (size is None or ref["n"] < size):
         measured = f"on {ref['n']} of the {size} test questions" if size is not None else f"with --limit {p['limit']}"
         lines.append(f"# WARNING: measured {measured}, but the config sets no num_questions, so its gate evaluates "

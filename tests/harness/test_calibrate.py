@@ -32,25 +32,27 @@ def test_thresholds_use_the_configs_gate_settings(tmp_path: Path) -> None:
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: relative, rtol: 0.02}\n",
                      [0.80, 0.77, 0.79], 1319)
     assert "#   relative (rtol 0.02): 0.7710" in text  # of the pasted 0.7867, not of the mean 0.78667
-    assert "# WARNING: the lowest run (0.7700) is below the config's relative threshold (0.7710): too noisy" in text
+    assert ("# WARNING: with this reference the config would fail 1 of 3 runs: 0.7700 (exact_match,strict-match "
+            "0.7700 vs threshold 0.7710)") in text
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: wilson, alpha: 0.01, beta: 0.1}\nrtol: 0.05\n",
                      [0.80, 0.82], 100)
     wilson_needed = gates.wilson(0.81, 100, 0.81, 0.05, 0.01)[1]["measured_threshold"]
     hypothesis = gates.hypothesis(0.81, 0.81, 100, 0.01, 0.1, 100)[1]
     assert f"#   wilson (alpha 0.01, rtol 0.05, n 100): measured >= {wilson_needed:.4f}" in text
     assert f"#   hypothesis (alpha 0.01, beta 0.1, n 100): {hypothesis['threshold']:.4f}" in text
-    assert "# WARNING: the lowest run (0.8000) is below the config's wilson threshold" in text
+    # At n 100 the mean itself fails (its lower bound is below 0.81 * 0.95): not noise, too few questions.
+    assert "# WARNING: at n 100 the reference itself (0.81) fails the wilson gate" in text and "more questions" in text
 
 
 def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
     # Hypothesis: 0.755 is below its threshold 0.7605, and 3 * stdev exceeds its margin.
     text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: hypothesis\n", [0.80, 0.755, 0.805], 1319)
-    assert "# WARNING: the lowest run (0.7550) is below the config's hypothesis threshold (0.7605)" in text
+    assert "would fail 1 of 3 runs: 0.7550 (exact_match,strict-match 0.7550 vs threshold 0.7605)" in text
     assert "# WARNING: 3 * stdev = 0.0826 exceeds the hypothesis margin (reference - threshold = 0.0262)" in text
     # Absolute: accuracy_threshold - tolerance, the config's own numbers, whatever the reference.
     text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.02\n", [0.77, 0.80], 1319)
-    assert "# WARNING: the lowest run (0.7700) is below the config's absolute threshold (0.7800)" in text
-    assert "too noisy" not in _proposal(tmp_path, "accuracy_threshold: 0.8\n", [0.77, 0.80], 1319)
+    assert "would fail 1 of 2 runs: 0.7700 (exact_match,strict-match 0.7700 vs threshold 0.7800)" in text
+    assert "would fail" not in _proposal(tmp_path, "accuracy_threshold: 0.8\n", [0.77, 0.80], 1319)
     # The absolute gate's own threshold, and what to paste to gate on this measurement.
     text = _proposal(tmp_path, "accuracy_threshold: 0.8\ntolerance: 0.04\n", [0.842, 0.842], 500)
     assert ("#   absolute (the config's gate): accuracy_threshold 0.8 - tolerance 0.04 = 0.7600; this gate does not "
@@ -59,7 +61,7 @@ def test_noise_warning_against_the_configs_own_gate(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     text = _proposal(tmp_path, "baseline: base\ngate: paired\n", [0.10, 0.80], 1319)
     assert "# note: gate paired compares each run with its baseline, not with a reference" in text
-    assert "too noisy" not in text
+    assert "would fail" not in text
 
 
 @pytest.mark.parametrize(("gate", "hits"), [("{mode: relative, rtol: 0.01}", (942, 961)),
@@ -79,14 +81,14 @@ def test_the_proposal_is_checked_with_the_reference_it_pastes(tmp_path: Path, ga
     assert not outcome.passed  # the lowest run fails the gate with the pasted reference...
     assert proposal["gate_threshold"] == pytest.approx(outcome.numbers["threshold"], abs=1e-12)
     assert proposal["failing_runs"] == [min(values)]
-    assert "# WARNING: the lowest run" in format_proposal(proposal)  # ...and the proposal says so
+    assert "# WARNING: with this reference the config would fail 1 of 2 runs" in format_proposal(proposal)  # ...and says so
 
 
 def test_the_noise_warning_tells_apart_a_run_and_a_threshold_that_round_alike(tmp_path: Path) -> None:
     # 942/1319 = 0.714177 against 0.7214 * 0.99 = 0.714186: at .4f "0.7142 is below 0.7142".
     text = _proposal(tmp_path, "reference: {value: 0.7}\ngate: {mode: relative, rtol: 0.01}\n",
                      [942 / 1319, 961 / 1319], 1319)
-    assert "# WARNING: the lowest run (0.71418) is below the config's relative threshold (0.71419)" in text
+    assert "0.7142 (exact_match,strict-match 0.71418 vs threshold 0.71419)" in text
 
 
 def test_limit_warns_when_the_gate_evaluates_the_whole_test_set(tmp_path: Path) -> None:
@@ -137,3 +139,69 @@ def test_measured_on_names_a_cpu_once_and_the_backends_however_written(tmp_path:
     path = tmp_path / "c.yaml"
     path.write_text("model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear_backend=emulation\n")
     assert _measured_on(record, load_config(path)) == "cpu, engine builtin, --linear-backend emulation"
+
+
+def test_runs_the_pasted_config_would_fail_on_another_listed_metric_or_invalid_answers(tmp_path: Path) -> None:
+    """Only the gated metric was checked: a gen-1 file's other listed value, or max_invalid_rate,
+    failed every run with the pasted reference while calibrate said nothing."""
+    gen1 = ("tasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', value: 0.5}\n"
+            "  - {name: 'exact_match,flexible-extract', value: 0.99}\nrtol: 0.02\n")
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\n" + gen1)
+    records = [RunRecord(name="c", verdict="FAIL", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": 0.95, "strict_match": 0.95, "flexible_extract": v, "n": 20})
+               for v in (0.95, 0.96)]
+    proposal = propose(load_config(path), records)
+    text = format_proposal(proposal)
+    assert proposal["failing_runs"] == [0.95, 0.95]
+    assert "would fail 2 of 2 runs: 0.9500 (exact_match,flexible-extract 0.9500 vs threshold 0.9702)" in text
+    assert ("# exact_match,flexible-extract, also listed and gated: measured mean 0.9550 against its listed value "
+            "0.99: update that value in tasks[0].metrics too") in text
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
+    records = [RunRecord(name="c", verdict="FAIL", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": 0.8, "n": 100, "invalid_rate": 0.2}) for _ in range(2)]
+    assert "invalid_rate 0.2000 > max_invalid_rate 0.0500" in format_proposal(propose(load_config(path), records))
+
+
+def test_an_error_every_run_repeats_is_exit_3_after_the_first_run(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """`quantgate run` exits 3 on this config (a retry repeats it); calibrate exited 2, after every run."""
+    message = "This model's maximum context length is 512 tokens. However, you requested 940 tokens"
+    config = write_config(tmp_path, "short", gsm8k_dir, {"error_after": 0, "error_status": 400,
+                                                         "error_message": message}, max_concurrency=1, num_questions=2)
+    assert cli(["run", str(config), "--output-dir", str(tmp_path / "run")]) == 3
+    assert cli(["calibrate", str(config), "--runs", "3", "--output-dir", str(tmp_path / "cal")]) == 3
+    assert (tmp_path / "cal" / "run-1").is_dir() and not (tmp_path / "cal" / "run-2").exists()
+
+
+def test_a_failed_calibration_leaves_no_earlier_proposal_beside_its_runs(tmp_path: Path, gsm8k_dir: Path) -> None:
+    good = write_config(tmp_path, "c", gsm8k_dir, {"accuracy": 0.8})
+    out = tmp_path / "cal"
+    assert cli(["calibrate", str(good), "--runs", "2", "--limit", "4", "--output-dir", str(out)]) == 0
+    assert (out / "calibration.json").exists()
+    bad = write_config(tmp_path, "c", gsm8k_dir, {"exit_during_startup": 0.1})
+    assert cli(["calibrate", str(bad), "--runs", "2", "--limit", "4", "--output-dir", str(out)]) == 2
+    assert json.loads((out / "run-1" / "c" / "result.json").read_text())["verdict"] == "ERROR"
+    assert not (out / "calibration.json").exists()
+
+
+def test_no_limit_warning_when_the_test_set_is_all_a_run_evaluates(tmp_path: Path) -> None:
+    """num_questions 30 on a 12-question file, no --limit: the gate evaluates the same 12."""
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n' * 12)
+    text = _proposal(tmp_path, "accuracy_threshold: 0.5\nnum_fewshot: 0\nnum_questions: 30\n"
+                     "dataset: {test: test.jsonl}\n", [0.8, 0.8], 12)
+    assert "WARNING: measured" not in text, text
+    text = _proposal(tmp_path, "accuracy_threshold: 0.5\nnum_fewshot: 0\nnum_questions: 30\n"
+                     "dataset: {test: test.jsonl}\n", [0.8, 0.8], 8, limit=8)
+    assert "# WARNING: measured on 8 of the 12 questions the config's gate evaluates (--limit)" in text
+
+
+def test_each_config_gets_its_own_default_output_folder(tmp_path: Path, gsm8k_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every config shared results/calibrate: the second one's proposal replaced the first's."""
+    monkeypatch.chdir(tmp_path)
+    for name, accuracy in (("a", 0.8), ("b", 0.6)):
+        assert cli(["calibrate", str(write_config(tmp_path, name, gsm8k_dir, {"accuracy": accuracy})), "--runs", "2",
+                    "--limit", "4"]) == 0
+    for name in ("a", "b"):
+        proposal = json.loads((tmp_path / "results" / "calibrate" / name / "calibration.json").read_text())
+        assert proposal["config"].endswith(f"{name}.yaml")

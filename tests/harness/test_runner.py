@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from quantgate.harness.config import inspect_config
 from quantgate.harness.gates import Baseline, evaluate_gate
-from quantgate.harness.runner import _gate_line, exit_code
+from quantgate.harness.runner import gate_line, exit_code
 from quantgate.harness.server import build_command, launch
 from tests.harness.fake_server import _share
 from tests.harness import runner_fixtures
@@ -674,39 +674,39 @@ def test_an_internal_error_is_recorded_and_the_next_config_still_runs(tmp_path: 
 
 def test_gate_line_states_what_the_verdict_rests_on(tmp_path: Path) -> None:
     wilson = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.755}\ngate: wilson\n"), {"value": 0.72, "n": 100})
-    assert _gate_line(wilson).startswith("exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold "
+    assert gate_line(wilson).startswith("exact_match,strict-match 0.7200 (Wilson lower bound 0.6411) vs threshold "
                                          "0.6946; measured accuracy needed 0.7")
     hyp = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"), {"value": 0.5, "n": 1319})
-    assert _gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
+    assert gate_line(hyp) == "exact_match,strict-match 0.5000 vs threshold 0.4680"
     invalid = gate_config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
-    line = _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.3}))
+    line = gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.3}))
     assert line == ("invalid_rate 0.3000 > max_invalid_rate 0.0500 (accuracy passed: exact_match,strict-match 0.9000 "
                     "vs threshold 0.4200)")
-    line = _gate_line(evaluate_gate(invalid, {"value": 0.1, "n": 100, "invalid_rate": 0.3}))
+    line = gate_line(evaluate_gate(invalid, {"value": 0.1, "n": 100, "invalid_rate": 0.3}))
     assert line == "exact_match,strict-match 0.1000 vs threshold 0.4200; invalid_rate 0.3000 > max_invalid_rate 0.0500"
-    assert "invalid" not in _gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.01}))
+    assert "invalid" not in gate_line(evaluate_gate(invalid, {"value": 0.9, "n": 100, "invalid_rate": 0.01}))
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     rows = [{"id": i, "correct": True} for i in range(20)]
     worse = [{"id": i, "correct": i >= 6} for i in range(20)]
     base = Baseline("base", {"value": 1.0, "n": 20}, rows)
     paired = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 0.7, "n": 20}, worse, base)
-    assert _gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
+    assert gate_line(paired) == ("exact_match,strict-match flips 6 right->wrong, 0 wrong->right; "
                                   "one-sided p-value 0.01562 vs alpha 0.05")
     recovery = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 0.7, "n": 20}, None,
                              base)
-    assert _gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
+    assert gate_line(recovery) == ("exact_match,strict-match ratio 0.7000 (0.7000 / baseline 1.0000) vs recovery "
                                     "minimum 0.9500")
     # A gen-1 file gates every metric it lists: a failing other one is named, or the line reads as a PASS.
     gen1 = gate_config(tmp_path, "tasks:\n- name: gsm8k\n  metrics:\n  - {name: 'exact_match,strict-match', value: 0.5}\n"
                                  "  - {name: 'exact_match,flexible-extract', value: 1.0}\nrtol: 0.01\n")
     # The passing gated metric is left out: "strict-match 0.6000 vs threshold 0.4950" first read as a PASS.
     other = evaluate_gate(gen1, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.95, "n": 20})
-    assert _gate_line(other) == "exact_match,flexible-extract 0.9500 vs threshold 0.9900"
+    assert gate_line(other) == "exact_match,flexible-extract 0.9500 vs threshold 0.9900"
     both = evaluate_gate(gen1, {"value": 0.4, "strict_match": 0.4, "flexible_extract": 0.95, "n": 20})
-    assert _gate_line(both) == ("exact_match,strict-match 0.4000 vs threshold 0.4950; "
+    assert gate_line(both) == ("exact_match,strict-match 0.4000 vs threshold 0.4950; "
                                 "exact_match,flexible-extract 0.9500 vs threshold 0.9900")
     gated = evaluate_gate(gen1, {"value": 0.4, "strict_match": 0.4, "flexible_extract": 0.995, "n": 20})
-    assert _gate_line(gated) == "exact_match,strict-match 0.4000 vs threshold 0.4950"
+    assert gate_line(gated) == "exact_match,strict-match 0.4000 vs threshold 0.4950"
 
 
 def test_console_shows_config_names_that_look_like_markup() -> None:
@@ -741,11 +741,11 @@ def test_gate_line_and_summary_table_tell_apart_what_rounds_alike(tmp_path: Path
 
     hyp = evaluate_gate(gate_config(tmp_path, "reference: {value: 0.7018}\ngate: hypothesis\n"),
                         {"value": 887 / 1319, "n": 1319})
-    assert not hyp.passed and _gate_line(hyp) == "exact_match,strict-match 0.67248 vs threshold 0.67250"
+    assert not hyp.passed and gate_line(hyp) == "exact_match,strict-match 0.67248 vs threshold 0.67250"
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     recovery = evaluate_gate(gate_config(tmp_path, "baseline: base\ngate: recovery\n"), {"value": 968 / 1319, "n": 1319},
                              None, Baseline("base", {"value": 1019 / 1319, "n": 1319}))
-    assert not recovery.passed and _gate_line(recovery) == ("exact_match,strict-match ratio 0.94995 (0.73389 / "
+    assert not recovery.passed and gate_line(recovery) == ("exact_match,strict-match ratio 0.94995 (0.73389 / "
                                                             "baseline 0.7726) vs recovery minimum 0.95000")
     sink = io.StringIO()
     records = [RunRecord(name=name, verdict="FAIL", reason="", config={}, metrics={"value": value, "n": 1319},
