@@ -31,9 +31,11 @@ def significance(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0.0 < number < 0.5:
-        raise argparse.ArgumentTypeError(f"must be above 0 and below 0.5 (e.g. 0.05), got {value}: at 0.5 or above a "
-                                         "run exactly as good as its baseline fails at least half the time")
+    if not 0.0 < number < 0.5:  # NaN too
+        why = ("at 0.5 or above a run exactly as good as its baseline fails at least half the time" if number >= 0.5
+               else "it is a probability" if number != number
+               else "it is the chance of failing a run as good as its baseline, which 0 or less never is")
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 0.5 (e.g. 0.05), got {value}: {why}")
     return number
 
 

@@ -15,7 +15,9 @@ from quantgate.harness.cli import main as cli_main
     (["repro", "c.yaml", "--limit", "-3"], "--limit: must be at least 1, got -3"),
     (["calibrate", "c.yaml", "--runs", "1"], "--runs: must be at least 2, got 1: one run has no run-to-run spread"),
     (["compare", "a", "b", "--alpha", "3"], "--alpha: must be above 0 and below 0.5"),
-    (["compare", "a", "b", "--alpha", "0"], "--alpha: must be above 0 and below 0.5"),
+    (["compare", "a", "b", "--alpha", "0"], "--alpha: must be above 0 and below 0.5 (e.g. 0.05), got 0: it is the "
+                                            "chance of failing a run as good as its baseline, which 0 or less never is"),
+    (["compare", "a", "b", "--alpha", "nan"], "got nan: it is a probability"),
     (["compare", "a", "b", "--alpha", "0.9"], "--alpha: must be above 0 and below 0.5"),  # as gate.alpha
 ])
 def test_bad_values_exit_3_naming_the_flag(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
