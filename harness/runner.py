@@ -168,6 +168,12 @@ class Display:
         # flag is never cut in two.
         self.console.print(text, markup=False, soft_wrap=True)
 
+    def refused(self, exc: PlanError) -> int:
+        """A plan's problems, one `error:` line each; the exit status they mean (3: fix the config)."""
+        for message in exc.messages:
+            self.note(f"error: {message}")
+        return EXIT_USAGE
+
     def config_start(self, index: int, total: int, config: EvalConfig) -> None:
         self.console.rule(escape(f"[{index}/{total}] {config.name} ({config.engine})"), style="dim")
 
@@ -1010,9 +1016,7 @@ def run_configs(paths: Sequence[str | Path], options: RunOptions, display: Displ
                 raise PlanError([f"every config was skipped, so nothing was evaluated: {s.name}: {s.reason}"
                                  for s in skipped])
         except PlanError as exc:
-            for message in exc.messages:
-                display.note(f"error: {message}")
-            return EXIT_USAGE
+            return display.refused(exc)
         except RunInterrupted as exc:
             display.note(f"interrupted by {exc.signal_name} before any server started")
             return EXIT_ERROR

@@ -58,16 +58,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         *baselines, item = plan([args.config], base_options)
     except PlanError as exc:
-        for message in exc.messages:
-            display.note(f"error: {message}")
-        return EXIT_USAGE
+        return display.refused(exc)
     try:
         with output_dir_lock(RunOptions(output_dir=args.output_dir)):
             return _calibrate(args, display, baselines, item, base_options)
     except PlanError as exc:  # another calibrate (or run) writes there, or it cannot be written
-        for message in exc.messages:
-            display.note(f"error: {message}")
-        return EXIT_USAGE
+        return display.refused(exc)
     except OutputDirUnwritable as exc:
         display.note(f"error: {exc}")
         return EXIT_ERROR
