@@ -608,11 +608,6 @@ class MalformedResponse(Exception):
     """A 200 whose body holds no answer: never scored, retried, then the run's ERROR."""
 
 
-def _choice_texts(out: Any, chat: bool) -> list[str]:
-    """The answers of one response body, in choice order (see `_choices`)."""
-    return [text for text, _ in _choices(out, chat)]
-
-
 def _choices(out: Any, chat: bool) -> list[tuple[str, str | None]]:
     """The answers of one response body and their finish_reasons, in choice order, or
     MalformedResponse saying what is wrong. A null text is an empty answer only when the server

@@ -333,25 +333,25 @@ def test_retry_after_is_read_for_429_and_503_only_and_bounded() -> None:
                                         ({"choices": [{"index": 3, "text": "x"}]}, False),
                                         (["a list"], False)])
 def test_a_body_of_the_wrong_shape_is_a_malformed_response_not_a_crash(body, chat) -> None:
-    from quantgate.harness.evaluate import MalformedResponse, _choice_texts
+    from quantgate.harness.evaluate import MalformedResponse, _choices
 
     with pytest.raises(MalformedResponse, match="the server answered 200"):
-        _choice_texts(body, chat)
+        _choices(body, chat)
 
 
 def test_a_200_with_an_error_is_malformed_even_when_it_also_has_choices() -> None:
     """A body carrying both an error and a (blank) choice: guards against reading the choice and
     scoring the error as an empty, wrong answer."""
-    from quantgate.harness.evaluate import MalformedResponse, _choice_texts
+    from quantgate.harness.evaluate import MalformedResponse, _choices
 
     body = {"error": {"message": "engine overloaded", "type": "server_error"},
             "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
     with pytest.raises(MalformedResponse, match="answered 200 with an error: .*engine overloaded"):
-        _choice_texts(body, False)
+        _choices(body, False)
     chat = {"error": "engine overloaded", "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}]}
     with pytest.raises(MalformedResponse, match="answered 200 with an error: engine overloaded"):
-        _choice_texts(chat, True)
-    assert _choice_texts({"choices": [{"index": 0, "text": ""}]}, False) == [""]  # no error: an empty answer
+        _choices(chat, True)
+    assert _choices({"choices": [{"index": 0, "text": ""}]}, False) == [("", None)]  # no error: an empty answer
 
 
 def test_the_gated_value_is_the_configured_filters_score() -> None:
