@@ -456,15 +456,26 @@ def test_integer_or_bool_tensors_where_floats_belong_are_refused_naming_them(tmp
 
 
 def test_float_tensors_of_another_float_dtype_still_load(tmp_path):
-    def edit(tensors):
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].float()
-        tensors[f"{DOWN}.weight_scale_inv"] = tensors[f"{DOWN}.weight_scale_inv"].bfloat16()
-        tensors["model.layers.0.self_attn.k_proj.weight_scale_inv"] = tensors[
-            "model.layers.0.self_attn.k_proj.weight_scale_inv"].half()
+    """Scales in bf16/fp16 and weights in fp16/fp32 are read as their values: the same numbers
+    stored in the checkpoint's own dtypes serve the same logits."""
+    scales = (f"{DOWN}.weight_scale_inv", "model.layers.0.self_attn.k_proj.weight_scale_inv")
 
-    load_model(_edited(SHIPPED_MODELS / "tiny-qwen3-fp8-block-native", tmp_path, "floats", edit), device="cpu")
-    load_model(_edited(SHIPPED_MODELS / "tiny-qwen3", tmp_path, "fp16", _set(f"{O_PROJ}.weight", lambda w: w.half())),
-               device="cpu")
+    def rounded(stored_as):
+        def edit(tensors):
+            for name, dtype in zip(scales, (torch.bfloat16, torch.float16)):
+                value = tensors[name].to(dtype)
+                tensors[name] = value if stored_as == "narrow" else value.float()
+        return edit
+
+    def half_o_proj(stored_as):
+        return _set(f"{O_PROJ}.weight", lambda w: w.half() if stored_as == "narrow" else w.half().to(w.dtype))
+
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    for model, edit in ((SHIPPED_MODELS / "tiny-qwen3-fp8-block-native", rounded),
+                        (SHIPPED_MODELS / "tiny-qwen3", half_o_proj)):
+        narrow, wide = (load_model(_edited(model, tmp_path, f"{model.name}-{kind}", edit(kind)), device="cpu")
+                        for kind in ("narrow", "wide"))
+        assert torch.equal(_logits(narrow, prompt), _logits(wide, prompt))
 
 
 def test_a_reload_after_a_re_export_in_another_format_says_to_restart(tmp_path):
