@@ -9,7 +9,7 @@ lm-eval's own.
 A request that fails is never scored: lm-eval retries it, then aborts the whole evaluation.
 So is a 200 that is not an OpenAI completion response (no JSON, no answer, more choices than
 prompts). A request that times out (on either of lm-eval's paths, a body that stalls after the
-headers too) or is answered as another model than the one asked for aborts at once: a retry
+headers, or trickles it, too) or is answered as another model than the one asked for aborts at once: a retry
 would wait, or answer, the same. Every answer received before that is recorded as it arrives,
 with its finish_reason, so an aborted run still keeps (and scores, with the task's own filters)
 the questions answered so far. lm-eval is imported lazily: it costs seconds and `quantgate lint`
@@ -561,7 +561,7 @@ def _recording_model_class(chat: bool) -> type:
 
             self.clock.start()
             try:
-                outputs = super().model_call(messages, **kwargs)
+                outputs = _within(self.timeout, functools.partial(super().model_call, messages, **kwargs))
             except requests.exceptions.JSONDecodeError as exc:  # before the ConnectionError: not a transport one
                 raise MalformedResponse(f"the server answered 200 with a body that is not valid JSON ({exc.msg} at "
                                         f"char {exc.pos}: {exc.doc[:200]!r})") from None
@@ -591,6 +591,31 @@ _PARSED_FINISH: contextvars.ContextVar[list[str | None]] = contextvars.ContextVa
 
 def _batch(messages: Any) -> list[Any]:
     return list(messages) if isinstance(messages, (list, tuple)) else [messages]
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """call() in a daemon thread, left behind after `seconds` with RequestTimedOut.
+
+    requests' timeout bounds each read of the socket, not the whole answer: a server that
+    trickles its body a byte at a time never times out there. A daemon thread, as it cannot be
+    stopped: it ends when the server closes the connection, and never holds the process open."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="quantgate-request", daemon=True).start()
+    if not done.wait(seconds):
+        raise RequestTimedOut(f"no answer within {seconds} s (request_timeout_seconds)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _read_timeout(exc: BaseException) -> bool:

@@ -73,8 +73,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--broken", choices=BROKEN, default=None,
                    help="after --error-after N answers, answer 200 this way instead of an error: invalid_json, "
                         "html (a proxy's page), extra_choice (one choice more than prompts), stall_body (the "
-                        "headers, then --stall-s seconds before the body)")
-    p.add_argument("--stall-s", type=float, default=30.0, help="--broken stall_body: seconds before the body")
+                        "headers, then --stall-s seconds before the body), trickle_body (the body a byte every --stall-s "
+                        "seconds)")
+    p.add_argument("--stall-s", type=float, default=30.0, help="--broken stall_body: seconds before the body; trickle_body: between its bytes")
     p.add_argument("--finish-reason", default="stop", help="every completion's finish_reason (length: cut at "
                                                           "max_tokens)")
     p.add_argument("--answer-as", default=None,
@@ -111,7 +112,7 @@ MALFORMED: dict[str, Callable[[bool], dict]] = {
     "error_body": lambda chat: {"error": {"message": "injected failure in a 200", "type": "server_error"}},
 }
 # 200s that are no OpenAI completion response at all, or whose body never comes (`--broken`).
-BROKEN = ["invalid_json", "html", "extra_choice", "stall_body"]
+BROKEN = ["invalid_json", "html", "extra_choice", "stall_body", "trickle_body"]
 
 
 def _answer_of(answer_field: str) -> str:
@@ -196,14 +197,18 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _write(self, data: bytes, content_type: str = "application/json", stall_s: float = 0.0) -> None:
+        def _write(self, data: bytes, content_type: str = "application/json", stall_s: float = 0.0,
+                   per_byte_s: float = 0.0) -> None:
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.flush()
             time.sleep(stall_s)
-            self.wfile.write(data)
+            for chunk in [data[i:i + 1] for i in range(len(data))] if per_byte_s else [data]:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                time.sleep(per_byte_s)
 
         def _broken(self, kind: str, body: dict) -> None:
             """--broken: a 200 that is not a completion response, or one whose body stalls."""
@@ -220,6 +225,8 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(200, good)
             elif kind == "stall_body":
                 self._write(json.dumps(good).encode(), stall_s=engine.args.stall_s)
+            elif kind == "trickle_body":
+                self._write(json.dumps(good).encode(), per_byte_s=engine.args.stall_s)
 
         def _refused(self) -> bool:
             """vLLM's and quantgate serve's --api-key: /v1/* needs the bearer token."""

@@ -240,11 +240,13 @@ def test_a_hanging_server_fails_within_the_request_timeout(tmp_path: Path, gsm8k
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
-def test_a_body_that_stalls_after_the_headers_times_out_within_the_bound_on_either_path(
-        tmp_path: Path, gsm8k_dir: Path, serve, concurrency: int) -> None:
+@pytest.mark.parametrize("broken, stall_s", [("stall_body", 60), ("trickle_body", 0.5)])
+def test_a_body_that_stalls_or_trickles_after_the_headers_times_out_within_the_bound_on_either_path(
+        tmp_path: Path, gsm8k_dir: Path, serve, concurrency: int, broken: str, stall_s: float) -> None:
     """requests reports a read timeout in the body as a ConnectionError (lm-eval retried it, 3 times
-    the bound, and the run said "connection error"); aiohttp's total timeout covers the body."""
-    server = serve(error_after=3, broken="stall_body", stall_s=60)
+    the bound, and the run said "connection error"), and its timeout bounds each read, so a body
+    sent a byte at a time never timed out; aiohttp's total timeout covers the body."""
+    server = serve(error_after=3, broken=broken, stall_s=stall_s)
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=10, max_concurrency=concurrency,
                                  request_timeout_s=2))
     assert outcome.error is not None and "timed out" in outcome.error, outcome.error
