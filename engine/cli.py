@@ -142,8 +142,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     settings = ServerSettings(served_model_names=names, max_model_len=engine.max_model_len,
                               api_key=args.api_key)
     app = build_app(async_engine, loaded, settings)
+    # No lifespan: the app has no startup or shutdown handlers, and a forced quit (a second Ctrl-C)
+    # skips the lifespan's shutdown, so asyncio.run cancelled its task and uvicorn logged that
+    # cancellation as an ERROR with a traceback in the server log the harness keeps.
     config = uvicorn.Config(app, log_config=None, log_level=args.log_level, access_log=args.log_level == "debug",
-                            timeout_keep_alive=30)
+                            timeout_keep_alive=30, lifespan="off")
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
