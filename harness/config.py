@@ -229,6 +229,8 @@ class EvalConfig(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env_text(cls, value: Any) -> Any:
+        if value is None:  # `env:` with every variable commented out, as gen-1's `env_vars:` is read
+            return {}
         if isinstance(value, dict):
             return {str(k): _scalar_text(v) for k, v in value.items()}
         return value
@@ -763,6 +765,13 @@ class _Loader:
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
         for index, tag in enumerate(config.tags):
+            if "," in tag:  # `tags: pr, release` is YAML for the one string "pr, release"
+                parts = [part.strip() for part in tag.split(",") if part.strip()]
+                where = self._at("tags") if isinstance(self.data.get("tags"), str) else self._at("tags", index)
+                self.warn(where, f"tag {tag!r} is one tag holding a comma, which no tier of `quantgate "
+                          f"pipeline` acts on (YAML reads `tags: a, b` as one string); write a list: "
+                          f"tags: [{', '.join(parts)}]")
+                continue
             # `nightly-h100` is a label; `negative` or `neg-check` a config pipeline would not expect to FAIL.
             close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1, cutoff=0.8) or (
                 ["negative-check"] if isinstance(tag, str) and tag.startswith("neg") else [])

@@ -52,7 +52,8 @@ class YamlDocument:
         node, line = self.root, 1
         for key in path:
             if isinstance(node, CommentedMap) and key in node:
-                line = node.lc.key(key)[0] + 1
+                owner = _owner(node, key)
+                line = owner.lc.key(key)[0] + 1 if owner is not None else line
                 node = node[key]
             elif isinstance(node, CommentedSeq) and isinstance(key, int) and 0 <= key < len(node):
                 line = node.lc.item(key)[0] + 1
@@ -73,8 +74,24 @@ class YamlDocument:
                 return self.line(path)
         last = path[-1]
         if isinstance(parent, CommentedMap) and last in parent:
-            return parent.lc.value(last)[0] + 1
+            owner = _owner(parent, last)
+            if owner is not None:
+                return owner.lc.value(last)[0] + 1
         return self.line(path)
+
+
+def _owner(mapping: CommentedMap, key: Any) -> CommentedMap | None:
+    """The mapping whose text holds `key`: `mapping` itself, or for a key it takes from a merge
+    key (`<<: *defaults`), the anchored mapping the key is written in (positions are recorded
+    there only)."""
+    if key in mapping.lc.data:
+        return mapping
+    for source in getattr(mapping, "merge", None) or []:
+        if isinstance(source, tuple):  # older ruamel.yaml: (position, mapping)
+            source = source[-1]
+        if isinstance(source, CommentedMap) and key in source:
+            return _owner(source, key)
+    return None
 
 
 def parse_yaml(text: str) -> YamlDocument:
@@ -84,8 +101,7 @@ def parse_yaml(text: str) -> YamlDocument:
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise YamlSyntaxError(line, f"invalid YAML: {problem}") from None
+        raise YamlSyntaxError(line, f"invalid YAML: {_syntax_message(exc, line)}") from None
     except YAMLError as exc:  # duplicate keys and other errors without a mark
         raise YamlSyntaxError(0, f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     except (ValueError, IndexError) as exc:
@@ -94,6 +110,22 @@ def parse_yaml(text: str) -> YamlDocument:
         raise YamlSyntaxError(0, f"the YAML reader failed on a plain scalar ({type(exc).__name__}: {exc}); quote "
                                  "any unquoted key or value made only of signs, dots and underscores") from None
     return YamlDocument(root=root, data=to_plain(root))
+
+
+def _syntax_message(exc: MarkedYAMLError, line: int) -> str:
+    """The parser's context and problem as one sentence, with the fix for the common causes."""
+    problem, context = exc.problem or "", exc.context or ""
+    if context and problem:
+        start = exc.context_mark.line + 1 if exc.context_mark is not None else line
+        where = f" (from line {start})" if start != line else ""
+        text = f"{context}{where}{', ' if problem.startswith('but ') else ': '}{problem}"
+    else:
+        text = problem or context or "not YAML"
+    if "another document" in problem:
+        text += "; a config file holds one YAML document: remove the second `---` or give each config its own file"
+    elif "'\\t'" in problem:  # the parser names the character as '\t'
+        text += "; use spaces: YAML does not allow a tab there (indentation is spaces only)"
+    return text
 
 
 def load_yaml(path: Path) -> YamlDocument:

@@ -12,9 +12,13 @@ left for the author (exit 3): a backend is never guessed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import os
 import shlex
+import stat
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"no config files (*.yaml, *.yml) in {' '.join(args.paths)}", file=sys.stderr)
         return EXIT_INVALID
     status = EXIT_OK
-    changed = manual = unreadable = 0
+    changed = manual = unreadable = unwritable = 0
     for path in paths:
         try:
             original = path.read_bytes().decode("utf-8")
@@ -68,6 +72,11 @@ def main(args: argparse.Namespace) -> int:
             status = EXIT_INVALID
             unreadable += 1
             continue
+        except OSError as exc:  # no permission, a name too long
+            print(ConfigError(path, 0, "", f"cannot be read: {exc.strerror or exc}"), file=sys.stderr)
+            status = EXIT_INVALID
+            unreadable += 1
+            continue
         for problem in result.unresolved:
             print(problem, file=sys.stderr)
             status = EXIT_INVALID
@@ -76,21 +85,47 @@ def main(args: argparse.Namespace) -> int:
             print(note, file=sys.stderr)
         if result.text == text:
             continue
-        changed += 1
         if args.write:
             migrated = result.text.replace("\n", "\r\n") if crlf else result.text
-            path.write_bytes((("\ufeff" if bom else "") + migrated).encode("utf-8"))
+            try:
+                _replace_file(path, (("\ufeff" if bom else "") + migrated).encode("utf-8"))
+            except OSError as exc:  # no space, no permission: the file stays as it was
+                print(ConfigError(path, 0, "", f"cannot be written, left unchanged: {exc.strerror or exc}"),
+                      file=sys.stderr)
+                status = EXIT_INVALID
+                unwritable += 1
+                continue
             print(f"migrated {path}", file=sys.stderr)
-        else:
+        changed += 1
+        if not args.write:
             sys.stdout.writelines(difflib.unified_diff(
                 text.splitlines(keepends=True), result.text.splitlines(keepends=True),
                 fromfile=_diff_name("a", path), tofile=_diff_name("b", path)))
     done = [f"{'migrated' if args.write else 'would change'} {changed}"] if changed else []
     left = [f"{manual} legacy switch(es) need manual migration (see above)"] if manual else []
     broken = [f"{unreadable} could not be read (see above)"] if unreadable else []
+    broken += [f"{unwritable} could not be written (see above)"] if unwritable else []
     print(f"{len(paths)} config(s): " + ("; ".join(done + left + broken) or "nothing to migrate (no legacy kernel "
                                          "switches in env)"), file=sys.stderr)
     return status
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to a new file next to `path`, then rename it over `path`: a write that fails
+    (no space left, no permission) leaves the original whole instead of truncated."""
+    target = path.resolve()  # a symlinked config: its target is rewritten and the link kept
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".migrate", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _engine_notes(path: Path, engine: str, flags: list[str]) -> list[str]:
@@ -132,6 +167,12 @@ def migrate_text(text: str, path: Path) -> Migration:
         env = root.get(env_key)
         if not isinstance(env, CommentedMap) or not legacy_names(env):
             continue
+        problem = _not_editable(root, env_key, env)
+        if problem:
+            where, field_name, message = problem
+            out.unresolved.append(ConfigError(path, doc.line(where), field_name,
+                                              f"cannot migrate automatically: {message}"))
+            continue
         translation = translate({str(k): v for k, v in env.items()}, _chosen_backends(root))
         for name, advice in translation.unresolved.items():
             out.unresolved.append(ConfigError(path, doc.line([env_key, name]), f"{env_key}.{name}",
@@ -151,6 +192,44 @@ def migrate_text(text: str, path: Path) -> Migration:
     if changed:
         out.text = dump_like(root, text)
     return out
+
+
+def _not_editable(root: CommentedMap, env_key: str, env: CommentedMap) -> tuple[list[Any], str, str] | None:
+    """Why `env_key` cannot be rewritten safely: (key path, field, message), else None.
+
+    A migration edits `env` and `server_args` in place. Nodes written elsewhere and reused
+    through YAML anchors, aliases or merge keys (`<<: *defaults`) would change every user of them
+    (or, for merged keys, not change at all), and server_args that cannot be read as arguments
+    would swallow the new flags (an open quote) or be replaced."""
+    shared = "edit the file so that the key is written out in place (no anchor, alias or `<<:` merge), then migrate again"
+    if env_key not in root.lc.data:
+        return [env_key], env_key, f"{env_key} comes from a YAML merge key (`<<:`); {shared}"
+    if env.anchor.value is not None:
+        return [env_key], env_key, (f"{env_key} is a YAML anchor (&{env.anchor.value}) that aliases may share, and "
+                                    f"rewriting it would change them too; {shared}")
+    for name in legacy_names(env):
+        if name not in env.lc.data:
+            return [env_key], f"{env_key}.{name}", f"{name} comes into {env_key} from a YAML merge key (`<<:`); {shared}"
+    if "server_args" not in root:
+        return None
+    args = root["server_args"]
+    if "server_args" not in root.lc.data:
+        return ["server_args"], "server_args", f"server_args comes from a YAML merge key (`<<:`); {shared}"
+    if isinstance(args, CommentedSeq) and args.anchor.value is not None:
+        return ["server_args"], "server_args", (f"server_args is a YAML anchor (&{args.anchor.value}) that aliases "
+                                                f"may share, and adding flags to it would change them too; {shared}")
+    if isinstance(args, str):
+        try:
+            shlex.split(args)
+        except ValueError as exc:
+            return ["server_args"], "server_args", (f"cannot split it into arguments ({exc}), so flags appended to it "
+                                                    "would be read as part of the unbalanced quote; fix its quoting "
+                                                    "(`quantgate lint`), then migrate again")
+    elif args is not None and not isinstance(args, list):
+        kind = "a mapping" if isinstance(args, dict) else f"the {type(args).__name__} {args!r}"
+        return ["server_args"], "server_args", (f"is {kind}, neither a string of arguments nor a list, and migrating "
+                                                "would replace it; fix it (`quantgate lint`), then migrate again")
+    return None
 
 
 def _chosen_backends(root: CommentedMap) -> dict[str, str]:

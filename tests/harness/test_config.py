@@ -627,3 +627,51 @@ def test_labels_that_only_resemble_a_tier_tag_are_quiet(tmp_path: Path) -> None:
                                               "tags: [nightly-h100, demo, nightly]\n")).warnings
     [warning] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: [neg-check]\n")).warnings
     assert "did you mean 'negative-check'" in warning.message
+
+
+@pytest.mark.parametrize("text, line, field, words", [
+    # a YAML merge key (`<<: *defaults`): the problem is located where the merged value is written
+    ("x-gate: &g {mode: hypothesis, alpha: 0.7}\nreference: {value: 0.5}\ngate:\n  <<: *g\n  beta: 0.1\n", 3,
+     "gate.alpha", "below 0.5"),
+    ("x-defaults: &d\n  num_fewshot: -1\n<<: *d\n", 4, "num_fewshot", "greater than or equal to 0"),
+    ("x-env: &e {VLLM_TEST_FORCE_FP8_MARLIN: '1'}\nenv:\n  <<: *e\n  HF_HUB_OFFLINE: '1'\n", 3,
+     "env.VLLM_TEST_FORCE_FP8_MARLIN", "legacy kernel switch"),
+])
+def test_problems_in_merged_keys_are_located_where_they_are_written(tmp_path: Path, text: str, line: int,
+                                                                     field: str, words: str) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + text)
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (line, field), str(error)
+    assert words in error.message
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("model_name: m\naccuracy_threshold: 0.5\n---\nmodel_name: n\n", 3,
+     "expected a single document in the stream (from line 1), but found another document; a config file holds one "
+     "YAML document"),
+    ("model_name: m\naccuracy_threshold: 0.5\nrequires:\n\tgpus: 1\n", 4, "use spaces: YAML does not allow a tab"),
+    ("model_name: m\nserver_args: \"--max-model-len 4096\naccuracy_threshold: 0.5\n", 4,
+     "while scanning a quoted scalar (from line 2): found unexpected end of stream"),
+])
+def test_yaml_syntax_errors_say_what_the_parser_was_reading_and_the_fix(tmp_path: Path, text: str, line: int,
+                                                                         words: str) -> None:
+    path = write(tmp_path, text)
+    [error] = inspect_config(path).errors
+    assert error.line == line and words in error.message, str(error)
+
+
+def test_tags_written_as_one_comma_separated_string_are_warned_about(tmp_path: Path) -> None:
+    # `tags: pr, release` is the one tag "pr, release": no tier acts on it, so the config would
+    # silently run in no pr or release tier.
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ntags: pr, nightly\n")
+    report = inspect_config(path)
+    assert report.errors == []
+    [warning] = report.warnings
+    assert (warning.line, warning.field) == (3, "tags")
+    assert "one tag holding a comma" in warning.message and "tags: [pr, nightly]" in warning.message
+
+
+def test_an_env_with_every_variable_commented_out_is_empty(tmp_path: Path) -> None:
+    # as gen-1's `env_vars:` is read; not "Input should be a valid dictionary (got None)"
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nenv:\n  # VLLM_USE_DEEP_GEMM: '1'\n")
+    assert load_config(path).env == {}

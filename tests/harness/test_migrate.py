@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,59 @@ def test_a_block_server_args_gets_the_flags_on_a_line_of_its_own(tmp_path: Path,
     config = load_config(path, "vllm")
     assert config.server_args == ["--enforce-eager", "--max-model-len", "4096", "--speculative-config",
                                   '{"method":"mtp"}', "--linear-backend", "marlin", "--moe-backend", "marlin"]
+
+
+@pytest.mark.parametrize("server_args, words", [
+    ("\"--max-model-len 4096 --chat-template '{{ x }}\"", "cannot split it into arguments"),  # an open quote
+    ("8192", "neither a string of arguments nor a list"),
+    ("{max_model_len: 8192}", "neither a string of arguments nor a list"),
+])
+def test_server_args_it_cannot_read_are_left_to_the_author(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           server_args: str, words: str) -> None:
+    # Appending to an open quote would hide the flags inside it; a number or mapping would be replaced.
+    text = f"model_name: m\naccuracy_threshold: 0.5\nserver_args: {server_args}\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n"
+    path, err = _refused_migration(tmp_path, capsys, text)
+    assert f"{path}:3: server_args: cannot migrate automatically: " in err and words in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("text, line, field, words", [
+    # the anchored mapping is also `x-defaults`: removing the switch from env would remove it there too
+    ("x-defaults: &e {VLLM_TEST_FORCE_FP8_MARLIN: '1'}\nenv: *e\n", 4, "env", "YAML anchor (&e)"),
+    # a merged key is not env's own: deleting it leaves it in place while the flags are added
+    ("x-defaults: &e {VLLM_TEST_FORCE_FP8_MARLIN: '1'}\nenv:\n  <<: *e\n  HF_HUB_OFFLINE: '1'\n", 4,
+     "env.VLLM_TEST_FORCE_FP8_MARLIN", "from a YAML merge key"),
+    ("x-defaults: &d {env: {VLLM_TEST_FORCE_FP8_MARLIN: '1'}}\n<<: *d\n", 3, "env", "from a YAML merge key"),
+    ("x-args: &a [--enforce-eager]\nserver_args: *a\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n", 4, "server_args",
+     "YAML anchor (&a)"),
+])
+def test_env_and_server_args_shared_through_anchors_are_left_to_the_author(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: int, field: str, words: str) -> None:
+    path, err = _refused_migration(tmp_path, capsys, "model_name: m\naccuracy_threshold: 0.5\n" + text)
+    assert f"{path}:{line}: {field}: cannot migrate automatically: " in err and words in err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as on Linux")
+def test_a_write_that_fails_leaves_the_file_whole(tmp_path: Path) -> None:
+    import resource
+    import signal
+    import subprocess
+
+    # A config larger than the file size limit the writer runs under: the write fails part way,
+    # as on a full disk. The file must stay as it was, and the failure be reported (exit 3).
+    comments = "".join(f"# line {i} of a long comment that documents this config\n" for i in range(40))
+    text = f"model_name: m\naccuracy_threshold: 0.5\n{comments}env:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n"
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert len(text) > 1024
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    done = subprocess.run([sys.executable, "-m", "quantgate.harness.cli", "migrate", "--write", str(path)],
+                          capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert path.read_text() == text
+    assert done.returncode == 3, done.stderr
+    assert f"{path}: cannot be written, left unchanged" in done.stderr and "Traceback" not in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]  # no temporary file left behind
