@@ -221,9 +221,11 @@ class EvalConfig(BaseModel):
     @classmethod
     def _file_name(cls, value: str) -> str:
         # The name is a directory under --output-dir and a junit test id.
-        if value in (".", "..") or any(c in value for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise ValueError(f"names the config's folder under --output-dir, so it cannot be '.', '..' or hold '/', "
-                             f"'\\' or control characters, got {value!r}; use letters, digits, '-', '_' and '.'")
+        if (value in (".", "..") or any(c in value for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in value)
+                or value != value.strip()):
+            raise ValueError(f"names the config's folder under --output-dir, so it cannot be '.', '..', hold '/', "
+                             f"'\\' or control characters, or begin or end with a space, got {value!r}; use letters, "
+                             "digits, '-', '_' and '.'")
         return value
 
     @field_validator("env", mode="before")

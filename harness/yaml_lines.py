@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 KeyPath = Sequence[str | int]
@@ -150,6 +150,8 @@ def to_plain(node: Any) -> Any:
         return float(node)
     if isinstance(node, str):
         return str(node)
+    if isinstance(node, TaggedScalar) and node.tag.value == "tag:yaml.org,2002:str":  # the round-trip keeps `!!str`
+        return str(node.value)
     return node  # dates and other tagged scalars stay as ruamel/python objects
 
 

@@ -417,7 +417,8 @@ def test_a_vllm_command_the_builtin_engine_never_runs_is_warned_about(tmp_path: 
 # -- values a run would only trip over mid-way ------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["name: ../escaped", "name: '.'", "name: a/b", "name: \"a\\tb\""])
+@pytest.mark.parametrize("key", ["name: ../escaped", "name: '.'", "name: a/b", "name: \"a\\tb\"", "name: ' '",
+                                 "name: 'demo '"])
 def test_a_name_that_is_not_one_folder_is_an_error(tmp_path: Path, key: str) -> None:
     [error] = inspect_config(write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\n{key}\n")).errors
     assert error.field == "name" and "--output-dir" in error.message
@@ -675,3 +676,10 @@ def test_an_env_with_every_variable_commented_out_is_empty(tmp_path: Path) -> No
     # as gen-1's `env_vars:` is read; not "Input should be a valid dictionary (got None)"
     path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nenv:\n  # VLLM_USE_DEEP_GEMM: '1'\n")
     assert load_config(path).env == {}
+
+
+def test_a_value_tagged_str_is_the_text(tmp_path: Path) -> None:
+    # `!!str 0.1` keeps a number-like name text; the round-trip reader returns it tagged, which was
+    # refused as "got TaggedScalar(...)".
+    config = load_config(write(tmp_path, "model_name: !!str 0.1\naccuracy_threshold: 0.5\n"))
+    assert config.model_name == "0.1"
