@@ -766,6 +766,10 @@ class _Loader:
                 self.warn(["gate", key], f"not read by mode {mode} (it reads "
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
+        for key in (config.reference.model_extra or {}) if config.reference is not None else ():
+            hint = _did_you_mean(key, Reference.model_fields)  # other keys are provenance, kept on purpose
+            if hint:
+                self.warn(["reference", key], f"kept as provenance, read by no gate{hint}")
         for index, tag in enumerate(config.tags):
             if "," in tag:  # `tags: pr, release` is YAML for the one string "pr, release"
                 parts = [part.strip() for part in tag.split(",") if part.strip()]

@@ -683,3 +683,12 @@ def test_a_value_tagged_str_is_the_text(tmp_path: Path) -> None:
     # refused as "got TaggedScalar(...)".
     config = load_config(write(tmp_path, "model_name: !!str 0.1\naccuracy_threshold: 0.5\n"))
     assert config.model_name == "0.1"
+
+
+def test_a_reference_key_close_to_a_known_one_is_warned_about(tmp_path: Path) -> None:
+    # reference keeps extra keys as provenance, so `stdv:` was silently no stdev for calibrate's checks
+    path = write(tmp_path, "model_name: m\nreference: {value: 0.5, stdv: 0.01, hardware: h200}\n")
+    report = inspect_config(path)
+    assert report.errors == []
+    [warning] = report.warnings
+    assert warning.field == "reference.stdv" and "did you mean 'stdev'?" in warning.message
