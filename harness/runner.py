@@ -40,6 +40,7 @@ from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_uniqu
 from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
+from .legacy import LEGACY_VARS, legacy_names
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
                       ArtifactsUnwritable,
                       RunRecord, Skipped, artifact_path_problems,
@@ -419,6 +420,13 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
         if refused:
             problems.append(f"{config.source}: server_args: {refused}")
             return None
+        inherited = inherited_legacy_vars(config) if options.check_machine else []
+        if inherited:
+            problems += [f"{config.source}: the environment of this run sets {name}={os.environ[name]!r}, a legacy "
+                         f"kernel switch ({LEGACY_VARS[name].meaning}) the server would inherit; refused in a config's "
+                         "env, it is refused from the shell or CI agent too: unset it, and choose backends with "
+                         "--linear-backend / --moe-backend in server_args" for name in inherited]
+            return None
         if options.check_machine and config.engine == "builtin" and not (Path(model) / "config.json").is_file():
             problems.append(f"{config.source}: model_name: {config.model_name} is not a model folder (no config.json "
                             "next to the config, in a folder above it, or in the current directory). The builtin "
@@ -432,6 +440,15 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
             problems.append(f"{config.source}: {exc}")
             return None
     return PlannedConfig(config=config, model=model, command=command, records=shared)
+
+
+def inherited_legacy_vars(config: EvalConfig) -> list[str]:
+    """Legacy kernel switches (harness/legacy.py) in this process's environment that the config's
+    server would inherit (LaunchedServer.start passes the environment on) and read: refused in a
+    config's `env`, they would otherwise choose kernels unseen by the config and by result.json's
+    env_diff. VLLM_* ones reach `vllm serve`, QUANTGATE_DISABLED_KERNELS `quantgate serve`."""
+    prefix = "VLLM_" if config.engine == "vllm" else "QUANTGATE_"
+    return [name for name in legacy_names(os.environ) if name.startswith(prefix)]
 
 
 def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions, by_source: dict[Path, EvalConfig],

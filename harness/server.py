@@ -176,8 +176,12 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
     except ValueError:
         raise ServerCommandError(f"server_args: --port {port!r} is not a number") from None
     connect_host = {None: "127.0.0.1", "": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    # vLLM reads VLLM_API_KEY from the environment it inherits: the runner's, under the config's `env`
+    # (LaunchedServer.start). A key only the runner's environment holds still guards every request.
+    inherited = {"VLLM_API_KEY": os.environ["VLLM_API_KEY"]} if engine == "vllm" and "VLLM_API_KEY" in os.environ \
+        else {}
     return ServerCommand(argv=[*program, model, *args], env=dict(env), served_model=served or model,
-                         preferred_port=preferred, host=connect_host, api_key=api_key_of(args, env))
+                         preferred_port=preferred, host=connect_host, api_key=api_key_of(args, {**inherited, **env}))
 
 
 def env_diff(overrides: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str | None]:

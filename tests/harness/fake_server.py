@@ -85,7 +85,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--late-kernel", default=None,
                    help="on the first request, log that this backend's kernel serves the first linear module too "
                         "(vLLM logs some choices at the first forward)")
-    p.add_argument("--api-key", default=None, help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
+                   help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM (which reads VLLM_API_KEY too)")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
     p.add_argument("--spawn-setsid-child", action="store_true",

@@ -247,6 +247,24 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
             assert "refused the request (401): the API key is wrong" in result["reason"]
 
 
+def test_a_vllm_api_key_the_server_inherits_from_the_runners_environment_is_sent(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM reads VLLM_API_KEY from the environment it inherits (the runner's, under the config's
+    `env`), not only from the config: every request must carry it, and no artifact may show it."""
+    monkeypatch.setenv("VLLM_API_KEY", "inherited-s3cret")
+    config = write_config(tmp_path, "inherited", gsm8k_dir, {"linear_backend": "marlin"},
+                          expect={"linear_kernel": "marlin"})
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "inherited" / "result.json")
+    assert code == 0 and result["verdict"] == "PASS", output
+    for artifact in ("result.json", "server.log"):
+        assert "inherited-s3cret" not in (tmp_path / "out" / "inherited" / artifact).read_text()
+    assert "inherited-s3cret" not in output
+    # The config's own env wins over the runner's, as in the server's environment.
+    assert build_command("vllm", "m", [], {"VLLM_API_KEY": "own"}, [sys.executable]).api_key == "own"
+    assert build_command("builtin", "m", [], {}).api_key is None  # quantgate serve reads no VLLM_API_KEY
+
+
 def test_the_kernel_report_of_a_huge_vllm_log_is_scanned_a_line_at_a_time(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1.26 GB vLLM log once took the runner to 2.67 GB: it is never read whole."""
@@ -301,6 +319,25 @@ def test_any_error_makes_the_run_exit_2_and_every_config_has_a_result(tmp_path: 
     assert broken_result["verdict"] == "ERROR" and "server did not start" in broken_result["reason"]
     assert "failed to load the model" in broken_result["log_tail"]
     assert load_json(tmp_path / "out" / "fine" / "result.json")["verdict"] == "PASS"
+
+
+def test_a_legacy_kernel_switch_the_server_would_inherit_from_the_runner_is_refused_as_in_a_config(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`env: {VLLM_TEST_FORCE_FP8_MARLIN: "1"}` is exit 3; exported in the CI agent's or the shell's
+    environment it reached `vllm serve` all the same, and an `auto` config PASSed on forced Marlin
+    kernels with nothing in result.json saying so."""
+    config = write_config(tmp_path, "auto", gsm8k_dir)
+    monkeypatch.setenv("VLLM_TEST_FORCE_FP8_MARLIN", "1")
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 3 and "VLLM_TEST_FORCE_FP8_MARLIN='1'" in output and "--linear-backend" in output, output
+    assert not (tmp_path / "out" / "auto").exists()
+    from quantgate.harness import runner
+
+    # Only the variables the config's engine reads: quantgate serve never reads vLLM's.
+    builtin = SimpleNamespace(engine="builtin")
+    assert runner.inherited_legacy_vars(builtin) == []
+    monkeypatch.setenv("QUANTGATE_DISABLED_KERNELS", "MarlinFp8LinearKernel")
+    assert runner.inherited_legacy_vars(builtin) == ["QUANTGATE_DISABLED_KERNELS"]
 
 
 def test_config_problems_exit_3_before_any_server_starts(tmp_path: Path, gsm8k_dir: Path) -> None:
