@@ -323,7 +323,7 @@ def summary_frame(records: Sequence[RunRecord | dict[str, Any]]):
             "gate": gate.get("mode"),
             "n": metrics.get("n"),
             "invalid_rate": metrics.get("invalid_rate"),
-            "kernels": "ok" if expect.get("passed") else ("MISMATCH" if expect else "-"),
+            "kernels": _kernels_cell(expect),
             "failed_on": _failed_on(data["verdict"], gate, expect),
             "total_s": (data.get("timings") or {}).get("total_s"),
             "reason": data.get("reason", ""),
@@ -363,6 +363,16 @@ def _failed_metrics(gate: dict[str, Any]) -> list[str]:
     below = isinstance(measured, (int, float)) and isinstance(threshold, (int, float)) and measured < threshold
     return [gate["metric"]] * bool(below and gate.get("metric")) + [
         o["metric"] for o in gate["other_metrics"] if o.get("passed") is False]
+
+
+def _kernels_cell(expect: dict[str, Any]) -> str:
+    """The kernel check in a word: MISMATCH when another kernel ran, UNVERIFIED when nothing showed
+    which one did (no report, no module of the layer); "-" without a check."""
+    if not expect:
+        return "-"
+    if expect.get("passed"):
+        return "ok"
+    return "MISMATCH" if expect.get("mismatches") else "UNVERIFIED"
 
 
 def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> str:

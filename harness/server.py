@@ -591,6 +591,8 @@ class LaunchedServer:
                         self._check_served_model(client)
                         return
                 except BaseException as exc:  # start-up failed, or an interrupt: nothing is left running
+                    if isinstance(exc, ServerStartError):
+                        self.startup_s = exc.startup_s  # result.json's server.startup_s, as the timings'
                     # An interrupt (the runner's RunInterrupted is a KeyboardInterrupt) may be a CI cancel,
                     # whose SIGKILL of this runner follows within seconds: the server's must come first.
                     self.stop(INTERRUPTED_GRACE_S if isinstance(exc, KeyboardInterrupt) else TEARDOWN_GRACE_S)
@@ -648,13 +650,17 @@ class LaunchedServer:
             if status is not None:
                 self.stop()  # children it left behind
                 attempt_log = _read_from(self.log_path, offset)
-                if any(marker in attempt_log.lower() for marker in _ADDRESS_IN_USE) and attempt < PORT_ATTEMPTS:
+                in_use = any(marker in attempt_log.lower() for marker in _ADDRESS_IN_USE)
+                if in_use and attempt < PORT_ATTEMPTS:
                     return False
                 refusal = refused_arguments(attempt_log, status)
+                cause = (f"(it refused its arguments: {self._redacted(refusal)}); fix server_args, env or the "
+                         "vllm_command's version to agree" if refusal else
+                         f"(an address was in use on each of the {attempt} launches, ports {self.ports_tried}: a port "
+                         "the server opens besides --port, or another process, is in the way; stop the other server, "
+                         "see the log's tail below)" if in_use else "(see the log's tail below)")
                 raise ServerStartError(
-                    f"server exited with status {status} during start-up, after {elapsed:.1f} s "
-                    + (f"(it refused its arguments: {self._redacted(refusal)}); fix server_args, env or the "
-                       "vllm_command's version to agree" if refusal else "(see the log's tail below)"),
+                    f"server exited with status {status} during start-up, after {elapsed:.1f} s {cause}",
                     exit_status=status, log_tail=self.log_tail(), startup_s=elapsed, refused_config=bool(refusal))
             if time.monotonic() >= deadline:
                 raise ServerStartError(

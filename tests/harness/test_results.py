@@ -363,3 +363,15 @@ def test_summary_row_shows_what_a_fail_rests_on(tmp_path: Path) -> None:
         old = record.to_dict()
         del old["gate"]["failed_metrics"]
         assert summary_frame([old]).iloc[0].to_dict() == summary_frame([record]).iloc[0].to_dict()
+
+
+def test_the_kernels_column_tells_another_kernel_from_no_proof() -> None:
+    # A check that failed for want of a kernel line said MISMATCH, as if another kernel had run.
+    wrong = {"passed": False, "mismatches": [{"module": "m", "layer": "linear", "expected": "marlin",
+                                              "kernel": "CutlassFp8", "backend": "cutlass"}]}
+    unproven = {"passed": False, "mismatches": [], "message": "expect.linear_kernel 'marlin' cannot be verified"}
+    records = [_record(name, verdict, expect=expect) for name, verdict, expect in
+               [("wrong", "FAIL", wrong), ("unproven", "FAIL", unproven), ("fine", "PASS", {"passed": True}),
+                ("none", "PASS", None)]]
+    frame = summary_frame(records)
+    assert list(frame["kernels"]) == ["MISMATCH", "UNVERIFIED", "ok", "-"]

@@ -252,6 +252,10 @@ def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> No
         launch(cmd, tmp_path / "server.log", startup_timeout_s=1.5)
     assert time.monotonic() - started < 1.5 + 5
     assert info.value.startup_s >= 1.5
+    server = server_mod.LaunchedServer(cmd, tmp_path / "again.log")  # result.json's server.startup_s too (was 0.0)
+    with pytest.raises(ServerStartError):
+        server.start(startup_timeout_s=1.5)
+    assert server.to_dict()["startup_s"] >= 1.5
     pid = int((tmp_path / "server.log").read_text().split("# quantgate: pid ")[1].split()[0])
     assert group_members(pid) == [] and not pid_alive(pid)
 
@@ -268,6 +272,18 @@ def test_preferred_port_in_use_gets_another_port(tmp_path: Path, gsm8k_dir: Path
             assert f"port {taken} is in use" in (tmp_path / "server.log").read_text()
         finally:
             server.stop()
+
+
+def test_an_address_in_use_at_every_launch_is_named_with_the_ports_tried(tmp_path: Path) -> None:
+    """A port the server opens besides --port (vLLM's own) taken by another process fails every
+    relaunch; the reason said only "see the log's tail"."""
+    dies = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use'); raise SystemExit(1)"]
+    command = ServerCommand(argv=dies, env={}, served_model="m", preferred_port=None, host="127.0.0.1", api_key=None)
+    with pytest.raises(ServerStartError) as info:
+        launch(command, tmp_path / "server.log", startup_timeout_s=30)
+    message = str(info.value)
+    assert f"an address was in use on each of the {server_mod.PORT_ATTEMPTS} launches" in message, message
+    assert "stop the other server" in message and not info.value.refused_config
 
 
 def test_lost_port_race_relaunches_on_another_port(tmp_path: Path, gsm8k_dir: Path,
