@@ -53,10 +53,11 @@ class EmulationMoEKernel(MoEKernel):
         cfg = self.config
         num_tokens, top_k = topk_ids.shape
         flat_ids = topk_ids.reshape(-1).long()
+        if flat_ids.numel():  # checked before bincount, which refuses negative ids with its own message
+            low, high = (int(v) for v in torch.aminmax(flat_ids))
+            if low < 0 or high >= cfg.num_experts:
+                raise ValueError(f"topk_ids must lie in [0, {cfg.num_experts}); got ids from {low} to {high}")
         counts = torch.bincount(flat_ids, minlength=cfg.num_experts)
-        if counts.numel() > cfg.num_experts or (flat_ids.numel() and int(flat_ids.min()) < 0):
-            raise ValueError(f"topk_ids must lie in [0, {cfg.num_experts}); got ids from "
-                             f"{int(flat_ids.min())} to {int(flat_ids.max())}")
         # Slots (token, choice) grouped by expert; a stable sort keeps token order inside an expert.
         order = torch.argsort(flat_ids, stable=True)
         segments = [(e, start, start + n) for e, (start, n) in enumerate(zip(_starts(counts), counts.tolist())) if n]

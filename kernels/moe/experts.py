@@ -17,7 +17,7 @@ import math
 import torch
 
 from .. import quant
-from ..base import OK, Verdict
+from ..base import OK, Verdict, processed_names
 from ..schemes import MoELayerConfig, Scheme
 
 GATE_UP, DOWN = "w13", "w2"
@@ -76,11 +76,16 @@ def check_expert_tensors(layer: torch.nn.Module, config: MoELayerConfig) -> None
                 want = f"{shape}" + (f" {dtype}" if dtype is not None else "")
                 problems.append(f"{name} is {tuple(tensor.shape)} {tensor.dtype}, expected {want}")
     if problems:
+        # A layer a kernel processed already holds that kernel's layout (dequantized, repacked): then
+        # the fix is to load the checkpoint tensors again, not to change how the loader stacks them.
+        stacking = ("the loader must stack per-expert gate_proj/up_proj into w13 and down_proj into w2 "
+                    "(see kernels/moe/experts.py)")
+        fix = (f"This layer was processed already: load the checkpoint tensors again before processing it "
+               f"again (otherwise {stacking})" if processed_names(layer) else stacking[0].upper() + stacking[1:])
         raise ValueError(
             f"MoE layer tensors do not match its config ({config.scheme.value}, experts={config.num_experts}, "
             f"hidden={config.hidden_size}, intermediate={config.intermediate_size}): " + "; ".join(problems)
-            + ". The loader must stack per-expert gate_proj/up_proj into w13 and down_proj into w2 "
-            "(see kernels/moe/experts.py)"
+            + f". {fix}"
         )
 
 

@@ -131,6 +131,35 @@ def test_out_of_range_expert_ids_are_refused() -> None:
         kernel.apply(layer, torch.randn(2, 16), torch.ones(2, 2), torch.tensor([[0, 8], [1, 2]], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("ids", [[[0, -1], [1, 2]], [[-3, 0], [1, 2]]], ids=["negative-second", "negative-first"])
+def test_negative_expert_ids_are_refused_with_the_range(ids) -> None:
+    """Negative ids get the same message as too large ones (torch.bincount would refuse them first
+    with its own 'non-negative integral inputs' error)."""
+    cfg = moe_config(Scheme.UNQUANTIZED, hidden=16, inter=8)
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    with pytest.raises(ValueError, match="topk_ids must lie in \\[0, 8\\); got ids from -"):
+        kernel.apply(layer, torch.randn(2, 16), torch.ones(2, 2), torch.tensor(ids, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("scheme", [Scheme.FP8_BLOCK, Scheme.UNQUANTIZED], ids=lambda s: s.value)
+def test_processing_twice_without_a_reload_names_the_reload(scheme) -> None:
+    """A second processing of an already processed (dequantized) layer is refused with the fix that
+    applies (load the checkpoint tensors again), not with the loader's stacking rule."""
+    cfg = moe_config(scheme, hidden=136, inter=128, act_dtype=torch.bfloat16)
+    layer = moe_layer(cfg)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    with pytest.raises(ValueError, match="processed already: load the checkpoint tensors again"):
+        kernel.process_weights_after_loading(layer)
+    # A layer never processed keeps the stacking hint.
+    fresh = moe_layer(cfg)
+    fresh.w13_weight = fresh.w13_weight[:, :-1]
+    with pytest.raises(ValueError, match="^(?!.*processed already).*The loader must stack"):
+        EmulationMoEKernel(cfg).process_weights_after_loading(fresh)
+
+
 def test_layout_refusals_name_the_cause() -> None:
     ok, reason = EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, inter=96))
     assert not ok and "multiple of the block height 128" in reason

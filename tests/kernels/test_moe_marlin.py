@@ -80,6 +80,17 @@ def test_processing_packs_four_fp8_per_int32_and_keeps_storage_on_reload(seed):
     assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids, weight_only=True)) < TOLERANCE
 
 
+def test_processing_twice_without_a_reload_names_the_reload():
+    """Repacked experts processed again are refused with the fix that applies (reload the checkpoint
+    tensors), not with the loader's stacking rule."""
+    cfg = moe_config(Scheme.FP8_BLOCK, hidden=136, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    kernel = MarlinMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    with pytest.raises(ValueError, match="processed already: load the checkpoint tensors again"):
+        kernel.process_weights_after_loading(layer)
+
+
 def test_reload_with_other_shapes_raises():
     cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
     layer = moe_layer(cfg, DEVICE)
