@@ -678,10 +678,30 @@ class _Loader:
             # vLLM's own files name no engine and must load; a file that chose builtin is wrong.
             explicit = self.engine_override or self.data.get("engine")
             report = self.error if explicit == "builtin" else self.warn
-            report(self._at("server_args"), f"{problem}; `quantgate run` will refuse this config")
+            report(self._refused_flags_path(config), f"{problem}; `quantgate run` will refuse this config")
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
                       "to run this command, or remove it")
+
+    def _refused_flags_path(self, config: EvalConfig) -> list[str | int]:
+        """Where the flags `quantgate serve` refuses come from: server_args when they alone are
+        refused, else the first engine option key (`tensor_parallel_size: 2`) whose flags are;
+        the problem is then named at that key, not at whichever option key came first."""
+        count = len(config.server_args)
+        added: dict[tuple[str | int, ...], list[int]] = {}
+        for index in sorted(i for i in self.arg_origin if i < count):
+            added.setdefault(tuple(self.arg_origin[index]), []).append(index)
+        if not added:
+            return self._at("server_args")
+        from_keys = {i for indices in added.values() for i in indices}
+        own = [arg for i, arg in enumerate(config.server_args) if i not in from_keys]
+        if "server_args" in self.data and builtin_flags_problem(config.model_copy(update={"server_args": own})):
+            return ["server_args"]
+        for key, indices in added.items():
+            args = own + [config.server_args[i] for i in indices]
+            if builtin_flags_problem(config.model_copy(update={"server_args": args})):
+                return list(key)
+        return self._at("server_args")
 
     def _check_model_folder(self, config: EvalConfig) -> None:
         """A name that points into a local folder (an absolute path, or one whose first part is a

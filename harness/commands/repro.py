@@ -33,10 +33,13 @@ OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="an eval config file")
+    parser.add_argument("config", help="an eval config file, or a run's result.json or run folder (reproduces "
+                        "that run's config with the engine and question count the run used)")
     parser.add_argument("--run", action="store_true", help="run the printed commands (server, lm_eval, teardown)")
-    parser.add_argument("--engine", choices=ENGINES, default=None, help="override the config's `engine:`")
-    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="override the config's `engine:` (or the run's)")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="evaluate only the first N questions (default: the run's, for a result.json)")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "repro",
                         help="where the task file, lm-eval's output and the server log go (default results/repro)")
 

@@ -555,6 +555,23 @@ def test_requires_gpus_below_the_parallel_size_is_a_warning(tmp_path: Path, text
     assert f"run vLLM on {needed} GPUs" in warning.message and f"requires: {{gpus: {needed}}}" in warning.message
 
 
+@pytest.mark.parametrize("engine, text, line, field", [
+    # a gen-1 file naming no engine: a warning, at the key that added the refused flag, not at
+    # max_model_len (the first engine option key, which the builtin engine accepts)
+    ("", "max_model_len: 4096\ntensor_parallel_size: 2\n", 4, "tensor_parallel_size"),
+    ("engine: builtin\n", "server_args: --max-num-seqs 4\nmax_model_len: 4096\ntensor_parallel_size: 2\n", 6,
+     "tensor_parallel_size"),
+    # server_args refused on their own: named there
+    ("engine: builtin\n", "server_args: --bogus\nmax_model_len: 4096\n", 4, "server_args"),
+])
+def test_flags_the_builtin_engine_refuses_are_named_where_they_come_from(tmp_path: Path, engine: str, text: str,
+                                                                          line: int, field: str) -> None:
+    report = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n" + engine + text))
+    [problem] = [p for p in report.errors + report.warnings if "refuses these flags" in p.message]
+    assert (problem.line, problem.field) == (line, field)
+    assert problem in (report.errors if engine else report.warnings)
+
+
 def test_the_parallel_gpus_warning_names_each_size(tmp_path: Path) -> None:
     text = ("engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\nserver_args: -tp 2 -dp 3\n"
             "requires: {gpus: 2}\n")

@@ -274,3 +274,10 @@ def test_repro_of_a_paired_run_keeps_a_limit_its_baseline_would_not_use(tmp_path
     assert cli(["repro", str(out / "cand"), "--output-dir", str(out)]) == 0
     assert _quantgate_runs(capsys.readouterr().out) == [f"quantgate run {shlex.quote(str(cand))} --engine vllm "
                                                         "--limit 4 --server-url http://127.0.0.1:8000"]
+
+
+def test_repro_help_names_every_input_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """repro reproduces a run from its result.json or run folder too: its --help says so."""
+    assert cli(["repro", "--help"]) == 0
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "an eval config file, or a run's result.json or run folder" in usage
