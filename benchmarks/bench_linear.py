@@ -109,7 +109,7 @@ def _environment() -> dict:
             "sms": props.multi_processor_count, "l2_bytes": getattr(props, "L2_cache_size", 50 << 20),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "commit": provenance.commit(),
-            "autotune": os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0"}
+            "autotune": tuning.autotune_enabled()}
 
 
 def eager_ms(fn: Callable[[], object]) -> float:

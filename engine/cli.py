@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import uvicorn
 
-from quantgate.kernels import KernelSelectionError, Platform
+from quantgate.kernels import KernelSelectionError, Platform, switch_problem
 
 from . import AsyncEngine, LLMEngine, load_model
 from .kv_cache import KVCacheBudgetError
@@ -73,7 +73,7 @@ def configure_logging(level: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = static_problem(args) or _check_model_dir(args.model)
+    problem = static_problem(args) or _check_model_dir(args.model) or switch_problem()
     if problem:
         return _fail(problem, EXIT_USAGE)
     try:

@@ -34,7 +34,8 @@ import triton.language as tl
 from triton import knobs
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-PDL_ENV = "QUANTGATE_PDL"
+from .switches import PDL_ENV, switched_on
+
 _INTERPRETED = tl.constexpr(knobs.runtime.interpret)  # read when kernels are defined, as triton.jit does
 
 
@@ -60,7 +61,7 @@ def for_graph_capture() -> Iterator[None]:
 def enabled(device: torch.device) -> bool:
     """PDL for kernels on `device`: inside `for_graph_capture`, CUDA sm_90+, compiled (not
     interpreted), not switched off by QUANTGATE_PDL=0."""
-    if (not _capturing or device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0"
+    if (not _capturing or device.type != "cuda" or not switched_on(PDL_ENV)
             or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())

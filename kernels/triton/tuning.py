@@ -20,7 +20,6 @@ Candidates differ only in the order of float32 additions, so all meet the same a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,8 +29,8 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import await_inputs
+from .switches import AUTOTUNE_ENV, switched_on
 
-AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"
 # A candidate replaces an earlier one only when it is this much faster: timing noise must not
 # make the choice (and the summation order) flip between runs for configs that tie.
 _MARGIN = 0.97
@@ -48,8 +47,8 @@ def m_bucket(m: int) -> int:
     return bucket
 
 
-def _enabled() -> bool:
-    return os.environ.get(AUTOTUNE_ENV, "1") != "0"
+def autotune_enabled() -> bool:
+    return switched_on(AUTOTUNE_ENV)
 
 
 class Autotuner:
@@ -67,7 +66,7 @@ class Autotuner:
         chosen = self.best.get(key)
         if chosen is not None:
             return chosen
-        if (len(candidates) == 1 or device.type != "cuda" or not _enabled()
+        if (len(candidates) == 1 or device.type != "cuda" or not autotune_enabled()
                 or torch.cuda.is_current_stream_capturing()):
             return candidates[0]
         self.best[key] = chosen = self._time(key, candidates, run)

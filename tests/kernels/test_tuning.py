@@ -29,3 +29,21 @@ def test_the_tuner_measures_gpu_time_and_keeps_the_faster_config(monkeypatch):
     tuner = Autotuner("test_gpu")
     assert tuner.pick(("k",), ["large", "small"], lambda name: work[name](), a.device) == "small"
     assert [config for config, ms, err in tuner.timings[("k",)]] == ["large", "small"]
+
+
+@pytest.mark.parametrize("value", ["false", "off", "2", ""])
+def test_a_switch_set_to_neither_0_nor_1_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """QUANTGATE_AUTOTUNE=false left tuning on (only "0" turned it off), defeating a bit-for-bit
+    reproduction without a word; quantgate serve refuses it before loading a model."""
+    from quantgate.kernels import switch_problem
+    from quantgate.kernels.triton.switches import PDL_ENV, switched_on
+
+    for name in (AUTOTUNE_ENV, PDL_ENV):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name}='{value}' is neither 0 nor 1"):
+            switched_on(name)
+        assert name in switch_problem()
+        monkeypatch.setenv(name, " 0 ")
+        assert not switched_on(name) and switch_problem() is None
+        monkeypatch.delenv(name)
+        assert switched_on(name)
