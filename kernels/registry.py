@@ -185,8 +185,8 @@ class Selection:
 class KernelSelectionError(RuntimeError):
     def __init__(self, selection: Selection, layer_name: str | None = None) -> None:
         self.selection = selection
-        where = f" for {layer_name}" if layer_name else ""
-        super().__init__(f"{selection.error}{where}")
+        # The module first: the error ends with its fix, which must stay the last words.
+        super().__init__(f"{layer_name}: {selection.error}" if layer_name else str(selection.error))
 
 
 def disabled_kernels() -> frozenset[str]:
