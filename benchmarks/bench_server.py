@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import DTYPES, SHAPES, param_count, write_random_checkpoint  # noqa: E402
+import provenance  # noqa: E402 - benchmarks/provenance.py, next to this script
 
 TARGET_SPEEDUP = 4.0
 
@@ -127,8 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if best >= TARGET_SPEEDUP else "NOT met"
         print(f"best speedup {best:.2f}x (target >= {TARGET_SPEEDUP}x: {verdict})")
     if args.out:
-        (args.out / "bench_server.json").write_text(json.dumps(rows, indent=2))
+        write_results(args.out, rows, sys.argv[:] if argv is None else ["benchmarks/bench_server.py", *argv])
     return 0
+
+
+def write_results(out: Path, rows: list[dict], argv: list[str]) -> Path:
+    """DIR/bench_server.json: the rows, then their provenance (commit, date, argv, versions) as
+    the last entry, as bench_engine writes its results."""
+    path = out / "bench_server.json"
+    path.write_text(json.dumps([*rows, {"provenance": provenance.record(argv)}], indent=2))
+    return path
 
 
 if __name__ == "__main__":

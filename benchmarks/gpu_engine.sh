@@ -8,7 +8,8 @@
 #      (host ms, GPU ms, kernels per step, graph captures while timing). Targets: FP8+graphs >= 1.2x
 #      bf16+graphs, >= 3x FP8 eager.
 # Each step has its own time limit and a failing step does not stop the others. Full logs and
-# results go to $OUT; a short summary is printed at the end, the decode table last.
+# results go to $OUT; a short summary is printed at the end, the decode table last. The job exits
+# 1 when a step failed or ran out of time (named last, on stderr), else 0.
 #
 #   OUT=/tmp/out QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_engine.sh   # FP8: marlin, triton
 #   OUT=/tmp/out QUANTGATE_COMMIT=... LINEAR_BACKENDS=marlin bash benchmarks/gpu_engine.sh
@@ -35,7 +36,9 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
   local rc=$?
   [ $rc -eq 124 ] && echo "(stopped after the ${limit}s limit)" >> "$OUT/$name.log"
   printf '%-14s exit %-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" >> "$OUT/steps.txt"
+  [ $rc -eq 0 ] || FAILED+=("$name (exit $rc)")
 }
+FAILED=()
 
 : > "$OUT/steps.txt"
 step engine_tests 110 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
@@ -52,3 +55,8 @@ echo "== engine tests"; tail -n 8 "$OUT/engine_tests.log"
 echo "== decode benchmark (tuned shapes: $OUT/bench_decode.log)"
 awk '/^decode at batch 1/ {on = 1} /^tuned GEMM shapes/ {skip = 1; next} skip && /^  / {next} {skip = 0} on' \
   "$OUT/bench_decode.log"
+if ((${#FAILED[@]})); then
+  echo "gpu_engine: FAILED steps: ${FAILED[*]} (logs in $OUT)" >&2
+  exit 1
+fi
+exit 0

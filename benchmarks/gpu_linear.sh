@@ -8,7 +8,8 @@
 #      diagnostics, the acceptance checks, the tuned configs with every candidate's time, the
 #      fastest backend per scheme and M (limit 150 s, measurements stop at 130 s).
 # Each step has its own time limit (SIGINT, then the bench writes what it measured) and a failing
-# step does not stop the other. Everything goes to $OUT/lin; the short table is printed last.
+# step does not stop the other. Everything goes to $OUT/lin; the short table is printed last. The
+# job exits 1 when a step failed or ran out of time (named last, on stderr), else 0.
 #
 #   OUT=/tmp/out QUANTGATE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_linear.sh
 #
@@ -33,7 +34,9 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $LIN/NAME.lo
   local rc=$?
   [ $rc -eq 124 ] && echo "(stopped after the ${limit}s limit)" >> "$LIN/$name.log"
   printf '%-6s exit %-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" >> "$LIN/steps.txt"
+  [ $rc -eq 0 ] || FAILED+=("$name (exit $rc)")
 }
+FAILED=()
 
 : > "$LIN/steps.txt"
 gpu_tests() {  # three pytest processes at once: Triton compilation (one CPU core each), not the
@@ -57,6 +60,7 @@ gpu_tests() {  # three pytest processes at once: Triton compilation (one CPU cor
   cat "$LIN/tests1.log" "$LIN/tests2.log" "$LIN/tests3.log" > "$LIN/tests.log"
   [ $rc -eq 124 ] && echo "(stopped after the 45s limit)" >> "$LIN/tests.log"
   printf '%-6s exit %-3s %4ss\n' tests "$rc" "$((SECONDS - start))" >> "$LIN/steps.txt"
+  [ $rc -eq 0 ] || FAILED+=("tests (exit $rc)")
 }
 if $PY -c "import pytest" 2>/dev/null; then
   gpu_tests
@@ -73,3 +77,8 @@ grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|stopped after" "$
 echo "--- bench (full tables: $LIN/bench_linear.md)"
 grep -E "stopped after|^interrupted|budget|Traceback|Error" "$LIN/bench.log" | head -5
 sed -n '/^copy bandwidth/,$p' "$LIN/bench.log" | grep -v "^full results"
+if ((${#FAILED[@]})); then
+  echo "gpu_linear: FAILED steps: ${FAILED[*]} (logs in $LIN)" >&2
+  exit 1
+fi
+exit 0

@@ -4,7 +4,8 @@
 #      processes; their kernels stay in Triton's cache for the benchmark),
 #   2. the benchmark (peers in the same run; numerics against float64 in fp16 and bf16),
 #   3. the short table, last.
-# A stage that fails or runs out of time is reported and the next one still runs. The tile sweep
+# A stage that fails or runs out of time is reported and the next one still runs; the job then
+# exits 1 (0 when every stage was ok or skipped for want of pytest). The tile sweep
 # (`python benchmarks/bench_moe.py --tune --budget-s S --out DIR`) is a separate job. The compile
 # check (sm_80/89/90 builds, registers, spills, no FP8 tensor-core instructions) needs no GPU:
 # `python benchmarks/bench_moe.py --compile-check` runs it anywhere.
@@ -98,3 +99,12 @@ if [ -f "$DEST/bench_moe.json" ]; then
 else
     echo "no benchmark results"
 fi
+failed=()
+for name in "GPU tests" "benchmark"; do
+    case ${STATUS[$name]:-not run} in ok | skipped:*) ;; *) failed+=("$name: ${STATUS[$name]:-not run}") ;; esac
+done
+if ((${#failed[@]})); then
+    printf 'gpu_moe: FAILED %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+exit 0

@@ -163,4 +163,74 @@ def test_committed_run_verdicts_do_not_depend_on_eager_times():
         return [(c["check"], c["status"], c["value"]) for c in bl.acceptance(rows, report["correctness"])]
 
     assert verdicts(1.0) == verdicts(0.1) == verdicts(10.0)
-    assert len(verdicts(1.0)) == len(report["acceptance"]) == 71
+    # The 71 checks the run recorded are all still made; added since: torch at M=1 (9), auto's
+    # pick (3) and torch fp8-channel's bfloat16-only correctness (3).
+    recorded = {c["check"] for c in report["acceptance"]}
+    now = {name for name, _, _ in verdicts(1.0)}
+    assert len(recorded) == 71 and recorded <= now and len(now) == 86
+
+
+def full_rows(times: dict[str, float]) -> list[dict]:
+    """Every M and shape of fp8-block's backends (and the other schemes'), graph time per backend."""
+    rows = []
+    for m in bl.MS:
+        for k, n in bl.SHAPES:
+            for label, _, scheme in bl.BACKENDS:
+                r = row(m, label, scheme.value, times.get(label, 0.05) if scheme is bl.B else 0.05)
+                r.update(k=k, n=n)
+                rows.append(r)
+    return rows
+
+
+AUTO_BLOCK = "auto on 9.0 fp8-block: selects the fastest backend (geomean graph time / fastest's)"
+
+
+def test_auto_check_fails_when_auto_does_not_pick_the_fastest_backend():
+    assert bl.auto_pick(bl.B, K, N) == "torch"  # the registry's 9.0 row
+    rows = full_rows({"triton": 0.02, "torch": 0.03, "marlin": 0.04})
+    checks = {c["check"]: c for c in bl.acceptance(rows, [])}
+    check = checks[AUTO_BLOCK]
+    assert check["status"] == "FAIL" and check["value"] == pytest.approx(1.5)
+    assert "auto picks torch; fastest triton < torch < marlin" in check["reason"]
+    rows = full_rows({"triton": 0.03, "torch": 0.02, "marlin": 0.04})
+    assert {c["check"]: c for c in bl.acceptance(rows, [])}[AUTO_BLOCK]["status"] == "pass"
+
+
+def test_auto_check_fails_when_auto_picks_a_backend_with_failed_rows():
+    rows = full_rows({"triton": 0.03, "torch": 0.02, "marlin": 0.04})
+    next(r for r in rows if r["backend"] == "torch" and r["scheme"] == "fp8-block")["check_error"] = 0.5
+    check = {c["check"]: c for c in bl.acceptance(rows, [])}[AUTO_BLOCK]
+    assert check["status"] == "FAIL" and "wrong output" in check["reason"]
+
+
+def test_auto_check_is_not_measured_on_a_restricted_or_stopped_run():
+    rows = full_rows({"torch": 0.02})
+    assert {c["check"]: c for c in bl.acceptance(rows, [], ms=(1,))}[AUTO_BLOCK]["status"] == "not measured"
+    rows.remove(next(r for r in rows if r["m"] == 8192 and r["backend"] == "marlin" and r["scheme"] == "fp8-block"))
+    check = {c["check"]: c for c in bl.acceptance(rows, [])}[AUTO_BLOCK]
+    assert check["status"] == "not measured" and "stopped" in check["reason"]
+
+
+@pytest.mark.parametrize("scheme", ["fp8-block", "fp8-channel", "fp8-tensor"])
+def test_torch_at_one_row_must_work(scheme):
+    name = f"torch {scheme} M=1 K={K} N={N}: works (graph us)"
+    broken = row(1, "torch", scheme, None, build_error="RuntimeError: no M=1", error="build: RuntimeError: no M=1")
+    check = checks_by_name([broken], ms=(1,))[name]
+    assert check["status"] == "FAIL" and "no M=1" in check["reason"]
+    assert checks_by_name([row(1, "torch", scheme, 0.01)], ms=(1,))[name]["status"] == "pass"
+    assert checks_by_name([], ms=(16,))[name]["status"] == "not measured"
+
+
+def test_correctness_not_reached_is_not_measured_not_absent():
+    checks = [c for c in bl.acceptance([], [], ms=(1,), shapes=((K, N),)) if c["check"].startswith("correctness")]
+    assert len(checks) == len(bl.CORRECTNESS_SHAPES) * len(bl.BACKENDS)
+    assert all(c["status"] == "not measured" and "stopped" in c["reason"] for c in checks)
+
+
+def test_a_backend_without_float16_output_is_checked_in_bfloat16():
+    m, k, n = bl.CORRECTNESS_SHAPES[0]
+    bf16 = {"m": m, "k": k, "n": n, "dtype": "bfloat16", "backend": "torch", "scheme": "fp8-channel",
+            "rel_error": 1.4e-3, "rel_error_vs_rounded": 5e-3, "rounding_floor": 1.4e-3, "error": None}
+    checks = [c for c in bl.acceptance([], [bf16], ms=(1,), shapes=((K, N),))
+              if c["check"].startswith(f"correctness torch fp8-channel bfloat16 M={m} ")]
+    assert len(checks) == 1 and checks[0]["status"] == "FAIL" and checks[0]["value"] == 5e-3
