@@ -718,9 +718,14 @@ def _closed_quietly(stream: Any) -> Iterator[Any]:
 def preload() -> threading.Thread:
     """Import lm-eval in the background (about 3 s) while the server under test loads its model."""
     def load() -> None:
+        before = set(os.environ)
         import lm_eval.evaluator  # noqa: F401
         import lm_eval.models.openai_completions  # noqa: F401
 
+        # lm-eval's import sets download switches (HF_XET_HIGH_PERFORMANCE) in os.environ, which
+        # every server launched after it would inherit, unrecorded, and the first one not.
+        for name in set(os.environ) - before:
+            os.environ.pop(name, None)
         compile_templates_once()
 
     thread = threading.Thread(target=load, name="quantgate-preload-lm-eval", daemon=True)

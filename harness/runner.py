@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -758,7 +758,7 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             display.console.print_exception()
     finally:
         with guard.shield():
-            _finish(record, item, server, outcome, run_dir, started)
+            _finish(record, item, server, outcome, run_dir, started, hurry=lambda: guard.signal_name is not None)
     return record
 
 
@@ -786,10 +786,12 @@ def _remove_stale_artifacts(run_dir: Path) -> None:
 
 
 def _finish(record: RunRecord, item: PlannedConfig, server: Server | None, outcome: EvalOutcome | None,
-            run_dir: Path, started: float) -> None:
-    """Teardown and artifacts, whatever happened before."""
+            run_dir: Path, started: float, hurry: Callable[[], bool] | None = None) -> None:
+    """Teardown and artifacts, whatever happened before. `hurry()`: whether an interrupt came
+    meanwhile (held while this runs): a teardown it finds under way is cut to the interrupted grace,
+    or a CI cancel's SIGKILL would come before this config's result.json is written."""
     if server is not None:
-        server.stop(INTERRUPTED_GRACE_S if record.interrupted else TEARDOWN_GRACE_S)
+        server.stop(INTERRUPTED_GRACE_S if record.interrupted else TEARDOWN_GRACE_S, hurry=hurry)
         record.server = server.to_dict()
         if record.verdict == ERROR and not record.log_tail:
             record.log_tail = server.log_tail() or None
@@ -999,6 +1001,15 @@ def _run_folder_problems(items: Sequence[PlannedConfig], options: RunOptions) ->
     by_folded = {str(path).casefold(): path for path in run_files}
     problems = []
     for item in items:
+        try:  # the output directory exists (it is locked): a name it cannot hold says so now
+            os.lstat(options.output_dir / item.config.name)
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                problems.append(str(ConfigError(
+                    item.config.source, 0, "name", f"{item.config.name[:40]!r}... ({len(item.config.name.encode())} "
+                    f"bytes) names its run folder under {options.output_dir}, which the file system cannot create "
+                    f"({exc.strerror}): no run of it could write its results; give the config a shorter name")))
+                continue
         run_dir = (options.output_dir / item.config.name).resolve()
         path = by_folded.get(str(run_dir).casefold())
         if path is not None:

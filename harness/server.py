@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ from typing import Any, BinaryIO, Protocol
 import httpx
 
 from .results import ArtifactsUnwritable
+# RUNNER_ENV: a listener on our port whose process carries another runner's pid is that run's
+# server, never a proxy of ours. SERVER_ENV: the watchdog finds what a server started outside its
+# process group by it.
+from .watchdog import RUNNER_ENV, SERVER_ENV
 
 POLL_INTERVAL_S = 0.2
 TEARDOWN_GRACE_S = 10.0
@@ -37,9 +42,6 @@ TEARDOWN_GRACE_S = 10.0
 # outlives the job.
 INTERRUPTED_GRACE_S = 3.0
 FOREIGN_LISTENER_WAIT_S = 30.0
-# Set in every launched server's environment to the runner's pid: a listener on our port whose
-# process carries another runner's pid is that run's server, never a proxy of ours.
-RUNNER_ENV = "QUANTGATE_RUNNER_PID"
 PORT_ATTEMPTS = 3
 _ADDRESS_IN_USE = ("already in use", "errno 98", "eaddrinuse")  # vLLM/uvicorn and quantgate serve wordings
 ARGPARSE_EXIT = 2
@@ -377,16 +379,16 @@ def _adopted_children(after: str) -> dict[int, list[str]]:
     return found
 
 
-def _start_watchdog(pgid: int) -> Any:
-    """The watchdog of server group `pgid` (harness/watchdog.py), a Popen, or None where there is
-    no /proc to watch the runner with."""
+def _start_watchdog(pgid: int, server_id: str) -> Any:
+    """The watchdog of server group `pgid`, launched with SERVER_ENV `server_id`
+    (harness/watchdog.py), a Popen, or None where there is no /proc to watch the runner with."""
     import subprocess
 
     own_start = (_stat(os.getpid()) or [None] * 20)[19]
     if own_start is None:
         return None
     dog = subprocess.Popen([sys.executable, "-m", "quantgate.harness.watchdog", str(os.getpid()), own_start,
-                            str(pgid), str(WATCHDOG_GRACE_S)], stdin=subprocess.DEVNULL,
+                            str(pgid), str(WATCHDOG_GRACE_S), server_id], stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _STARTED_HERE.add(dog.pid)
     return dog
@@ -475,7 +477,7 @@ class Server(Protocol):
     def log_tail(self, lines: int = 40) -> str: ...
     def log_text(self) -> str: ...
     def log_lines(self) -> Iterator[str]: ...
-    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None: ...
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S, hurry: Callable[[], bool] | None = None) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -577,14 +579,15 @@ class LaunchedServer:
                 self.ports_tried.append(port)
                 note(f"launch attempt {attempt}: {self.command.shell(port, redact=True)}")
                 offset = log.tell()
+                server_id = uuid.uuid4().hex
                 self.process = subprocess.Popen(
                     self.command.with_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True,
+                    env={**env, SERVER_ENV: server_id}, start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 )
                 _STARTED_HERE.add(self.process.pid)
                 self._leader_start = (_stat(self.process.pid) or [None] * 20)[19]
-                self._watchdog = _start_watchdog(self.process.pid)
+                self._watchdog = _start_watchdog(self.process.pid, server_id)
                 try:
                     note(f"pid {self.process.pid} (process group {self.process.pid})")
                     if self._wait_healthy(client, started, startup_timeout_s, offset, attempt, on_wait):
@@ -684,11 +687,13 @@ class LaunchedServer:
                 "vllm_command passes it on)", exit_status=None, log_tail=self.log_tail(), startup_s=self.startup_s,
                 refused_config=True)
 
-    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S, hurry: Callable[[], bool] | None = None) -> int | None:
         """SIGTERM the whole group, SIGKILL what is left after `grace_s`, then SIGKILL any descendant
         that had left the group (a worker that called setsid() survives a group kill), and any
         daemon that double-forked away from the server (re-parented here, `_adopt_orphans`); return
-        the leader's status."""
+        the leader's status. `hurry()` turning true meanwhile (an interrupt held while this teardown
+        runs) cuts what is left of the grace to INTERRUPTED_GRACE_S: a CI cancel's SIGKILL of the
+        runner follows its SIGTERM within seconds, and the server's must come first."""
         if self.process is None:
             return None
         pgid = self.process.pid
@@ -707,6 +712,9 @@ class LaunchedServer:
                 self.process.poll()
                 if not group_members(pgid):
                     break
+                if hurry is not None and hurry():
+                    deadline = min(deadline, time.monotonic() + INTERRUPTED_GRACE_S)
+                    hurry = None
                 time.sleep(0.05)
         self.exit_status = self.process.wait(timeout=5.0)
         _STARTED_HERE.discard(pgid)
@@ -817,7 +825,7 @@ class AttachedServer:
     def log_lines(self) -> Iterator[str]:
         return iter(())
 
-    def stop(self, grace_s: float = TEARDOWN_GRACE_S) -> int | None:
+    def stop(self, grace_s: float = TEARDOWN_GRACE_S, hurry: Callable[[], bool] | None = None) -> int | None:
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,9 +5,12 @@ server's leader gets SIGTERM when the runner dies (PR_SET_PDEATHSIG). A runner t
 (the OOM killer, a CI agent's hard kill) runs no code, so a server that ignores SIGTERM, or that
 is slow to honour it, would outlive the job and keep the GPU and port from the next one. This
 process, in a session of its own, outlives the runner: once the runner is gone it does the
-runner's teardown (SIGTERM to the group, the grace, SIGKILL). It exits when the group is empty.
+runner's teardown (SIGTERM to the group, the grace, SIGKILL), of the processes the server started
+outside its group too (a worker that called setsid(), a daemon that double-forked): they carry
+SERVER_ENV naming this launch of the server in their environment. It exits when none of them is
+left.
 
-    python -m quantgate.harness.watchdog RUNNER_PID RUNNER_START_TIME PGID GRACE_S
+    python -m quantgate.harness.watchdog RUNNER_PID RUNNER_START_TIME PGID GRACE_S SERVER_ID
 
 Standard library only: one is started with every server.
 """
@@ -21,6 +24,11 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
+# Set in every launched server's environment (harness/server.py), and so inherited by whatever it
+# starts, in its group or not: the runner's pid, and an id of this launch, unique among the
+# servers of one run (a watchdog must not wait for, or kill, the next config's server).
+RUNNER_ENV = "QUANTGATE_RUNNER_PID"
+SERVER_ENV = "QUANTGATE_SERVER_ID"
 
 
 def _start_time(pid: int) -> str | None:
@@ -57,26 +65,53 @@ def _group_has_members(pgid: int) -> bool:
     return False
 
 
-def watch(runner_pid: int, runner_start: str, pgid: int, grace_s: float) -> int:
-    while _group_has_members(pgid):
+def _strays(server_id: str) -> list[int]:
+    """Live processes whose environment names `server_id` as SERVER_ENV: the server's, and what it
+    started, setsid() or not."""
+    marker = f"{SERVER_ENV}={server_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0") and _start_time(int(entry.name)) is not None:
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def _teardown(server_id: str, pgid: int, grace_s: float) -> None:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in _strays(server_id):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and (_group_has_members(pgid) or _strays(server_id)):
+            time.sleep(0.05)
+
+
+def watch(runner_pid: int, runner_start: str, pgid: int, grace_s: float, server_id: str) -> int:
+    # Also once the group is empty, while processes the server started elsewhere are up: the
+    # runner's death SIGTERMs the leader (PR_SET_PDEATHSIG), which may exit before this notices.
+    while _group_has_members(pgid) or _strays(server_id):
         if _start_time(runner_pid) != runner_start:  # the runner is gone (or its pid reused)
-            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    return 0
-                deadline = time.monotonic() + wait_s
-                while time.monotonic() < deadline and _group_has_members(pgid):
-                    time.sleep(0.05)
+            _teardown(server_id, pgid, grace_s)
             return 0
         time.sleep(POLL_S)
     return 0
 
 
 def main(argv: list[str]) -> int:
-    runner_pid, runner_start, pgid, grace_s = int(argv[0]), argv[1], int(argv[2]), float(argv[3])
+    runner_pid, runner_start, pgid, grace_s, server_id = int(argv[0]), argv[1], int(argv[2]), float(argv[3]), argv[4]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle
-    return watch(runner_pid, runner_start, pgid, grace_s)
+    return watch(runner_pid, runner_start, pgid, grace_s, server_id)
 
 
 if __name__ == "__main__":

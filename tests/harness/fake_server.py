@@ -88,6 +88,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
                    help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM (which reads VLLM_API_KEY too)")
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--note-sigterm", action="store_true",
+                   help="ignore SIGTERM, logging 'fake server: SIGTERM received' each time (a test sees teardown "
+                        "begin)")
     p.add_argument("--spawn-child", action="store_true", help="leave a sleeping child in the process group")
     p.add_argument("--spawn-setsid-child", action="store_true",
                    help="leave a child that ignores SIGTERM in a session of its own, outside the process group")
@@ -319,6 +322,10 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("fake server: ignoring SIGTERM", flush=True)  # from here on, a test may signal it
+    if args.note_sigterm:
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: os.write(1, b"fake server: SIGTERM received\n"))
     if args.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     if args.spawn_setsid_child:

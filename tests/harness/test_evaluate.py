@@ -392,3 +392,14 @@ def test_answers_without_the_gsm8k_marker_score_only_under_flexible_extract(tmp_
         1.0, 1.0, 0.0)
     assert all(s["correct"] and not s["invalid"] for s in outcome.samples)
     assert all(s["filters"]["strict-match"]["extracted"] == "[invalid]" for s in outcome.samples)
+
+
+def test_importing_lm_eval_in_the_background_leaves_the_servers_environment_as_it_was() -> None:
+    """lm-eval's import sets HF_XET_HIGH_PERFORMANCE: every server launched after the preload
+    inherited it, unrecorded in env_diff, and the first one did not."""
+    code = ("import os; from quantgate.harness.evaluate import preload; before = dict(os.environ); "
+            "preload().join(); import lm_eval; print(sorted(set(os.environ) ^ set(before)))")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_XET_HIGH_PERFORMANCE", "HF_HUB_ENABLE_HF_TRANSFER")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

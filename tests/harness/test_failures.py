@@ -471,3 +471,28 @@ def test_an_evaluation_that_cannot_be_built_is_exit_3_but_an_unreachable_hub_is_
     status, output = run_in_process([config], tmp_path / "out")
     result = load_json(tmp_path / "out" / "built" / "result.json")
     assert status == code and result["verdict"] == "ERROR" and result["usage_error"] is (code == 3), output
+
+
+def test_a_signal_during_a_finished_configs_teardown_cuts_its_grace_so_the_result_is_written_first(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    """A CI cancel that lands while a config that reached its verdict is torn down (a server
+    slow to honour SIGTERM gets TEARDOWN_GRACE_S) must not wait that grace out: the agent's
+    SIGKILL follows within seconds (Buildkite: 9 s), and would take the verdict's result.json,
+    junit.xml and summary.md with it, and leave the server to outlive the job."""
+    from quantgate.harness.server import INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S
+
+    config = write_config(tmp_path, "done", gsm8k_dir, {"note_sigterm": True}, num_questions=4)
+    proc = _start_run(tmp_path, config)
+    log = tmp_path / "out" / "done" / "server.log"
+    _wait_for(log, "fake server: SIGTERM received", proc)  # the runner's teardown has begun
+    pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert took < INTERRUPTED_GRACE_S + 3 < TEARDOWN_GRACE_S, f"the runner took {took:.1f} s after SIGTERM\n{output}"
+    assert proc.returncode == 2, output
+    assert not pid_alive(pid) and group_members(pid) == []
+    result = load_json(tmp_path / "out" / "done" / "result.json")
+    assert result["verdict"] == "PASS" and result["server"]["exit_status"] == -signal.SIGKILL
+    assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()

@@ -918,6 +918,21 @@ def test_a_config_named_junit_xml_runs_when_the_junit_report_goes_elsewhere(tmp_
     assert (tmp_path / "out" / "junit.xml" / "result.json").is_file() and (tmp_path / "junit.xml").is_file()
 
 
+@pytest.mark.parametrize("name", ["q" * 300, "\u91cf" * 100], ids=["ascii", "cjk"])  # 300 bytes: > NAME_MAX
+def test_a_config_name_too_long_for_a_folder_is_refused_before_any_server_starts(
+        tmp_path: Path, gsm8k_dir: Path, name: str) -> None:
+    """Its run folder cannot exist: every run of it would end in an ERROR that says "free space"
+    (exit 2, which CI retries, to the same end), with no result.json; a config problem is exit 3."""
+    config = write_config(tmp_path, "long", gsm8k_dir)
+    config.write_text(config.read_text().replace("name: long", f"name: {name}", 1), encoding="utf-8")
+    out = tmp_path / "out"
+    code, output = run_in_process([config], out)
+    assert code == 3, output
+    said = output.replace("\n", "")
+    assert f"{config}: name: " in said and "give the config a shorter name" in said and "free space" not in said, said
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == []  # nothing ran
+
+
 @pytest.mark.parametrize("error, code, says", [
     (FileNotFoundError(2, "No such file or directory"), 3, "cannot be created or written (No such file or directory); "
      "pass a directory this user can create and write"),

@@ -3,6 +3,7 @@ process group, ports in use, the command line and environment it records."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -453,6 +454,47 @@ def test_a_sigkilled_runners_server_that_ignores_sigterm_is_killed_by_its_watchd
     finally:
         for pid in group_members(pgid):
             os.kill(pid, signal.SIGKILL)
+
+
+_STRAY_RUNNER_SCRIPT = """
+import sys, time
+from pathlib import Path
+from quantgate.harness import server as server_mod
+from tests.harness.test_server import _fake
+server_mod.WATCHDOG_GRACE_S = 1.0
+server = server_mod.launch(_fake(Path(sys.argv[1]), sys.argv[3]), Path(sys.argv[2]), startup_timeout_s=30)
+print(server.pgid, flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("flag, said", [("--spawn-setsid-child", "setsid child pid"), ("--spawn-daemon", "daemon pid")])
+def test_a_sigkilled_runners_server_leaves_nothing_it_started_outside_its_group(tmp_path: Path, gsm8k_dir: Path,
+                                                                                flag: str, said: str) -> None:
+    """The runner's own teardown kills what a server started outside its process group (a worker
+    that called setsid(), a double-forked daemon); a SIGKILLed runner runs none, so the watchdog
+    must: such a process, left behind, holds the GPU and the port from the next job. The server
+    itself exits at once on the SIGTERM its runner's death sends it (PR_SET_PDEATHSIG)."""
+    import subprocess
+
+    log = tmp_path / "server.log"
+    runner = subprocess.Popen([sys.executable, "-c", _STRAY_RUNNER_SCRIPT, str(gsm8k_dir), str(log), flag],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    pgid = int(runner.stdout.readline())
+    stray = int(log.read_text().split(f"fake server: {said} ")[1].split()[0])
+    try:
+        assert pid_alive(stray) and stray not in group_members(pgid)
+        runner.kill()
+        runner.wait()
+        deadline = time.monotonic() + 15.0  # SIGTERM, the 1 s grace, SIGKILL, within a poll or two
+        while pid_alive(stray) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(stray), f"{flag}: pid {stray} outlived the runner and its server"
+        assert group_members(pgid) == []
+    finally:
+        for pid in [*group_members(pgid), stray]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _watchdogs_of(pgid: int) -> list[int]:
