@@ -226,6 +226,9 @@ class EvalConfig(BaseModel):
             raise ValueError(f"names the config's folder under --output-dir, so it cannot be '.', '..', hold '/', "
                              f"'\\' or control characters, or begin or end with a space, got {value!r}; use letters, "
                              "digits, '-', '_' and '.'")
+        if len(value.encode()) > 255:  # NAME_MAX of Linux file systems
+            raise ValueError(f"names the config's folder under --output-dir, and {len(value.encode())} bytes is "
+                             "more than a folder name may have (255); give the config a shorter name")
         return value
 
     @field_validator("env", mode="before")

@@ -418,7 +418,8 @@ def test_a_vllm_command_the_builtin_engine_never_runs_is_warned_about(tmp_path: 
 
 
 @pytest.mark.parametrize("key", ["name: ../escaped", "name: '.'", "name: a/b", "name: \"a\\tb\"", "name: ' '",
-                                 "name: 'demo '"])
+                                 "name: 'demo '",
+                                 "name: " + "m" * 256, "name: " + "模" * 86])
 def test_a_name_that_is_not_one_folder_is_an_error(tmp_path: Path, key: str) -> None:
     [error] = inspect_config(write(tmp_path, f"model_name: m\naccuracy_threshold: 0.5\n{key}\n")).errors
     assert error.field == "name" and "--output-dir" in error.message
