@@ -68,4 +68,39 @@ def test_build_variants_pins_and_detects_changes(tmp_path, capsys) -> None:
     entry["variants"][names[1]]["files"]["model.safetensors"] = "0" * 64
     path.write_text(json.dumps({"models": {"base": entry}}))
     assert build_variants.build(path, tmp_path) == build_variants.EXIT_MISMATCH == 3
-    assert f"{names[1]}/model.safetensors: sha256" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{names[1]}/model.safetensors: sha256" in err
+    # The cause and both ways out: the pinned library versions, or re-pinning an intended change.
+    assert "constraints.txt" in err and "python models/recipes/manifest.py" in err
+
+
+def test_build_variants_refuses_a_missing_or_unreadable_manifest(tmp_path, capsys) -> None:
+    """No manifest is an error naming the fix, not 'no model is shipped yet' with exit 0 (after
+    which `quantgate run` said to run `make models`, which said there was nothing to build)."""
+    path = tmp_path / "MANIFEST.json"
+    assert build_variants.build(path, tmp_path) == build_variants.EXIT_MISMATCH
+    captured = capsys.readouterr()
+    assert "no model is shipped yet" not in captured.out
+    assert f"{path} is missing" in captured.err and "git checkout --" in captured.err
+
+    path.write_text('{\n<<<<<<< HEAD\n  "models": {}\n=======\n')  # a merge conflict: was a traceback, exit 1
+    assert build_variants.build(path, tmp_path) == build_variants.EXIT_MISMATCH
+    err = capsys.readouterr().err
+    assert f"{path} cannot be read" in err and "merge conflict" in err and "Traceback" not in err
+
+
+def test_a_changed_bf16_model_is_named_as_such_with_its_fix(tmp_path, capsys) -> None:
+    """A tracked bf16 model that differs from the manifest is not 'the FP8 variants do not
+    reproduce': nothing was built from it, and the fix is to restore it (or register a retrained one)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}\n")
+    path = tmp_path / "MANIFEST.json"
+    path.write_text(json.dumps({"models": {"base": {"files": manifest.folder_hashes(base), "variants": {}}}}))
+    (base / "config.json").write_text('{"edited": true}\n')
+    assert build_variants.build(path, tmp_path) == build_variants.EXIT_MISMATCH
+    err = capsys.readouterr().err
+    assert "the shipped bf16 models differ" in err and f"{base / 'config.json'}: sha256" in err
+    assert f"git checkout -- {base}" in err and "manifest.py --train-log" in err
+    assert "FP8 variants do not reproduce" not in err
+    assert not (tmp_path / manifest.variant_name("base", "fp8-block", "native")).exists()
