@@ -220,6 +220,12 @@ def test_a_servers_aliases_of_its_model_are_the_names_of_the_same_root(monkeypat
     assert runner.model_aliases(server) == ()
 
 
+def _assert_kept_out(secret: str, run_dir: Path, output: str) -> None:
+    for artifact in ("result.json", "server.log"):
+        assert secret not in (run_dir / artifact).read_text()
+    assert secret not in output  # the console, which CI logs keep
+
+
 def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the_artifacts(
         tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "keyed", gsm8k_dir, {"api_key": "s3cret-key", "linear_backend": "marlin"},
@@ -227,9 +233,7 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
     code, output = run_in_process([config], tmp_path / "out")
     result = load_json(tmp_path / "out" / "keyed" / "result.json")
     assert code == 0 and result["verdict"] == "PASS", output
-    for artifact in ("result.json", "server.log"):
-        assert "s3cret-key" not in (tmp_path / "out" / "keyed" / artifact).read_text()
-    assert "s3cret-key" not in output  # the console, which CI logs keep
+    _assert_kept_out("s3cret-key", tmp_path / "out" / "keyed", output)
     assert "--api-key '<redacted>'" in result["server"]["command_line"]
     # --server-url: the config's key goes to /v1/models, /v1/kernels and the completions.
     for key, expected_code in (("s3cret-key", 0), ("another-key", 3)):  # a wrong key: fix the config
@@ -258,9 +262,7 @@ def test_a_vllm_api_key_the_server_inherits_from_the_runners_environment_is_sent
     code, output = run_in_process([config], tmp_path / "out")
     result = load_json(tmp_path / "out" / "inherited" / "result.json")
     assert code == 0 and result["verdict"] == "PASS", output
-    for artifact in ("result.json", "server.log"):
-        assert "inherited-s3cret" not in (tmp_path / "out" / "inherited" / artifact).read_text()
-    assert "inherited-s3cret" not in output
+    _assert_kept_out("inherited-s3cret", tmp_path / "out" / "inherited", output)
     # The config's own env wins over the runner's, as in the server's environment.
     assert build_command("vllm", "m", [], {"VLLM_API_KEY": "own"}, [sys.executable]).api_key == "own"
     assert build_command("builtin", "m", [], {}).api_key is None  # quantgate serve reads no VLLM_API_KEY
