@@ -1,7 +1,9 @@
 """Qwen3 (dense) and Qwen3-MoE over a packed batch and a slot-based KV cache.
 
-Module names equal the Hugging Face checkpoint names (`model.layers.0.self_attn.q_proj`), so
-the kernel report, ignore lists and the loader all speak one language.
+Module names equal the Hugging Face checkpoint names (`model.layers.0.self_attn.o_proj`), so
+the kernel report, ignore lists and the loader all speak one language. Merged projections take
+vLLM's names (`self_attn.qkv_proj`, `mlp.gate_up_proj`: `loader.MERGED_PROJECTIONS`);
+`QuantLinear.shards` lists the checkpoint modules they stand for.
 
 One forward runs a mixed batch: the prompts being prefilled (packed, one causal attention
 per prompt) followed by one token for each running sequence (batched attention over its

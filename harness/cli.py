@@ -1,6 +1,7 @@
 """The `quantgate` command. Each subcommand lives in its own module under quantgate.harness
 (or quantgate.engine for the engine's own commands) and is imported only when used, so
-`quantgate lint` never pays for torch or lm-eval imports.
+`quantgate lint` never pays for lm-eval's import, and for torch's only when a config names a
+backend (the built-in engine's names come from the kernel registry: harness/backends.py).
 
 A command module provides `register(parser: argparse.ArgumentParser) -> None` and
 `main(args: argparse.Namespace) -> int`, and may provide `normalize_argv(argv) -> argv`, applied
