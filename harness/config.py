@@ -622,6 +622,7 @@ class _Loader:
             self._check_model_folder(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
+        self._warn_too_few_questions(config, gate, dataset)
         metric = self._check_task(config)
         baseline_path = self._resolve_baseline(config)
         return config.model_copy(update={"gate": gate, "dataset": dataset, "baseline_path": baseline_path,
@@ -838,6 +839,16 @@ class _Loader:
                       f"accuracy_threshold - tolerance is {threshold - config.tolerance:g}, so the gate can never "
                       "fail; tolerance is an accuracy subtracted from accuracy_threshold (default 0.08): lower it")
         value = config.reference.value if config.reference else None
+        if mode == "relative" and value == 0:
+            self.warn(self._at("reference", "value"), "reference 0 with gate relative: the threshold reference * "
+                      "(1 - rtol) is 0, so the gate can never fail; set the reference to the accuracy measured "
+                      "(`quantgate calibrate`)")
+        if mode in REFERENCE_MODES:  # a gen-1 file's other listed metrics are gated by the same mode
+            for name, other in config.other_references.items():
+                if other == 0:
+                    self.warn(self._gen1_metric_path(name)[:-1] + ["value"], f"{name} is listed with value 0: gate "
+                              f"{mode} gates it against a threshold of 0, so it can never fail; list the accuracy "
+                              "measured, or remove it")
         if mode in ("hypothesis", "wilson") and value in (0, 1):
             rtol_threshold = value * (1 - config.effective_rtol)
             if value == 0:
@@ -851,6 +862,36 @@ class _Loader:
             self.warn(self._at("reference", "value"), f"reference {value:g} with gate {mode} has no spread (sigma = "
                       f"sqrt(p (1 - p)) = 0): {consequence}; measure the reference on more questions "
                       "(`quantgate calibrate`) or gate absolute")
+
+    def _warn_too_few_questions(self, config: EvalConfig, gate: GateSpec, dataset: DatasetSpec | None) -> None:
+        """What the question count the config evaluates leaves a gate: a test file with fewer
+        questions than num_questions is evaluated whole, on fewer questions than configured (the
+        thresholds were set for num_questions); and on so few questions a hypothesis threshold
+        falls to 0 or below, or no outcome of a paired test reaches alpha, so the gate can never fail."""
+        n = config.num_questions
+        where = self._at("num_questions") if n is not None else ["dataset", "test"]
+        available = count_test_questions(config.model_copy(update={"dataset": dataset})) \
+            if dataset is not None and dataset.test.is_file() else None
+        if n is not None and available is not None and available < n:
+            self.warn(where, f"num_questions is {n}, but the test file {dataset.test} holds {available} questions: "
+                      f"a run evaluates those {available} only; lower num_questions to {available}, or use a "
+                      "test file that holds enough")
+        if available is not None:
+            n = available if n is None else min(n, available)
+        if n is None:
+            return
+        if gate.mode == "paired" and 0.5 ** n >= gate.alpha:
+            self.warn(where, f"gate paired on {n} question(s) can never fail: even {n} of {n} answers turning "
+                      f"wrong has a one-sided p-value of 0.5^{n} = {0.5 ** n:.4g}, not below alpha {gate.alpha:g}; "
+                      "evaluate more questions")
+        value = config.reference.value if config.reference else None
+        if gate.mode == "hypothesis" and value is not None and 0 < value < 1:
+            from .gates import hypothesis  # gates imports this module
+
+            threshold = hypothesis(0.0, value, n, gate.alpha, n_reference=config.reference.n)[1]["threshold"]
+            if threshold <= 0:
+                self.warn(where, f"gate hypothesis on {n} question(s) against reference {value:g} has a threshold of "
+                          f"{threshold:.4f} (at or below 0), so it can never fail; evaluate more questions")
 
     def _check_task(self, config: EvalConfig) -> str:
         """The metric as the installed lm-eval task reports it; few-shot data."""

@@ -283,6 +283,23 @@ def test_evaluate_gate_paired_refuses_rows_it_cannot_pair(tmp_path: Path) -> Non
                           Baseline("base", metrics, rows))
 
 
+def test_evaluate_gate_refuses_a_baseline_sent_other_prompts(tmp_path: Path) -> None:
+    # Same ids and targets, other prompts (another num_fewshot): paired and recovery refuse to compare.
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    rows = [{"id": i, "correct": i % 2 == 0, "target": f"#### {i}", "prompt_hash": f"p{i}"} for i in range(20)]
+    metrics = {"value": 0.5, "n": 20}
+    other_prompts = [{**row, "prompt_hash": f"q{row['id']}"} if row["id"] >= 15 else row for row in rows]
+    for mode in ("paired", "recovery"):
+        gated = config(tmp_path, f"baseline: base\ngate: {mode}\n")
+        with pytest.raises(GateInputMismatch, match=f"gate {mode}: .* different prompts for 5 of 20 question id.s. "
+                                                    ".first: '15'.*num_fewshot"):
+            evaluate_gate(gated, metrics, rows, Baseline("base", metrics, other_prompts))
+        assert evaluate_gate(gated, metrics, rows, Baseline("base", metrics, rows)).passed
+        # Rows that do not record their prompt (hand-made, older results) are compared as before.
+        unrecorded = [{k: v for k, v in row.items() if k != "prompt_hash"} for row in other_prompts]
+        assert evaluate_gate(gated, metrics, rows, Baseline("base", metrics, unrecorded)).passed
+
+
 def test_evaluate_gate_recovery_refuses_a_baseline_of_other_questions(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     recovery = config(tmp_path, "baseline: base\ngate: recovery\n")

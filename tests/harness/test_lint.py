@@ -103,6 +103,16 @@ def test_expect_names_are_checked_in_the_same_pass_as_schema_errors(tmp_path: Pa
     ("model_name: m\ngate: wilson\nreference: {value: 0}\n", 3, "the threshold is 0, so the gate can never fail"),
     ("model_name: m\ngate: {mode: wilson, rtol: 0}\nreference: {value: 1}\n", 3,
      "the threshold is 1, which no Wilson lower bound reaches"),
+    ("model_name: m\ngate: relative\nreference: {value: 0}\n", 3,
+     "reference.value: reference 0 with gate relative: the threshold reference * (1 - rtol) is 0, so the gate can "
+     "never fail"),
+    ("model_name: m\nnum_questions: 5\ngate: hypothesis\nreference: {value: 0.5}\n", 2,
+     "num_questions: gate hypothesis on 5 question(s) against reference 0.5 has a threshold of -0.0201 (at or below "
+     "0), so it can never fail"),
+    ("model_name: m\ntasks:\n- name: gsm8k\n  metrics:\n  - name: exact_match,strict-match\n    value: 0.5\n"
+     "  - name: exact_match,flexible-extract\n    value: 0\n", 8,
+     "tasks[0].metrics[1].value: exact_match,flexible-extract is listed with value 0: gate relative gates it against "
+     "a threshold of 0, so it can never fail"),
 ])
 def test_gates_that_cannot_decide_warn_on_their_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
                                                      line: int, words: str) -> None:
@@ -111,6 +121,33 @@ def test_gates_that_cannot_decide_warn_on_their_line(tmp_path: Path, capsys: pyt
     assert main(["lint", str(config)]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"{config}:{line}: warning: ") and words in out, out
+    assert "0 error(s), 1 warning(s)" in err
+
+
+def test_a_paired_gate_on_too_few_questions_to_fail_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\nbaseline: base\ngate: paired\nnum_questions: 4\n")
+    assert main(["lint", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{config}:4: warning: num_questions: gate paired on 4 question(s) can never fail: even 4 of 4 answers " \
+           "turning wrong has a one-sided p-value of 0.5^4 = 0.0625, not below alpha 0.05" in out, out
+    config.write_text("model_name: m\nbaseline: base\ngate: paired\nnum_questions: 5\n")  # 0.5^5 < 0.05: it can
+    assert main(["lint", str(config)]) == 0
+    assert "0 warning(s)" in capsys.readouterr().err
+
+
+def test_num_questions_beyond_the_test_file_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 3 questions and num_questions 12: a run evaluates 3, and a hypothesis threshold set for 12 means nothing.
+    row = '{"question": "1 + 1?", "answer": "#### 2"}\n'
+    (tmp_path / "test.jsonl").write_text(row * 3)
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\ndataset: {test: test.jsonl}\nnum_fewshot: 0\nnum_questions: 12\n"
+                      "accuracy_threshold: 0.5\n")
+    assert main(["lint", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{config}:4: warning: num_questions: num_questions is 12, but the test file {tmp_path / 'test.jsonl'} " \
+           "holds 3 questions: a run evaluates those 3 only" in out, out
     assert "0 error(s), 1 warning(s)" in err
 
 

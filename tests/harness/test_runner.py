@@ -470,6 +470,25 @@ def test_a_recovery_baseline_of_another_test_file_is_exit_3_not_a_pass(tmp_path:
     assert "different targets for" in cand["reason"] and "different data sets" in cand["reason"]
 
 
+@pytest.mark.parametrize("mode", ["paired", "recovery"])
+def test_a_baseline_asked_with_other_prompts_is_exit_3_not_a_verdict(tmp_path: Path, gsm8k_dir: Path,
+                                                                     mode: str) -> None:
+    # The same 12 questions and targets, but the baseline 0-shot and the candidate 2-shot: every
+    # prompt differs, so flips (or a ratio) would measure the prompts, not quantization.
+    base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_fewshot=0)
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
+                             gate={"mode": mode}, accuracy_threshold=None, num_fewshot=2)
+    code, output = run_in_process([candidate, base], tmp_path / "out")
+    cand = load_json(tmp_path / "out" / "cand" / "result.json")
+    assert code == 3 and cand["verdict"] == "ERROR" and cand["usage_error"] is True, output
+    assert "different prompts for 12 of 12 question id(s)" in cand["reason"] and "num_fewshot" in cand["reason"]
+    # Evaluated alike, the same pair reaches its verdict.
+    same = write_config(tmp_path, "same", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
+                        gate={"mode": mode}, accuracy_threshold=None, num_fewshot=0)
+    code, output = run_in_process([same, base], tmp_path / "again")
+    assert code == 0, output
+
+
 def test_a_recovery_baseline_without_samples_is_matched_by_its_test_file(tmp_path: Path, gsm8k_dir: Path) -> None:
     base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0})
     assert run_in_process([base], tmp_path / "first")[0] == 0
