@@ -389,6 +389,22 @@ def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> st
     return ", ".join(causes)
 
 
+def negative_check_verdict(result: dict[str, Any]) -> str:
+    """A negative check's verdict as its CI step reads it: "FAIL" only when the run failed on the
+    check it exercises, `expect:` (which kernel ran) when it names one, else the accuracy gate;
+    "FAIL on ..., not on ..." when it failed on another; else the verdict (PASS, ERROR, "").
+    A check whose FAIL came from elsewhere no longer shows that its own check catches its case."""
+    verdict = result.get("verdict") or ""
+    if verdict != FAIL:
+        return verdict
+    gate, expect = result.get("gate") or {}, result.get("expect") or {}
+    exercised = "kernels" if expect.get("expected") else "accuracy"
+    failed = _failed_on(verdict, gate, expect)
+    caught = expect.get("passed") is False if exercised == "kernels" else \
+        gate.get("accuracy_passed", gate.get("passed")) is False
+    return FAIL if caught else f"FAIL on {failed or 'nothing recorded'}, not on {exercised}"
+
+
 def _count(value: Any) -> int | None:
     """A question count as an int; None for a missing (or non-integral, non-finite) one."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

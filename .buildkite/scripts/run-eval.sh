@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One eval step: install, run the config, annotate the build. The exit status is quantgate's
 # (0 pass, 1 gate failed, 2 error without a verdict: retried by the pipeline, 3 invalid config).
-# --expect-fail: a negative check (tag `negative-check`), built to FAIL: its FAIL verdict exits 0,
-# a PASS exits 1 (the check it exercises has stopped catching what it must), and so does a run
+# --expect-fail: a negative check (tag `negative-check`), built to FAIL: a FAIL on the check it
+# exercises (`expect:` when it names a kernel, else the accuracy gate) exits 0; a PASS exits 1
+# (the check has stopped catching what it must), and so does a FAIL on another check or a run
 # that failed on another config (a baseline run with it); 2 and 3 stay.
 # --engine E: `quantgate pipeline --engine E` overrides every config's engine.
 set -uo pipefail
@@ -70,12 +71,14 @@ trap - TERM INT
 (( status > 128 )) && status=2  # killed by a signal before its own handler was up: no verdict, retryable
 if $expect_fail; then
   # Exit 1 says some config failed; a negative check's run may hold its baseline config too, so
-  # the check's own verdict decides.
-  verdict="$("$QUANTGATE_PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("verdict", ""))' \
-             "$out/$config_name/result.json" 2>/dev/null)"
+  # the check's own verdict decides, and only a FAIL on the check it exercises (results.py).
+  verdict="$("$QUANTGATE_PYTHON" -c 'import json, sys
+from quantgate.harness.results import negative_check_verdict
+print(negative_check_verdict(json.load(open(sys.argv[1]))))' "$out/$config_name/result.json" 2>/dev/null)"
   case "$status:$verdict" in
-    1:FAIL) echo "negative check: the verdict is FAIL, as it must be"; status=0 ;;
+    1:FAIL) echo "negative check: the verdict is FAIL, on the check it exercises, as it must be"; status=0 ;;
     1:) echo "negative check: the run failed, but $out/$config_name/result.json could not be read, so whether this check failed is unknown" >&2 ;;
+    1:FAIL*) echo "negative check: $config_name's verdict is $verdict: the check it exercises did not catch its case" >&2 ;;
     1:*) echo "negative check: the run failed, but $config_name's verdict is $verdict, not FAIL: another config of the run (its baseline?) failed" >&2 ;;
     0:*) echo "negative check PASSED but must FAIL: the check it exercises no longer catches its case" >&2; status=1 ;;
   esac

@@ -244,17 +244,24 @@ def test_negative_checks_run_in_nightly_expecting_fail(monkeypatch: pytest.Monke
         assert expects_fail == (NEGATIVE_TAG in config.tags), (config.source, steps[config.name])
 
 
+_KERNELS_FAILED = {"gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False}}
+
+
 @pytest.mark.parametrize("quantgate_status, verdict, step_status", [
     (1, "FAIL", 0), (0, "PASS", 1), (2, "ERROR", 2), (3, "", 3),
     (1, "PASS", 1),  # the run failed on another config (a baseline run with it), not on the check
     (1, "", 1),  # no result.json to tell whose failure it was
+    (1, "FAIL-accuracy", 1),  # an expect: check that FAILed on accuracy, its kernel check passing
 ])
 def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_status: int, verdict: str,
                                                  step_status: int) -> None:
     # A stand-in quantgate: the exit-status mapping of run-eval.sh --expect-fail is under test
     # (through run-local.sh, which must hand the step's arguments on); a vLLM config skips `make models`.
     name = load_config(EVAL_CONFIGS / "vllm" / "Qwen3-0.6B-FP8-block-auto.yaml").name
-    write = f"""echo '{{"verdict": "{verdict}"}}' > "$4/{name}/result.json"; """ if verdict else ""
+    record = {"verdict": verdict, **_KERNELS_FAILED} if verdict == "FAIL" else \
+        {"verdict": "FAIL", "gate": {"passed": False}, "expect": {"expected": {"linear": "marlin"}, "passed": True}} \
+        if verdict == "FAIL-accuracy" else {"verdict": verdict}
+    write = f"""echo '{json.dumps(record)}' > "$4/{name}/result.json"; """ if verdict else ""
     fake_tool(tmp_path / "bin", "quantgate",
               f'mkdir -p "$4/{name}"; {write}echo verdict > "$4/summary.md"; exit {quantgate_status}\n')
     proc = run_script([".buildkite/scripts/run-local.sh", "--expect-fail", "eval_configs/vllm/Qwen3-0.6B-FP8-block-auto.yaml"],
@@ -265,3 +272,5 @@ def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_statu
         assert "must FAIL" in proc.stderr
     if (quantgate_status, verdict) == (1, ""):
         assert "result.json could not be read, so whether this check failed is unknown" in proc.stderr
+    if verdict == "FAIL-accuracy":
+        assert "FAIL on accuracy, not on kernels: the check it exercises did not catch" in proc.stderr

@@ -14,6 +14,7 @@ import pytest
 from quantgate.harness.config import load_config
 from quantgate.harness.gates import evaluate_gate
 from quantgate.harness.results import (SCHEMA_VERSION, RunRecord, artifact_path_problems, load_result, load_samples,
+                                       negative_check_verdict,
                                        summary_frame, summary_markdown, write_junit, write_result, write_samples)
 from tests.harness import runner_fixtures
 
@@ -375,3 +376,21 @@ def test_the_kernels_column_tells_another_kernel_from_no_proof() -> None:
                 ("none", "PASS", None)]]
     frame = summary_frame(records)
     assert list(frame["kernels"]) == ["MISMATCH", "UNVERIFIED", "ok", "-"]
+
+
+@pytest.mark.parametrize("result, shown", [
+    ({"verdict": "FAIL", "gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False}},
+     "FAIL"),
+    ({"verdict": "FAIL", "gate": {"passed": False, "metric": "exact_match,strict-match"},
+      "expect": {"expected": {"linear": "marlin"}, "passed": True}},
+     "FAIL on exact_match,strict-match, not on kernels"),
+    ({"verdict": "FAIL", "gate": {"passed": False, "metric": "exact_match,strict-match"}}, "FAIL"),
+    ({"verdict": "FAIL", "gate": {"passed": True, "accuracy_passed": True, "invalid_rate_passed": False,
+                                  "max_invalid_rate": 0.1}}, "FAIL on invalid_rate > 0.1, not on accuracy"),
+    ({"verdict": "PASS"}, "PASS"),
+    ({"verdict": "ERROR"}, "ERROR"),
+])
+def test_a_negative_check_counts_as_caught_only_on_the_check_it_exercises(result: dict, shown: str) -> None:
+    """A negative check whose FAIL came from another check (accuracy for an expect: check) no
+    longer shows that its own check still catches its case; CI took any FAIL."""
+    assert negative_check_verdict(result) == shown
