@@ -203,9 +203,13 @@ def hypothesis(measured: float, reference: float, n: int, alpha: float = 0.05, b
             f"measured {m} {_cmp(passed)} {t} -> {_verdict(passed)}; "
             f"minimum detectable drop theta = -(z(alpha) + z(beta={beta:g})) * se = -({z_alpha:.4f} + {z_beta:.4f}) "
             f"* {scale:.6f} = {theta:.4f}")
+    can_fail = threshold > EPSILON  # on few questions (a small --limit) the threshold falls to 0 or below
+    if not can_fail:
+        text += f"; the threshold is not above 0 on {n} questions, so this gate cannot fail: evaluate more questions"
     return passed, {"measured": measured, "reference": reference, "n": n, "n_reference": n_ref, "alpha": alpha,
                     "beta": beta, "sigma": sigma, "standard_error": scale, "z_alpha": z_alpha, "z_beta": z_beta,
-                    "threshold": threshold, "margin": reference - threshold, "theta": theta}, text
+                    "threshold": threshold, "margin": reference - threshold, "theta": theta,
+                    "can_fail": can_fail}, text
 
 
 def wilson_lower_bound(p: float, n: int, z: float) -> float:
@@ -304,11 +308,16 @@ def paired(candidate: Mapping[str, bool], baseline: Mapping[str, bool], alpha: f
             f"(baseline right, candidate wrong), {wins} wrong->right; both right {both}; "
             f"one-sided p-value (candidate worse) = P(X >= {losses} | X ~ Binomial({discordant}, 0.5)) = {shown_p} "
             f"{'<' if not passed else '>='} alpha {shown_alpha} -> {_verdict(passed)} (two-sided p = {p_two_sided:.4g})")
+    # Even every question turning wrong has p = 0.5^n: on few questions (a small --limit) none reaches alpha.
+    can_fail = 0.5 ** len(common) < alpha
+    if not can_fail:
+        text += (f"; on {len(common)} questions even all of them turning wrong has p = 0.5^{len(common)} = "
+                 f"{0.5 ** len(common):.4g} >= alpha, so this gate cannot fail: evaluate more questions")
     # only_candidate/only_baseline stay in result.json (its keys are only ever added); always 0 now.
     return passed, {"n_common": len(common), "flips_right_to_wrong": losses, "flips_wrong_to_right": wins,
                     "both_right": both, "both_wrong": len(common) - discordant - both, "discordant": discordant,
                     "p_value_worse": p_worse, "p_value_two_sided": p_two_sided, "alpha": alpha,
-                    "only_candidate": 0, "only_baseline": 0}, text
+                    "only_candidate": 0, "only_baseline": 0, "can_fail": can_fail}, text
 
 
 def recovery(measured: float, baseline_measured: float, minimum: float = 0.95, *, n: int, baseline_n: int) -> Result:

@@ -471,3 +471,17 @@ def test_wilson_passes_when_the_lower_bound_equals_the_threshold(seed: int) -> N
         assert numbers["threshold"] == numbers["wilson_lower_bound"] == lower and passed, (measured, n, alpha)
         assert gates.wilson(measured, n, lower + gates.EPSILON / 2, 0.0, alpha)[0]
         assert not gates.wilson(measured, n, lower + 1e-9, 0.0, alpha)[0]
+
+
+def test_a_gate_that_cannot_fail_on_so_few_questions_says_so() -> None:
+    """A small --limit leaves a hypothesis threshold at or below 0, or no paired outcome below
+    alpha: the PASS then says nothing, and the explanation must say so (lint cannot: --limit is
+    given at run time)."""
+    passed, numbers, text = gates.hypothesis(0.0, 0.5, 5)
+    assert passed and numbers["can_fail"] is False and "this gate cannot fail: evaluate more questions" in text
+    assert gates.hypothesis(0.4, 0.5, 500)[1]["can_fail"] is True
+    ids = [str(i) for i in range(4)]
+    passed, numbers, text = gates.paired(dict.fromkeys(ids, False), dict.fromkeys(ids, True))
+    assert passed and numbers["can_fail"] is False and "0.5^4 = 0.0625 >= alpha" in text
+    passed, numbers, text = gates.paired(dict.fromkeys(ids + ["4"], False), dict.fromkeys(ids + ["4"], True))
+    assert not passed and numbers["can_fail"] is True and "cannot fail" not in text
