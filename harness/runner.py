@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import math
 import os
 import signal
@@ -515,7 +516,8 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
         return
     cached = options.output_dir / base.name / "result.json"
     limit = options.limit if options.limit is not None else base.num_questions
-    usable = _usable_cache(cached, base, config.gate.mode, limit) if base.source not in by_source else None
+    usable = _usable_cache(cached, base, config.gate.mode, limit, attached=options.server_url is not None) \
+        if base.source not in by_source else None
     if usable is not None:
         item.baseline_cached = usable
         return
@@ -526,10 +528,11 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
     run_first(base)
 
 
-def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) -> Baseline | None:
+def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None, *, attached: bool) -> Baseline | None:
     """A cached baseline counts when it is of this very config file, served by the same engine
-    (`--engine` changes it, not the file), on the same questions of the same data files (whose
-    bytes the config's sha256 does not cover)."""
+    (`--engine` changes it, not the file), from the same model files (rebuilt at the same path,
+    they are another model), launched here or attached (--server-url) as this run is, on the
+    same questions of the same data files (whose bytes the config's sha256 does not cover)."""
     try:
         data = load_result(path)
         samples = load_samples(path)
@@ -537,7 +540,9 @@ def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None) ->
         return None
     recorded = data.get("config") or {}
     fresh = recorded.get("sha256") == base.sha256 and recorded.get("engine") == base.engine and \
-        (data.get("evaluation") or {}).get("limit", "missing") == limit
+        (data.get("evaluation") or {}).get("limit", "missing") == limit and \
+        recorded.get("model_files") == model_fingerprint(resolve_model(base)) and \
+        bool((data.get("server") or {}).get("attached")) == attached
     measured = data.get("verdict") in (PASS, FAIL) and (data.get("metrics") or {}).get("value") is not None
     same_data = base.dataset is None or ((data.get("dataset") or {}).get("sha256") or {}) == dataset_hashes(
         base.dataset.test, base.dataset.train)
@@ -578,6 +583,20 @@ def _baseline_for(item: PlannedConfig) -> Baseline | None:
 # ---------------------------------------------------------------------------- one config
 
 
+def model_fingerprint(model: str) -> str | None:
+    """The files of a local model folder (names, sizes, modification times), as a sha256; None
+    for a hub id. Cheap (no weight is read) and conservative: a folder rebuilt with the same bytes
+    counts as another model."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, Any]:
     """The config as result.json records it: secrets (--api-key, secret-looking env) redacted,
     since results are shared; the config's sha256 still identifies the file."""
@@ -586,7 +605,8 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
     data["server_args"] = server_args
     data["env"] = redact_env(config.env)
     return {"path": str(config.source), "sha256": config.sha256, "engine": config.engine,
-            "model_name": config.model_name, "model": model, "server_args": server_args,
+            "model_name": config.model_name, "model": model, "model_files": model_fingerprint(model),
+            "server_args": server_args,
             "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir), "data": data}
 
 

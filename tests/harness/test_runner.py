@@ -438,6 +438,34 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     assert "[1/2] base" in output
 
 
+def test_a_cached_baseline_of_a_model_folder_rebuilt_since_is_measured_again(tmp_path: Path,
+                                                                             gsm8k_dir: Path) -> None:
+    """The same config file, engine, questions and data, but the model folder's files changed (a
+    checkpoint rebuilt at the same path), or the cached run evaluated a --server-url server: the
+    cached result is not of the model this run would launch."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, model_name=str(checkpoint))
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
+                             gate={"mode": "recovery"}, accuracy_threshold=None)
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 0 and "[1/2] base" in output, output
+    assert load_json(tmp_path / "out" / "base" / "result.json")["config"]["model_files"] is not None
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 0 and "[1/1] cand" in output, output
+    (checkpoint / "model.safetensors").write_bytes(b"rebuilt")
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 0 and "[1/2] base" in output, output
+    # Measured against a --server-url server (whatever it served): not a launched run's baseline.
+    base_result = tmp_path / "out" / "base" / "result.json"
+    attached = load_json(base_result)
+    attached["server"]["attached"] = True
+    base_result.write_text(json.dumps(attached))
+    code, output = run_in_process([candidate], tmp_path / "out")
+    assert code == 0 and "[1/2] base" in output, output
+
+
 def test_a_baseline_measured_on_other_questions_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
     write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_questions=4)
     candidate = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", num_questions=6,
