@@ -38,7 +38,8 @@ from . import expect as expect_mod
 from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
                      load_config, count_test_questions, resolve_model)
-from .evaluate import DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval
+from .evaluate import (DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval,
+                       sha256_file)
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
 from .legacy import LEGACY_VARS, legacy_names
@@ -514,6 +515,13 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
         problems.append(f"{config.source}: baseline {base.name!r} gates {base.metric}, this config {config.metric}: "
                         f"gate {config.gate.mode} compares one metric; give both the same `metric:`")
         return
+    differ = [key for key in _PROMPT_SETTINGS if _prompt_setting(base, key) != _prompt_setting(config, key)]
+    if differ:  # the gate refuses other prompts (check_same_prompts) only after both evaluations
+        problems.append(f"{config.source}: baseline {base.name!r} is asked with other prompts: "
+                        + ", ".join(f"{key} {_prompt_setting(base, key)!r} there, {_prompt_setting(config, key)!r} here"
+                                    for key in differ)
+                        + f"; gate {config.gate.mode} compares answers to the same prompts: give both the same settings")
+        return
     cached = options.output_dir / base.name / "result.json"
     limit = options.limit if options.limit is not None else base.num_questions
     usable = _usable_cache(cached, base, config.gate.mode, limit, attached=options.server_url is not None) \
@@ -526,6 +534,21 @@ def _plan_baseline(item: PlannedConfig, config: EvalConfig, options: RunOptions,
                         "--server-url evaluates one server only: run the baseline first with its own server")
         return
     run_first(base)
+
+
+# What makes the prompt of a question (besides the question): the few-shot examples and how they
+# are sent. A baseline asked otherwise answers other prompts.
+_PROMPT_SETTINGS = ("task", "num_fewshot", "few-shot train file", "gen_prefix", "use_chat_completions")
+
+
+def _prompt_setting(config: EvalConfig, key: str) -> Any:
+    if key != "few-shot train file":
+        return getattr(config, key)
+    train = config.dataset.train if config.dataset is not None and config.num_fewshot else None
+    try:  # by content: two copies of one file give the same prompts
+        return f"sha256 {sha256_file(train)[:12]}" if train is not None else None
+    except OSError:  # missing: the config check names it
+        return str(train)
 
 
 def _usable_cache(path: Path, base: EvalConfig, mode: str, limit: int | None, *, attached: bool) -> Baseline | None:

@@ -506,10 +506,19 @@ def test_a_baseline_asked_with_other_prompts_is_exit_3_not_a_verdict(tmp_path: P
     base = write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_fewshot=0)
     candidate = write_config(tmp_path, "cand", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
                              gate={"mode": mode}, accuracy_threshold=None, num_fewshot=2)
+    # A baseline config: refused before any server starts.
     code, output = run_in_process([candidate, base], tmp_path / "out")
-    cand = load_json(tmp_path / "out" / "cand" / "result.json")
-    assert code == 3 and cand["verdict"] == "ERROR" and cand["usage_error"] is True, output
-    assert "different prompts for 12 of 12 question id(s)" in cand["reason"] and "num_fewshot" in cand["reason"]
+    said = output.replace("\n", "")
+    assert code == 3 and "is asked with other prompts: num_fewshot 0 there, 2 here" in said, output
+    assert not (tmp_path / "out" / "cand").exists()
+    # A baseline results file: its samples' prompt hashes show it, after the evaluation.
+    assert run_in_process([base], tmp_path / "first")[0] == 0
+    from_file = write_config(tmp_path, "file", gsm8k_dir, {"accuracy": 1.0}, gate={"mode": mode},
+                             baseline=str(tmp_path / "first" / "base" / "result.json"), accuracy_threshold=None)
+    code, output = run_in_process([from_file], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "file" / "result.json")
+    assert code == 3 and result["verdict"] == "ERROR" and result["usage_error"] is True, output
+    assert "different prompts for 12 of 12 question id(s)" in result["reason"] and "num_fewshot" in result["reason"]
     # Evaluated alike, the same pair reaches its verdict.
     same = write_config(tmp_path, "same", gsm8k_dir, {"accuracy": 1.0}, baseline="base",
                         gate={"mode": mode}, accuracy_threshold=None, num_fewshot=0)
