@@ -633,6 +633,11 @@ class MalformedResponse(Exception):
     """A 200 whose body holds no answer: never scored, retried, then the run's ERROR."""
 
 
+# finish_reasons of a generation that broke off (vLLM's "abort" for a request it dropped, "error"
+# in servers that report failures in the body): scored, its partial text would be a wrong answer.
+_UNFINISHED = frozenset({"abort", "error"})
+
+
 def _choices(out: Any, chat: bool) -> list[tuple[str, str | None]]:
     """The answers of one response body and their finish_reasons, in choice order, or
     MalformedResponse saying what is wrong. A null text is an empty answer only when the server
@@ -657,8 +662,11 @@ def _choices(out: Any, chat: bool) -> list[tuple[str, str | None]]:
             text = ""
         if not isinstance(text, str):
             raise MalformedResponse(f"the server answered 200 with no {field} in choice {index} ({str(choice)[:300]})")
-        texts[index] = text
         reason = choice.get("finish_reason")
+        if reason in _UNFINISHED:  # the text is what came before generation broke off: no answer
+            raise MalformedResponse(f"the server answered 200 with finish_reason {reason!r} in choice {index}: "
+                                    "generation did not finish")
+        texts[index] = text
         reasons[index] = reason if isinstance(reason, str) else None
     return [(str(text), reason) for text, reason in zip(texts, reasons)]  # every text was set above
 

@@ -356,6 +356,16 @@ def test_a_200_with_an_error_is_malformed_even_when_it_also_has_choices() -> Non
     assert _choices({"choices": [{"index": 0, "text": ""}]}, False) == [("", None)]  # no error: an empty answer
 
 
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_an_answer_whose_generation_broke_off_is_malformed_not_scored(reason: str) -> None:
+    # The text before the break is no answer: scored, it was a wrong one.
+    from quantgate.harness.evaluate import MalformedResponse, _choices
+
+    with pytest.raises(MalformedResponse, match=f"finish_reason '{reason}' in choice 0: generation did not finish"):
+        _choices({"choices": [{"index": 0, "text": " 12 + 3 =", "finish_reason": reason}]}, False)
+    assert _choices({"choices": [{"index": 0, "text": " 15", "finish_reason": "stop"}]}, False) == [(" 15", "stop")]
+
+
 def test_the_gated_value_is_the_configured_filters_score() -> None:
     """metric exact_match,flexible-extract gates on flexible-extract's score, from lm-eval's
     aggregate and, for an aborted run, from the per-question records: guards against the gated
