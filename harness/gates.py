@@ -145,7 +145,9 @@ def _with_other_metrics(config: EvalConfig, metrics: Mapping[str, Any], gated: R
         if gate.mode == "relative":
             ok, other, line = relative(measured, reference, config.effective_rtol)
         elif gate.mode == "hypothesis":
-            ok, other, line = hypothesis(measured, reference, _n(metrics), gate.alpha, gate.beta)
+            # Measured on the same file's questions as the gated metric's reference: the same n_ref.
+            ok, other, line = hypothesis(measured, reference, _n(metrics), gate.alpha, gate.beta,
+                                         config.reference.n if config.reference else None)
         else:
             ok, other, line = wilson(measured, _n(metrics), reference, config.effective_rtol, gate.alpha)
         others.append({"metric": name, "passed": ok, **other})

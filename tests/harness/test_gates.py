@@ -401,6 +401,14 @@ def test_gen1_other_metrics_take_the_configs_statistical_mode(tmp_path: Path) ->
     assert not outcome.passed and outcome.numbers["accuracy_passed"] is False
 
 
+def test_gen1_other_metrics_under_hypothesis_take_the_references_n(tmp_path: Path) -> None:
+    # Listed in the same file, measured on the same questions as the gated metric's reference.
+    cfg = config(tmp_path, GEN1 + "gate: hypothesis\nreference: {value: 0.5, n: 1319}\n")
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.99, "n": 20})
+    [other] = outcome.numbers["other_metrics"]
+    assert other["n_reference"] == outcome.numbers["n_reference"] == 1319
+
+
 def test_gen1_other_metric_missing_from_the_run_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(GateInputError, match="exact_match,flexible-extract"):
         evaluate_gate(config(tmp_path, GEN1), {"value": 0.6, "strict_match": 0.6, "flexible_extract": None, "n": 20})
