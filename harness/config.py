@@ -130,6 +130,11 @@ class Reference(BaseModel):
         return None if value is None else str(value)  # YAML reads 2026-11-29 as a date
 
 
+# The reference's numbers (the gates read value and n; calibrate writes stdev and runs): a key
+# close to one of them is likely a typo that leaves it unset.
+_REFERENCE_NUMBERS = ("value", "stdev", "runs", "n")
+
+
 class Expect(_Block):
     linear_kernel: str | None = None
     moe_kernel: str | None = None
@@ -267,7 +272,7 @@ class EvalConfig(BaseModel):
 
     def backend_flags(self) -> dict[str, str]:
         """`--linear-backend` / `--moe-backend` values named in server_args."""
-        return {flag: value for flag, value, _ in _backend_flags(self.server_args)}
+        return backend_flags_of(self.server_args)
 
 
 def _scalar_text(value: Any) -> Any:
@@ -791,7 +796,9 @@ class _Loader:
                           f"{', '.join(sorted(_GATE_KEYS_READ[mode])) or 'none of alpha, beta, rtol, recovery'}); "
                           "remove it, or set the mode that uses it")
         for key in (config.reference.model_extra or {}) if config.reference is not None else ():
-            hint = _did_you_mean(key, Reference.model_fields)  # other keys are provenance, kept on purpose
+            # Only the numbers: a key close to a text one (measured_by, commit_sha) is provenance as
+            # much as measured_on or commit are, and renaming it would change nothing.
+            hint = _did_you_mean(key, _REFERENCE_NUMBERS)  # other keys are provenance, kept on purpose
             if hint:
                 self.warn(["reference", key], f"kept as provenance, read by no gate{hint}")
         for index, tag in enumerate(config.tags):
@@ -1061,6 +1068,11 @@ def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
             text = tail if eq else (args[i + 1] if i + 1 < len(args) else "")
             sizes[kind] = (int(text) if text.strip().isdigit() and int(text) > 0 else 1, i)
     return sizes
+
+
+def backend_flags_of(args: Sequence[str]) -> dict[str, str]:
+    """`--linear-backend` / `--moe-backend` values named in server arguments `args`."""
+    return {flag: value for flag, value, _ in _backend_flags(args)}
 
 
 def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str, Any, int]]:

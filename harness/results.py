@@ -391,18 +391,40 @@ def _failed_on(verdict: str, gate: dict[str, Any], expect: dict[str, Any]) -> st
 
 def negative_check_verdict(result: dict[str, Any]) -> str:
     """A negative check's verdict as its CI step reads it: "FAIL" only when the run failed on the
-    check it exercises, `expect:` (which kernel ran) when it names one, else the accuracy gate;
-    "FAIL on ..., not on ..." when it failed on another; else the verdict (PASS, ERROR, "").
-    A check whose FAIL came from elsewhere no longer shows that its own check catches its case."""
+    check it exercises, `expect:` (which kernel ran) when it names a kernel other than the one its
+    server_args choose, else the accuracy gate; "FAIL on ..., not on ..." when it failed on
+    another; else the verdict (PASS, ERROR, ""). A check whose FAIL came from elsewhere no longer
+    shows that its own check catches its case."""
     verdict = result.get("verdict") or ""
     if verdict != FAIL:
         return verdict
     gate, expect = result.get("gate") or {}, result.get("expect") or {}
-    exercised = "kernels" if expect.get("expected") else "accuracy"
+    exercised = "kernels" if _expects_another_kernel(result) else "accuracy"
     failed = _failed_on(verdict, gate, expect)
+    if exercised == "kernels" and expect.get("passed") is False and not expect.get("mismatches"):
+        # "cannot be verified" (no kernel report) FAILs too, but proves nothing about catching a
+        # wrong kernel: the report this check relies on is what went missing.
+        return "FAIL on kernels UNVERIFIED, not on a kernel mismatch"
     caught = expect.get("passed") is False if exercised == "kernels" else \
         gate.get("accuracy_passed", gate.get("passed")) is False
     return FAIL if caught else f"FAIL on {failed or 'nothing recorded'}, not on {exercised}"
+
+
+def _expects_another_kernel(result: dict[str, Any]) -> bool:
+    """Whether the run's `expect:` names, for some layer, a kernel other than the backend its
+    server_args choose there: the mismatch a kernel negative check is built on. An expectation
+    that restates server_args' backend (`--linear-backend emulation` with `linear_kernel:
+    emulation`, or one server_args implied) only confirms which kernel served a faulty checkpoint,
+    whose check is the accuracy gate (negative-check-paired-scale-480)."""
+    from .backends import FLAGS, canonical
+    from .config import backend_flags_of
+
+    expect = result.get("expect") or {}
+    implied = set(expect.get("from_server_args") or [])
+    args = (result.get("config") or {}).get("server_args") or []
+    chosen = backend_flags_of([str(a) for a in args]) if isinstance(args, list) else {}
+    return any(layer not in implied and canonical(str(name)) != canonical(str(chosen.get(FLAGS.get(layer, ""), "")))
+               for layer, name in (expect.get("expected") or {}).items())
 
 
 def _count(value: Any) -> int | None:

@@ -2,7 +2,8 @@
 # One eval step: install, run the config, annotate the build. The exit status is quantgate's
 # (0 pass, 1 gate failed, 2 error without a verdict: retried by the pipeline, 3 invalid config).
 # --expect-fail: a negative check (tag `negative-check`), built to FAIL: a FAIL on the check it
-# exercises (`expect:` when it names a kernel, else the accuracy gate) exits 0; a PASS exits 1
+# exercises (`expect:` when it names a kernel other than server_args' backend, else the accuracy
+# gate) exits 0; a PASS exits 1
 # (the check has stopped catching what it must), and so does a FAIL on another check or a run
 # that failed on another config (a baseline run with it); 2 and 3 stay.
 # --engine E: `quantgate pipeline --engine E` overrides every config's engine.

@@ -244,7 +244,8 @@ def test_negative_checks_run_in_nightly_expecting_fail(monkeypatch: pytest.Monke
         assert expects_fail == (NEGATIVE_TAG in config.tags), (config.source, steps[config.name])
 
 
-_KERNELS_FAILED = {"gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False}}
+_KERNELS_FAILED = {"gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False,
+                                                        "mismatches": [{"module": "m", "expected": "marlin"}]}}
 
 
 @pytest.mark.parametrize("quantgate_status, verdict, step_status", [
@@ -274,3 +275,32 @@ def test_negative_check_step_passes_only_on_fail(tmp_path: Path, quantgate_statu
         assert "result.json could not be read, so whether this check failed is unknown" in proc.stderr
     if verdict == "FAIL-accuracy":
         assert "FAIL on accuracy, not on kernels: the check it exercises did not catch" in proc.stderr
+
+
+@pytest.mark.parametrize("name, failed_on, shown", [
+    # A faulty checkpoint served by the backend its server_args name, `expect:` confirming that
+    # backend: the check is the accuracy gate (its kernel check passes, as it must).
+    ("negative-check-paired-scale-480", "accuracy", "FAIL"),
+    ("negative-check-paired-scale-480", "kernels", "FAIL on kernels, not on accuracy"),
+    # `expect:` names another kernel than server_args run: the check is the kernel check.
+    ("negative-check-expect-marlin-ran-emulation", "kernels", "FAIL"),
+    ("negative-check-expect-marlin-ran-emulation", "accuracy",
+     "FAIL on exact_match,strict-match, not on kernels"),
+])
+def test_each_negative_check_is_caught_by_the_check_it_exercises(name: str, failed_on: str, shown: str) -> None:
+    """result.json as the runner writes it for each shipped negative check: the paired scale-480
+    check's FAIL on its accuracy gate read as 'FAIL on exact_match,strict-match, not on kernels',
+    and its CI step failed, because its `expect:` restates the backend its server_args choose."""
+    from quantgate.harness.expect import implied_by_server_args
+    from quantgate.harness.results import negative_check_verdict
+
+    config = BY_NAME[name]
+    implied = implied_by_server_args(config.expect, config.backend_flags())
+    explicit = {layer: kernel for layer, kernel in (("linear", config.expect.linear_kernel),
+                                                     ("moe", config.expect.moe_kernel)) if kernel}
+    result = {"verdict": "FAIL", "config": {"server_args": list(config.server_args)},
+              "gate": {"passed": failed_on != "accuracy", "metric": "exact_match,strict-match"},
+              "expect": {"passed": failed_on != "kernels", "expected": {**explicit, **implied},
+                         "from_server_args": list(implied),
+                         "mismatches": [{"module": "m", "expected": "marlin"}] if failed_on == "kernels" else []}}
+    assert negative_check_verdict(result) == shown

@@ -710,3 +710,13 @@ def test_a_reference_key_close_to_a_known_one_is_warned_about(tmp_path: Path) ->
     assert report.errors == []
     [warning] = report.warnings
     assert warning.field == "reference.stdv" and "did you mean 'stdev'?" in warning.message
+
+
+def test_provenance_keys_close_to_other_provenance_keys_are_quiet(tmp_path: Path) -> None:
+    # measured_by, measured_at and commit_sha were warned about as typos of measured_on and commit,
+    # text provenance read by no gate either: renaming them would change nothing.
+    path = write(tmp_path, "model_name: m\nreference: {value: 0.5, measured_by: alice, measured_at: h200, "
+                           "commit_sha: abc123, valu: 0.4}\n")
+    report = inspect_config(path)
+    assert [(w.field, w.message.rsplit("; ", 1)[-1]) for w in report.warnings] == \
+        [("reference.valu", "did you mean 'value'?")]

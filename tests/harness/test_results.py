@@ -379,8 +379,13 @@ def test_the_kernels_column_tells_another_kernel_from_no_proof() -> None:
 
 
 @pytest.mark.parametrize("result, shown", [
-    ({"verdict": "FAIL", "gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False}},
+    ({"verdict": "FAIL", "gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False,
+                                                              "mismatches": [{"module": "m", "expected": "marlin"}]}},
      "FAIL"),
+    # no kernel report: the check FAILs "cannot be verified", which proves nothing about catching a wrong kernel
+    ({"verdict": "FAIL", "gate": {"passed": True}, "expect": {"expected": {"linear": "marlin"}, "passed": False,
+                                                              "mismatches": []}},
+     "FAIL on kernels UNVERIFIED, not on a kernel mismatch"),
     ({"verdict": "FAIL", "gate": {"passed": False, "metric": "exact_match,strict-match"},
       "expect": {"expected": {"linear": "marlin"}, "passed": True}},
      "FAIL on exact_match,strict-match, not on kernels"),
