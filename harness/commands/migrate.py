@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import os
 import shlex
 import stat
@@ -112,16 +113,28 @@ def main(args: argparse.Namespace) -> int:
 
 def _replace_file(path: Path, data: bytes) -> None:
     """Write `data` to a new file next to `path`, then rename it over `path`: a write that fails
-    (no space left, no permission) leaves the original whole instead of truncated."""
+    (no space left) leaves the original whole instead of truncated. Where no file can be made or
+    renamed there (a folder this user cannot write, a file bind-mounted into a container), the
+    file itself is rewritten, as an editor would."""
     target = path.resolve()  # a symlinked config: its target is rewritten and the link kept
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".migrate", dir=target.parent)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".migrate", dir=target.parent)
+    except (PermissionError, FileNotFoundError):
+        target.write_bytes(data)
+        return
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
-        os.replace(temporary, target)
+        try:
+            os.replace(temporary, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):  # a mount point: it cannot be renamed over
+                raise
+            target.write_bytes(data)
+            os.unlink(temporary)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

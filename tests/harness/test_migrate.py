@@ -294,3 +294,27 @@ def test_a_write_that_fails_leaves_the_file_whole(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert f"{path}: cannot be written, left unchanged" in done.stderr and "Traceback" not in done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("blocked", ["folder", "mount"])
+def test_a_config_in_a_folder_it_cannot_write_or_bind_mounted_is_rewritten_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], blocked: str) -> None:
+    """The safe write (a new file renamed over the old) needs the folder: a folder this user cannot
+    write, or a file bind-mounted into a container (rename: EBUSY), is rewritten in place."""
+    import errno
+    import os
+    import tempfile
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n")
+    if blocked == "folder":
+        def refuse(*args, **kwargs):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    else:
+        def busy(*args, **kwargs):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        monkeypatch.setattr(os, "replace", busy)
+    assert main(["migrate", "--write", str(path)]) == 0, capsys.readouterr().err
+    assert "--linear-backend marlin" in path.read_text() and "VLLM_TEST_FORCE_FP8_MARLIN" not in path.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
