@@ -14,8 +14,9 @@ PDL_ENV = "QUANTGATE_PDL"  # 0: no programmatic dependent launch in CUDA graphs
 
 
 def switched_on(name: str) -> bool:
-    """The switch `name`: on unless set to 0; ValueError naming it for any value but 0 and 1."""
-    value = os.environ.get(name, "1").strip()
+    """The switch `name`: on unless set to 0 (set but empty counts as unset, as `NAME= cmd` is
+    written to clear it); ValueError naming it for any value but 0 and 1."""
+    value = os.environ.get(name, "").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r} is neither 0 nor 1: set {name}=0 to turn it off, or unset it")
     return value == "1"
