@@ -732,7 +732,7 @@ class _Loader:
         needed = parallel_gpus(config.server_args)
         if config.engine != "vllm" or needed <= max(config.requires.gpus, 1):
             return
-        sizes = _parallel_sizes(config.server_args)
+        sizes = _local_sizes(config.server_args)
         product = " x ".join(f"{name} {sizes.get(kind, (1, 0))[0]}" for kind, name in _PARALLEL_NAMES.items())
         runs = f"server_args run vLLM on {needed} GPUs ({product})"
         fix = f"`quantgate run` would start it on a machine with fewer; set requires: {{gpus: {needed}}}"
@@ -1044,17 +1044,28 @@ def builtin_flags_problem(config: EvalConfig) -> str | None:
 
 
 # vLLM's spellings (vllm/engine/arg_utils.py) of the sizes whose product is the GPUs one server
-# uses: each data parallel replica is a whole tensor x pipeline parallel group of its own.
+# uses: each data parallel replica is a whole tensor x pipeline parallel group of its own. With
+# --data-parallel-size-local, the replicas on this machine are that many (multi-node DP).
 _PARALLEL_FLAGS = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
-                   "--data-parallel-size": "dp", "-dp": "dp"}
+                   "--data-parallel-size": "dp", "-dp": "dp", "--data-parallel-size-local": "dpl", "-dpl": "dpl"}
 # How lint names each size (`_check_parallel_gpus`), in the order of the product.
 _PARALLEL_NAMES = {"tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parallel"}
 
 
 def parallel_gpus(args: Sequence[str]) -> int:
-    """The GPUs a vLLM server started with `args` uses: --tensor-parallel-size (-tp) times
-    --pipeline-parallel-size (-pp) times --data-parallel-size (-dp); 1 without them."""
-    return math.prod(size for size, _ in _parallel_sizes(args).values())
+    """The GPUs a vLLM server started with `args` uses on this machine: --tensor-parallel-size
+    (-tp) times --pipeline-parallel-size (-pp) times --data-parallel-size (-dp), or its local part
+    --data-parallel-size-local (-dpl) when given; 1 without them."""
+    sizes = _local_sizes(args)
+    return math.prod(sizes.get(kind, (1, 0))[0] for kind in _PARALLEL_NAMES)
+
+
+def _local_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """`_parallel_sizes` with dp the replicas on this machine (-dpl over -dp)."""
+    sizes = _parallel_sizes(args)
+    if "dpl" in sizes:
+        sizes["dp"] = sizes.pop("dpl")
+    return sizes
 
 
 def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -573,6 +573,9 @@ def test_any_requires_key_sends_a_config_to_a_gpu_agent(tmp_path: Path) -> None:
     ("engine: vllm\nserver_args: [-dp, '2', -tp, '2']\nrequires: {gpus: 2}\n", "4"),
     ("engine: vllm\nserver_args: --data-parallel-size=2 -tp 2 -pp 2\n", "8"),
     ("engine: vllm\nserver_args: --data_parallel_size=4\n", "4"),
+    # multi-node data parallelism: this machine holds the local replicas only
+    ("engine: vllm\nserver_args: -dp 4 --data-parallel-size-local 2 -tp 2\n", "4"),
+    ("engine: vllm\nserver_args: -dp 4 -dpl=1\n", "1"),
 ])
 def test_tensor_and_pipeline_parallelism_ask_for_their_gpus(tmp_path: Path, lines: str, gpus: str) -> None:
     """A vLLM server of --tensor-parallel-size 8 went to a CPU agent, or to one of requires.gpus
