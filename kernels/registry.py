@@ -44,13 +44,12 @@ _lin_emul, _lin_torch, _lin_torch_block, _lin_triton, _lin_marlin, _lin_dense = 
 # device matches and whose capability the platform reaches applies. Rule for the CUDA rows: the
 # order of the geometric mean of graph times (no host overhead) over bench_linear.py's M set
 # {1, 16, 512, 2048, 8192} and its three Llama-sized (K, N), which bench_linear prints as
-# "fastest <scheme>". 9.0, H200 run 2 (benchmarks/results/h200-2026-11-29-run2), in us: block
-# torch 67.6 < triton 75.3 < marlin 146; tensor torch 58.5 < marlin 135; channel triton 70.1 <
-# torch 73.3 < marlin 134, but that triton time is of channel dots that let Hopper's FP8 tensor
-# cores carry the K sum (1e-3 error); with the float32 promotion every 128 of K they now share,
-# its large-M GEMMs cost what the block ones do (run 2's block times there give ~86 us), so
-# torch stays first until a run measures otherwise. Marlin is last though fastest at M = 1: a
-# layer has one kernel for every batch size. 8.9: the same order without the Hopper-only block
+# "fastest <scheme>" and checks against this table ("auto on 9.0 ..."). 9.0, H200 run 18
+# (benchmarks/results/h200-2026-11-30-run18), in us: block torch 67.3 < triton 72.5 < marlin
+# 141.6; channel torch 73.4 < triton 80.8 < marlin 130.6; tensor torch 58.2 < marlin 130.6.
+# Marlin is last though fastest at M = 1 (8.7 us against torch's 15.8 at 4096 x 4096): a layer
+# has one kernel for every batch size, so batch-1 decode on Hopper is faster with an explicit
+# --linear-backend marlin. 8.9: the same order without the Hopper-only block
 # class. Every FP8 scheme ends in emulation, which runs anywhere. On 8.0 (no FP8 tensor cores)
 # marlin serves every scheme. A row lists only what auto may pick; the kernels it leaves out are
 # still judged and reported after it, never picked.
