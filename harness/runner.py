@@ -18,6 +18,7 @@ import hashlib
 import math
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -614,9 +615,13 @@ def model_fingerprint(model: str) -> str | None:
     if not folder.is_dir():
         return None
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for path in sorted(folder.rglob("*")):
+        try:
+            info = path.stat()
+        except OSError:  # gone meanwhile, a broken link, unreadable: as if absent
+            continue
+        if stat.S_ISREG(info.st_mode):
+            digest.update(f"{path.relative_to(folder)}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

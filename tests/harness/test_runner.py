@@ -466,6 +466,20 @@ def test_a_cached_baseline_of_a_model_folder_rebuilt_since_is_measured_again(tmp
     assert code == 0 and "[1/2] base" in output, output
 
 
+def test_a_model_fingerprint_reads_names_sizes_and_times_and_skips_what_it_cannot_stat(tmp_path: Path) -> None:
+    from quantgate.harness.runner import model_fingerprint
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a broken link: no crash, not counted
+    first = model_fingerprint(str(tmp_path))
+    assert first is not None and model_fingerprint(str(tmp_path)) == first
+    (tmp_path / "shards" / "model.safetensors").write_bytes(b"ww")
+    assert model_fingerprint(str(tmp_path)) != first
+    assert model_fingerprint("org/model") is None  # a hub id
+
+
 def test_a_baseline_measured_on_other_questions_is_exit_3_not_a_retry(tmp_path: Path, gsm8k_dir: Path) -> None:
     write_config(tmp_path, "base", gsm8k_dir, {"accuracy": 1.0}, num_questions=4)
     candidate = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", num_questions=6,
