@@ -53,6 +53,9 @@ VLLM_MOE_LOG_NAMES: dict[str, str] = {
     "vllm_cutlass": "cutlass",
     "batched_vllm_cutlass": "cutlass",
     "flashinfer_cutedsl_batched": "flashinfer_cutedsl",  # NvFp4MoeBackend
+    "batched_marlin": "marlin",  # WNA16MoEBackend (oracle/int_wna16.py)
+    "cutlass": "cutlass",  # W4A8MoeBackend (oracle/w4a8.py)
+    "humming": "humming",  # HummingBackend (oracle/humming.py)
     "emulation": "emulation",
     "rocm_aiter": "aiter",  # the unquantized oracle's `ROCm AITER`
 }

@@ -42,10 +42,14 @@ _USING_LINEAR = re.compile(r"Using (?P<kernel>[A-Za-z_][A-Za-z0-9_]*) for "
                            r"(?P<module>mixed-precision linear|CompressedTensorsWNA16|[A-Z][A-Za-z0-9]* GEMM)")
 # The MoE oracles (vllm/model_executor/layers/fused_moe/oracle/) name the backend and the format:
 # `Using DEEPGEMM Fp8 MoE backend out of ...`, `Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend ...`,
-# `Using FlashInfer CUTLASS Unquantized MoE backend ...`, and in older vLLM `Using FlashInfer TRTLLM
-# backend for FP8 MoE`. The line after an oracle's, `Using TritonExperts MoE backend`, names a class,
-# with no format: not a second choice.
-_MOE_FORMATS = r"(?:Fp8|FP8|NvFp4|NVFP4|Mxfp4|MxFp4|MXFP4|Mxfp8|MxFp8|MXFP8|Int8|INT8|W4A8 Int8|WNA16|Unquantized)"
+# `Using FlashInfer CUTLASS Unquantized MoE backend ...`, `Using CUTLASS W4A8 MoE backend.` (oracle/w4a8.py,
+# which runs CUTLASS whatever --moe-backend says), `Using HUMMING Humming MoE backend out of ...`
+# (oracle/humming.py), `Using 'MARLIN' GPTQ-Marlin MoE backend.`, and in older vLLM `Using FlashInfer
+# TRTLLM backend for FP8 MoE`. A format missing here makes a MoE model read as one without MoE layers.
+# The line after an oracle's, `Using TritonExperts MoE backend`, names a class, with no format: not a
+# second choice.
+_MOE_FORMATS = (r"(?:Fp8|FP8|NvFp4|NVFP4|Mxfp4|MxFp4|MXFP4|Mxfp8|MxFp8|MXFP8|Int8|INT8|W4A8 Int8|W4A8|WNA16|"
+                r"GPTQ-Marlin|Humming|Unquantized)")
 _MOE = re.compile(rf"Using '?(?P<name>[A-Za-z0-9_][A-Za-z0-9_ ]*?)'? {_MOE_FORMATS} MoE backend"
                   rf"|Using (?P<name2>[A-Za-z0-9_][A-Za-z0-9_ ]*?) backend for {_MOE_FORMATS} MoE")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -284,3 +284,24 @@ def test_a_shape_refusal_anywhere_in_a_debug_log_fails_deep_gemm() -> None:
     for lines in ([other, shape], [small, shape], [other, unaligned_k]):
         report = report_from_vllm_log("\n".join([_DEEPGEMM_SELECTED, *lines]))
         assert not verify(Expect(moe_kernel="deep_gemm"), report, "log").passed, lines
+
+
+def test_moe_lines_of_the_w4a8_humming_and_gptq_marlin_oracles_are_read() -> None:
+    """vLLM's W4A8 (`Using %s W4A8 MoE backend.`), Humming (`Using HUMMING Humming MoE backend
+    out of ...`) and GPTQ-Marlin (`Using '%s' GPTQ-Marlin MoE backend.`) oracles log their choice
+    in their own words. Missed, a MoE model reads as one without MoE layers: an expectation of its
+    backend fails, and a server_args --moe-backend the oracle ignored becomes a note (a PASS)."""
+    linear = _vllm_line("Using CutlassW4A8LinearKernel for mixed-precision linear")
+    for line, backend in ((_vllm_line("Using CUTLASS W4A8 MoE backend."), "cutlass"),
+                          (_vllm_line("Using HUMMING Humming MoE backend out of potential backends: ['HUMMING']."),
+                           "humming"),
+                          (_vllm_line("Using 'MARLIN' GPTQ-Marlin MoE backend."), "marlin"),
+                          (_vllm_line("Using 'BATCHED_MARLIN' WNA16 MoE backend."), "marlin")):
+        report = report_from_vllm_log(f"{linear}\n{line}")
+        assert report is not None and MOE_LOG_MODULE in report["modules"], line
+        assert report["modules"][MOE_LOG_MODULE]["backend"] == backend, line
+        assert verify(Expect(moe_kernel=backend), report, "server.log").passed, line
+    # The W4A8 oracle always runs CUTLASS, whatever --moe-backend says: not a dense model's note.
+    report = report_from_vllm_log(f"{linear}\n" + _vllm_line("Using CUTLASS W4A8 MoE backend."))
+    check = verify(Expect(), report, "server.log", {"moe": "marlin"}, "vllm")
+    assert not check.passed and not check.notes
