@@ -122,7 +122,9 @@ def report_from_vllm_log(log: str | Iterable[str]) -> dict[str, Any] | None:
     moe_names: dict[str, None] = {}  # filed after every linear choice, in the order first seen
     deepgemm_refusals: dict[str, None] = {}
     debug_logged = False
+    architecture = None
     for line in log.splitlines() if isinstance(log, str) else log:
+        architecture = architecture or next((m["arch"] for m in _ARCHITECTURE.finditer(line)), None)
         for match in [*_SELECTED.finditer(line), *_USING_LINEAR.finditer(line)]:
             kernel = match["kernel"]
             _add_choice(modules, match["module"], {"layer": "linear", "scheme": None, "kernel": kernel,
@@ -140,7 +142,14 @@ def report_from_vllm_log(log: str | Iterable[str]) -> dict[str, Any] | None:
     if not modules:
         return None
     return {"source": "server log", "platform": None, "modules": modules, "debug_logged": debug_logged,
-            "deepgemm_refusals": list(deepgemm_refusals)}
+            "deepgemm_refusals": list(deepgemm_refusals), "architecture": architecture}
+
+
+# vLLM's `Resolved architecture: Qwen3MoeForCausalLM` (config/model.py), and the architectures of
+# mixture-of-experts families whose names do not say so. A model of one has MoE layers even when
+# the log names no MoE kernel choice (a selector whose wording the reader does not know).
+_ARCHITECTURE = re.compile(r"Resolved architecture: (?P<arch>[A-Za-z0-9_]+)")
+_MOE_ARCHITECTURE = re.compile(r"moe|mixtral|deepseekv[23]|gptoss|llama4|dbrx|arctic|grok|minimax|jamba", re.I)
 
 
 def proof_env(config: EvalConfig) -> dict[str, str]:
@@ -226,7 +235,8 @@ def verify(expect: Expect, report: dict[str, Any] | None, where: str,
             fix = "; " + remedy.format(flag=FLAGS[layer], name=name)
         modules = _modules_checked(report["modules"], layer) if report is not None else {}
         if (not modules and layer == "moe" and layer in implied and implied_why == "vllm" and report is not None
-                and _modules_checked(report["modules"], "linear")):
+                and _modules_checked(report["modules"], "linear")
+                and not _MOE_ARCHITECTURE.search(report.get("architecture") or "")):
             # The log was read and shows a model without MoE layers: vLLM ignores a --moe-backend
             # there (migrate writes one beside --linear-backend for VLLM_TEST_FORCE_FP8_MARLIN).
             check.notes.append(f"{FLAGS[layer]} {name}: the server log names linear kernel choices and no MoE one (a "

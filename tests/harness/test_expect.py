@@ -305,3 +305,18 @@ def test_moe_lines_of_the_w4a8_humming_and_gptq_marlin_oracles_are_read() -> Non
     report = report_from_vllm_log(f"{linear}\n" + _vllm_line("Using CUTLASS W4A8 MoE backend."))
     check = verify(Expect(), report, "server.log", {"moe": "marlin"}, "vllm")
     assert not check.passed and not check.notes
+
+
+def test_a_moe_architecture_without_a_moe_kernel_line_is_unverified_not_a_dense_models_note() -> None:
+    """A MoE model whose selector logs in words the reader does not know looked like a model
+    without MoE layers: a --moe-backend vLLM ignored passed as a note. vLLM names the
+    architecture it resolved; a mixture-of-experts one has MoE layers whatever the log misses."""
+    linear = _vllm_line("Selected CutlassFp8BlockScaledMMKernel for Fp8LinearMethod")
+    for arch, moe in (("Qwen3MoeForCausalLM", True), ("MixtralForCausalLM", True), ("DeepseekV3ForCausalLM", True),
+                      ("Qwen3ForCausalLM", False), ("LlamaForCausalLM", False)):
+        report = report_from_vllm_log(f"{_vllm_line(f'Resolved architecture: {arch}')}\n{linear}")
+        assert report is not None and report["architecture"] == arch
+        check = verify(Expect(), report, "server.log", {"moe": "marlin"}, "vllm")
+        assert check.passed is not moe and bool(check.notes) is not moe, arch
+        if moe:
+            assert "cannot be verified" in check.message and "has no moe module" in check.message
