@@ -17,6 +17,7 @@ import math
 import os
 import re
 import reprlib
+import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -222,12 +223,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write-then-rename: a reader (or a second Ctrl-C) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write-then-rename: a reader (or a second Ctrl-C) never sees half a file, and a write that
+    fails (a full disk) leaves the old one whole. A file written over keeps its mode; a symlink
+    keeps pointing at the file, which is what is rewritten."""
+    target = path.resolve() if path.is_symlink() else path
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        if target.exists():
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
     finally:  # a full disk must not leave half a temp file behind
         tmp.unlink(missing_ok=True)
 

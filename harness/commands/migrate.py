@@ -12,14 +12,10 @@ left for the author (exit 3): a backend is never guessed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import errno
-import os
 import shlex
-import stat
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +28,7 @@ from ruamel.yaml.tokens import CommentToken
 from .. import backends
 from ..config import ConfigError, expand_paths
 from ..legacy import legacy_names, translate
+from ..results import write_atomic
 from ..yaml_lines import YamlSyntaxError, dump_like, parse_yaml
 
 EXIT_OK, EXIT_INVALID = 0, 3
@@ -112,33 +109,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _replace_file(path: Path, data: bytes) -> None:
-    """Write `data` to a new file next to `path`, then rename it over `path`: a write that fails
-    (no space left) leaves the original whole instead of truncated. Where no file can be made or
-    renamed there (a folder this user cannot write, a file bind-mounted into a container), the
-    file itself is rewritten, as an editor would."""
-    target = path.resolve()  # a symlinked config: its target is rewritten and the link kept
+    """`data` written over `path` by a rename (write_atomic): a write that fails (no space left)
+    leaves the original whole instead of truncated. Where no file can be made or renamed next to
+    it (a folder this user cannot write, a file bind-mounted into a container), the file itself
+    is rewritten, as an editor would."""
     try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".migrate", dir=target.parent)
-    except (PermissionError, FileNotFoundError):
-        target.write_bytes(data)
-        return
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
-        try:
-            os.replace(temporary, target)
-        except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.EXDEV):  # a mount point: it cannot be renamed over
-                raise
-            target.write_bytes(data)
-            os.unlink(temporary)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+        write_atomic(path, data)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV):
+            raise
+        path.resolve().write_bytes(data)
 
 
 def _engine_notes(path: Path, engine: str, flags: list[str]) -> list[str]:

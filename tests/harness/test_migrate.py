@@ -303,14 +303,17 @@ def test_a_config_in_a_folder_it_cannot_write_or_bind_mounted_is_rewritten_in_pl
     write, or a file bind-mounted into a container (rename: EBUSY), is rewritten in place."""
     import errno
     import os
-    import tempfile
 
     path = tmp_path / "c.yaml"
     path.write_text("model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n")
-    if blocked == "folder":
-        def refuse(*args, **kwargs):
-            raise PermissionError(errno.EACCES, "Permission denied")
-        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    if blocked == "folder":  # no new file can be made there (root ignores a folder's mode)
+        write_bytes = Path.write_bytes
+
+        def refuse_new_files(self: Path, data: bytes) -> int:
+            if not self.exists():
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return write_bytes(self, data)
+        monkeypatch.setattr(Path, "write_bytes", refuse_new_files)
     else:
         def busy(*args, **kwargs):
             raise OSError(errno.EBUSY, "Device or resource busy")

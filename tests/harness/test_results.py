@@ -399,3 +399,16 @@ def test_a_negative_check_counts_as_caught_only_on_the_check_it_exercises(result
     """A negative check whose FAIL came from another check (accuracy for an expect: check) no
     longer shows that its own check still catches its case; CI took any FAIL."""
     assert negative_check_verdict(result) == shown
+
+
+def test_write_atomic_keeps_the_mode_and_the_link_of_what_it_writes_over(tmp_path: Path) -> None:
+    from quantgate.harness.results import write_atomic
+
+    target = tmp_path / "c.yaml"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    write_atomic(link, b"new")
+    assert link.is_symlink() and target.read_text() == "new" and (target.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "link.yaml"]
