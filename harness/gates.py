@@ -88,7 +88,7 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
         check_same_metric(config.metric, baseline, mode)
         candidate, base = correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who)
         check_same_targets(samples, baseline.samples, "the candidate", who)
-        check_same_prompts(samples, baseline.samples, "the candidate", who, mode)
+        check_same_prompts(samples, baseline.samples, "the candidate", who, f"gate {mode}")
         passed, numbers, text = paired(candidate, base, gate.alpha)
     elif mode == "recovery":
         if baseline is None:
@@ -102,7 +102,7 @@ def evaluate_gate(config: EvalConfig, metrics: Mapping[str, Any], samples: Seque
         if samples is not None and baseline.samples is not None:
             check_same_ids(mode, correct_by_id(samples, "candidate"), correct_by_id(baseline.samples, who))
             check_same_targets(samples, baseline.samples, "the candidate", who)
-            check_same_prompts(samples, baseline.samples, "the candidate", who, mode)
+            check_same_prompts(samples, baseline.samples, "the candidate", who, f"gate {mode}")
         else:
             check_same_test_data(mode, dataset, baseline)
     else:  # pragma: no cover - GateSpec.mode is a Literal
@@ -463,7 +463,7 @@ def check_same_targets(candidate: Sequence[Mapping[str, Any]], baseline: Sequenc
 
 
 def check_same_prompts(candidate: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]],
-                       candidate_who: str, baseline_who: str, mode: str) -> None:
+                       candidate_who: str, baseline_who: str, asker: str) -> None:
     """Refuse to compare runs that asked one question id with different prompts (`prompt_hash`,
     which samples.jsonl records per question): another num_fewshot, few-shot train file, gen_prefix,
     chat or completions, or task template. Same questions and targets are not the same evaluation:
@@ -476,7 +476,7 @@ def check_same_prompts(candidate: Sequence[Mapping[str, Any]], baseline: Sequenc
               if "id" in row and isinstance(row.get("prompt_hash"), str) and str(row["id"]) in asked
               and asked[str(row["id"])] != row["prompt_hash"]]
     if differ:
-        raise GateInputMismatch(f"gate {mode}: {candidate_who} and {baseline_who} were sent different prompts for "
+        raise GateInputMismatch(f"{asker}: {candidate_who} and {baseline_who} were sent different prompts for "
                                 f"{len(differ)} of {len(asked)} question id(s) (first: {differ[0]!r}): they were not "
                                 "evaluated the same way (num_fewshot, the few-shot train file, gen_prefix, "
                                 "use_chat_completions or the lm-eval task differ), so their answers do not measure "

@@ -1,7 +1,7 @@
 """`quantgate compare BASE CAND`: paired per-question comparison of two results.
 
 Both runs' per-question results (samples.jsonl beside each result.json) are matched by
-question id, read as the paired gate reads them (the same questions, the same targets); the
+question id, read as the paired gate reads them (the same questions, targets and prompts); the
 gates module's exact McNemar test says whether the candidate is significantly worse, and
 every flip is listed both ways. Exit 0 when it is not significantly worse, 1 when it is, 3
 when an input is missing or the two cannot be paired.
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..gates import GateInputError, check_same_targets, correct_by_id, paired
+from ..gates import GateInputError, check_same_prompts, check_same_targets, correct_by_id, paired
 from ..results import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, SAMPLES_FILE, load_result, load_samples
 from .arg_types import significance
 
@@ -26,7 +26,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cand", type=Path, help="the candidate's result.json or run directory")
     parser.add_argument("--alpha", type=significance, default=0.05, help="significance level (default 0.05)")
     parser.epilog = ("exit status: 0 the candidate is not significantly worse, 1 it is, 3 an input is missing or "
-                     "the two runs cannot be paired (different questions or targets)")
+                     "the two runs cannot be paired (different questions, targets or prompts)")
 
 
 def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
         base_who, cand_who = f"base {_samples_file(args.base)}", f"candidate {_samples_file(args.cand)}"
         base_ok, cand_ok = correct_by_id(base_samples, base_who), correct_by_id(cand_samples, cand_who)
         check_same_targets(cand_samples, base_samples, cand_who, base_who)
+        check_same_prompts(cand_samples, base_samples, cand_who, base_who, "compare")
         passed, numbers, explanation = paired(cand_ok, base_ok, args.alpha)
     except GateInputError as exc:
         print(f"error: {exc}", file=sys.stderr)

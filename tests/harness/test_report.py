@@ -167,6 +167,8 @@ def test_compare_lists_flips_and_fails_when_significantly_worse(tmp_path: Path,
 def test_compare_pairs_only_the_same_questions_read_as_the_gate_reads_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
+    base_rows = [json.loads(line) for line in (base / "samples.jsonl").read_text().splitlines()]
+    (base / "samples.jsonl").write_text("".join(json.dumps({**r, "prompt_hash": "same"}) + "\n" for r in base_rows))
 
     def candidate(name: str, rows: list[dict]) -> Path:
         run_dir = _result(tmp_path, name, 2, 0.5, correct=[])
@@ -183,6 +185,9 @@ def test_compare_pairs_only_the_same_questions_read_as_the_gate_reads_them(
         (rows[:1] + [{**r, "id": 1000 + r["id"]} for r in rows[1:]],
          "19 only in the candidate, 19 only in the baseline, 1 in both; evaluate both on the same data set"),
         ([{**r, "target": f"x #### {100 + r['id']}"} for r in rows], "different targets for 20 question id(s)"),
+        # asked with other prompts (another num_fewshot, gen_prefix, ...): rows without a hash are not compared
+        ([{**r, "prompt_hash": "other" if r["id"] < 3 else "same"} for r in rows],
+         "were sent different prompts for 3 of 20 question id(s) (first: '0')"),
         ([], "samples.jsonl has no rows"),
     ]
     for index, (cand_rows, message) in enumerate(cases):
