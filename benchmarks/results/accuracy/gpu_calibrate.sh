@@ -4,13 +4,18 @@
 # checkpoint. Each config: `quantgate calibrate ... --runs 2` into $OUT/accuracy/<name>/; the
 # table (accuracy.md/json, calibrations/<name>.json) goes to $OUT/accuracy/ and is printed last.
 #
-#   OUT=/tmp/out bash benchmarks/results/accuracy/gpu_calibrate.sh [NAME...]
+#   OUT=/tmp/out JOBS=6 bash benchmarks/results/accuracy/gpu_calibrate.sh [NAME...]
 #
 # NAME: config file stems under eval_configs/tiny (default: every tiny config whose `requires:`
-# this GPU meets). Stops starting new configs when less than PER_CONFIG_S of BUDGET_S (default
-# 540 s) is left, so a 10-minute job returns its table; run it again with the names it skipped.
+# this GPU meets, and the two bf16 `-emulation` configs, so the table's deltas against bf16 are
+# measured on the same GPU). JOBS configs are calibrated at once (default 1): a tiny model leaves
+# most of the GPU idle, and each server sizes its KV cache to --max-num-seqs, not to free memory.
+# Stops starting new configs when less than PER_CONFIG_S of BUDGET_S (default 540 s) is left, so
+# a 10-minute job returns its table; run it again with the names it skipped.
 # Needs on the machine: torch with CUDA, triton, transformers, lm-eval, fastapi, uvicorn,
-# safetensors (and compressed-tensors to build the CT variants). No install: see benchmarks/gpu_env.sh.
+# safetensors, compressed-tensors. Where they are missing, carry them as wheels: run
+# benchmarks/fetch_gpu_wheels.sh here (it fills .whl/) and carry `.whl`; this script installs
+# them into a temporary folder first.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-results/gpu_calibrate}
@@ -22,6 +27,13 @@ PER_CONFIG_S=${PER_CONFIG_S:-150}
 START=$SECONDS
 
 source benchmarks/gpu_env.sh
+JOBS=${JOBS:-1}
+if [[ -d .whl ]]; then
+  SITE=$(mktemp -d)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl \
+    || { echo "error: installing the carried wheels in .whl failed"; exit 3; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
 QG=("$PY" -m quantgate.harness.cli)
 
 { nvidia-smi; $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
@@ -51,7 +63,8 @@ cap = torch.cuda.get_device_capability(0)
 for path in sorted(Path("eval_configs/tiny").glob("*.yaml")):
     config = load_config(path)
     need = config.requires.min_compute_capability
-    if config.requires.gpus >= 1 and (need is None or tuple(map(int, need.split("."))) <= cap):
+    gpu_only = config.requires.gpus >= 1 and (need is None or tuple(map(int, need.split("."))) <= cap)
+    if gpu_only or path.stem.endswith("-bf16-emulation"):
         print(path.stem)
 EOF
 )
@@ -60,17 +73,22 @@ else
 fi
 
 : > "$DEST/steps.txt"
+calibrate_one() {
+  local name=$1 left=$2 begin=$SECONDS
+  timeout --signal=INT --kill-after=15 "$left" "${QG[@]}" calibrate "eval_configs/tiny/$name.yaml" --runs 2 \
+    --output-dir "$DEST/$name" > "$DEST/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - begin))s" | tee -a "$DEST/steps.txt"
+}
 for name in "${names[@]}"; do
+  while (($(jobs -rp | wc -l) >= JOBS)); do wait -n; done
   left=$((BUDGET_S - (SECONDS - START)))
   if ((left < PER_CONFIG_S)); then
     echo "$name: skipped (${left}s of the budget left)" | tee -a "$DEST/steps.txt"
     continue
   fi
-  begin=$SECONDS
-  timeout --signal=INT --kill-after=15 "$left" "${QG[@]}" calibrate "eval_configs/tiny/$name.yaml" --runs 2 \
-    --output-dir "$DEST/$name" > "$DEST/$name.log" 2>&1
-  echo "$name: exit $? in $((SECONDS - begin))s" | tee -a "$DEST/steps.txt"
+  calibrate_one "$name" "$left" &
 done
+wait
 
 # Samples are large and the table keeps what matters (per-run results stay for inspection).
 $PY benchmarks/results/accuracy/build_table.py "$DEST" --out "$DEST" > "$DEST/table.log" 2>&1 || cat "$DEST/table.log"
