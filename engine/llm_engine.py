@@ -27,7 +27,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCache, plan_num_slots
 from .loader import LoadedModel
 from .model import ForwardBatch
-from .sampler import prompt_logprobs, sample
+from .sampler import prompt_logprobs, request_generator, sample
 from .sampling_params import InvalidRequestError, RequestOutput, SamplingParams
 from .scheduler import Scheduler, ScheduledStep
 from .sequence import Sequence
@@ -140,7 +140,7 @@ class LLMEngine:
         generator = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+            generator = request_generator(seed, self.device)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         seq = Sequence(request_id, prompt, params, max_tokens, stop_ids, generator,
                        IncrementalDetokenizer(self.tokenizer, prompt, params.stop))

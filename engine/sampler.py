@@ -21,6 +21,20 @@ from .sequence import Sequence
 
 TokenLogprob = tuple[float, dict[int, float]]  # (chosen token's logprob, {token id: logprob} top-k)
 
+_MASK64 = (1 << 64) - 1
+
+
+def request_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A request's own generator. The CPU generator (mt19937) keeps only a seed's low 32 bits, so
+    seeds 2**32 apart (or -1 and 2**32 - 1) drew the same samples; a seed outside [0, 2**32) is
+    first mixed down to 32 bits by splitmix64's finalizer. CUDA's Philox keeps all 64 bits."""
+    if device.type == "cpu" and not 0 <= seed < 1 << 32:
+        z = ((seed & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        seed = (z ^ (z >> 31)) >> 32
+    return torch.Generator(device=device).manual_seed(seed)
+
 
 def sample(logits: torch.Tensor, seqs: list[Sequence],
            greedy: torch.Tensor | None = None) -> tuple[list[int], list[TokenLogprob | None]]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantgate.engine.detokenizer import IncrementalDetokenizer
-from quantgate.engine.sampler import sample
+from quantgate.engine.sampler import request_generator, sample
 from quantgate.engine.sampling_params import SamplingParams
 from quantgate.engine.sequence import Sequence
 
@@ -43,3 +43,15 @@ def test_more_logprobs_than_the_vocabulary_lists_every_token() -> None:
     tokens, logprobs = sample(logits, seqs)
     assert tokens == logits.argmax(dim=-1).tolist()
     assert [len(top) for _, top in logprobs] == [8, 3]
+
+
+def test_request_generators_of_seeds_2_32_apart_draw_differently() -> None:
+    """The CPU generator keeps a seed's low 32 bits: 5 and 5 + 2**32 (and -1 and 2**32 - 1) drew
+    the same samples. Seeds inside 32 bits keep their draws (calibrated sampled runs repeat)."""
+    def draws(seed: int) -> list[float]:
+        return torch.rand(8, generator=request_generator(seed, torch.device("cpu"))).tolist()
+
+    for a, b in ((5, 5 + 2**32), (-1, 2**32 - 1), (2**63 - 1, 2**31 - 1), (2**40, 2**41)):
+        assert draws(a) != draws(b), (a, b)
+    assert draws(1234) == torch.rand(8, generator=torch.Generator().manual_seed(1234)).tolist()
+    assert draws(2**40) == draws(2**40)  # still a seed: the same seed repeats
