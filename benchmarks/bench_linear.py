@@ -892,7 +892,7 @@ def _write(out: Path, env, bandwidth, rows, correct, exactness, tuned, seconds, 
     (out / "bench_linear.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "bench_linear.md").write_text(
         _markdown(env, bandwidth, rows, correct, exactness, checks, best, tuned, run))
-    _print_summary(env, bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds,
+    _print_summary(bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds,
                    run.get("stopped"))
     print(f"\nfull results: {out / 'bench_linear.md'}")
 
@@ -954,7 +954,7 @@ def _dry_run(out: Path, ms, shapes, run: dict) -> int:
     return 0
 
 
-def _print_summary(env, bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds, stopped):
+def _print_summary(bandwidth, rows, correct, exactness, checks, best, tuned, ms, shapes, seconds, stopped):
     print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s; {seconds:.0f} s {stopped or ''}")
     print("\ntuned configs (kernel, key -> choice):")
     for t in tuned:

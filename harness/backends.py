@@ -22,7 +22,6 @@ ENGINES: tuple[Engine, ...] = ("builtin", "vllm")
 # vllm-project/vllm, vllm/config/kernel.py: the `LinearBackend` and `MoEBackend` Literal types
 # behind `--linear-backend` and `--moe-backend` (KernelConfig.linear_backend / moe_backend;
 # the field validators lower-case and map '-' to '_'). Read from main, 2026.
-VLLM_SOURCE = "vllm-project/vllm vllm/config/kernel.py (LinearBackend, MoEBackend literals)"
 VLLM_LINEAR_BACKENDS: tuple[str, ...] = (
     "auto", "cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
     "flashinfer_cudnn", "flashinfer_b12x", "b12x", "marlin", "humming", "triton", "deep_gemm",
@@ -189,7 +188,7 @@ def vllm_linear_backend(kernel_class: str) -> str | None:
 
 
 def log_name_to_backend(name: str) -> str | None:
-    """The `--moe-backend` value of a vLLM `Using <NAME> Fp8 MoE backend` log name."""
+    """The `--moe-backend` value of a vLLM `Using <NAME> <FORMAT> MoE backend` log name."""
     return VLLM_MOE_LOG_NAMES.get(canonical(name).replace(" ", "_"))  # `FlashInfer CUTLASS` too
 
 

@@ -28,11 +28,11 @@ from quantgate.engine.serve_args import usage_problem
 
 from . import backends
 from .backends import Engine, Layer
+from .evaluate import sha256_file
 from .legacy import LEGACY_VARS, is_on, legacy_names, translate
 from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
-GATE_MODES: tuple[str, ...] = GateMode.__args__  # type: ignore[attr-defined]
 # Tags `quantgate pipeline` acts on (the nightly tier runs every config, whatever its tags).
 KNOWN_TAGS = ("pr", "release", "negative-check")
 STATISTICAL_GATES: tuple[str, ...] = ("hypothesis", "wilson", "paired")
@@ -165,6 +165,11 @@ class Requires(_Block):
         if not (major.isdigit() and (not dot or minor.isdigit())):
             raise ValueError(f"expected a compute capability like 8.0 or 9.0, got {value!r}")
         return f"{int(major)}.{int(minor or 0)}"
+
+
+def parse_capability(text: str) -> tuple[int, ...]:
+    """'9.0' -> (9, 0): a compute capability as requires: and nvidia-smi write it, comparable."""
+    return tuple(int(part) for part in text.split("."))
 
 
 class EvalConfig(BaseModel):
@@ -649,7 +654,7 @@ class _Loader:
             self.error(self._at("env", name), f"legacy kernel switch ({LEGACY_VARS[name].meaning}): {fix}")
 
     def _check_backends(self, config: EvalConfig) -> None:
-        for index, (flag, value, arg_index) in enumerate(_backend_flags(config.server_args, strict=True)):
+        for flag, value, arg_index in _backend_flags(config.server_args, strict=True):
             layer: Layer = "linear" if flag == "--linear-backend" else "moe"
             where = self._server_arg_path(arg_index)
             if value is None:
@@ -949,7 +954,7 @@ class _Loader:
                 continue
             expected = config.dataset.sha256.get(split)  # type: ignore[call-overload]
             if expected is not None:
-                actual = _file_sha256(absolute)
+                actual = sha256_file(absolute)
                 if actual != expected.lower():
                     self.error(["dataset", "sha256", split], f"{absolute} has sha256 {actual}, expected {expected}; "
                                "the data changed: regenerate it or update the hash and the reference", value=True)
@@ -1008,14 +1013,6 @@ def _declared_name(path: Path) -> str | None:
     except (OSError, YamlSyntaxError):
         return None
     return data.get("name") if isinstance(data, dict) else None
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_model(config: EvalConfig) -> str:

@@ -3,10 +3,11 @@
 The built-in engine answers `GET /v1/kernels` (per module: kernel, backend, rejected
 candidates). vLLM has no such endpoint; its log says what it chose: `Selected <Kernel> for
 <module>` per FP8/INT8 linear kernel choice, `Using <Kernel> for mixed-precision linear` (or
-`for <FORMAT> GEMM`) for the others, and `Using <NAME> Fp8 MoE backend` for fused MoE. Either
-way the report is normalised to `{"source", "platform", "modules": {name: {layer, scheme,
-kernel, backend, scale_attr, rejected}}}` and recorded in result.json (`scheme` and `scale_attr`,
-the checkpoint name the scales were read from, are None where a vLLM log does not say).
+`for <FORMAT> GEMM`) for the others, and `Using <NAME> <FORMAT> MoE backend` (Fp8, NvFp4,
+W4A8...) for fused MoE. Either way the report is normalised to `{"source", "platform",
+"modules": {name: {layer, scheme, kernel, backend, scale_attr, rejected}}}` and recorded in
+result.json (`scheme` and `scale_attr`, the checkpoint name the scales were read from, are None
+where a vLLM log does not say).
 
 vLLM's log names the class it selected. A class that picks its kernel per call says so, if at
 all, in DEBUG lines: vLLM's `deep_gemm` MoE runs Triton for every shape DeepGEMM refuses (an

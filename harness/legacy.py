@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .backends import canonical
+
 # vLLM reads these switches as "1"/"true"; anything else is off.
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -134,7 +136,7 @@ def _deep_gemm_moe(value: str, env: Mapping[str, str]) -> Rewrite:
 
 
 def _nvfp4_gemm(value: str, env: Mapping[str, str]) -> Rewrite:
-    name = value.strip().lower().replace("-", "_")
+    name = canonical(value)
     return ["--linear-backend", name] if name else []
 
 

@@ -51,9 +51,11 @@ from .config import (
     list_file_entries,
     load_config,
     parallel_gpus,
+    parse_capability,
     resolve_model,
 )
 from .results import SAMPLES_FILE
+from .server import split_option
 
 Tier = Literal["pr", "nightly", "release"]
 TIERS: tuple[Tier, ...] = ("pr", "nightly", "release")
@@ -214,7 +216,7 @@ def kernel_files(config: EvalConfig) -> list[str]:
     named = frozenset(flag for flag, value in config.backend_flags().items() if canonical(value) != "auto")
     on_cpu = agents_for(config)["queue"] == "cpu"
     floor = min_capability(config) or (0, 0)
-    kernels += _auto_kernels(None if on_cpu else f"{floor[0]}.{floor[1]}", named)
+    kernels += _auto_kernels(None if on_cpu else floor, named)
     files: set[str] = set()
     for kernel in kernels:
         files |= _module_closure(kernel.__module__)
@@ -222,22 +224,22 @@ def kernel_files(config: EvalConfig) -> list[str]:
 
 
 @cache
-def _auto_kernels(min_capability: str | None, named: frozenset[str]) -> tuple[type, ...]:
+def _auto_kernels(min_capability: tuple[int, int] | None, named: frozenset[str]) -> tuple[type, ...]:
     """The kernels `auto` can pick on a CPU agent (`min_capability` None) or on any GPU agent of
     at least `min_capability`: those of the priority rows such agents reach that can run there.
     Every capability counts, not only the minimum: an 8.0 config also lands on 9.0 agents, whose
     row differs. A layer whose backend is `named` still selects with auto when the checkpoint
     leaves it unquantized (lm_head, the MoE router), whatever the model."""
     from quantgate.kernels import Platform, Scheme
+    from quantgate.kernels.platform import CAPABILITY_MAJORS, CAPABILITY_MINORS
     from quantgate.kernels.registry import LINEAR_PRIORITY, MOE_PRIORITY
 
     if min_capability is None:
         platforms = [Platform.hypothetical("cpu")]
     else:
-        low = tuple(int(part) for part in min_capability.split("."))
-        # Every capability `quantgate kernels --capability` accepts (X from 1 to 20, Y from 0 to 9).
-        platforms = [Platform.hypothetical("cuda", (major, minor)) for major in range(1, 21) for minor in range(10)
-                     if (major, minor) >= low]
+        # Every capability `quantgate kernels --capability` accepts.
+        platforms = [Platform.hypothetical("cuda", (major, minor)) for major in CAPABILITY_MAJORS
+                     for minor in CAPABILITY_MINORS if (major, minor) >= min_capability]
     picks: list[type] = []
     for flag, table in (("--linear-backend", LINEAR_PRIORITY), ("--moe-backend", MOE_PRIORITY)):
         for platform in platforms:
@@ -369,9 +371,9 @@ def min_capability(config: EvalConfig) -> tuple[int, int] | None:
     config without `requires:` went to a CPU agent, where its server exits 3; None when a CPU
     agent can run it."""
     given = config.requires.min_compute_capability
-    floors = [tuple(int(p) for p in given.split("."))] if given else []
+    floors = [parse_capability(given)] if given else []
     if config.engine == "builtin":
-        if _device_flag(config.server_args) == "cuda":
+        if split_option(config.server_args, "--device")[0] == "cuda":
             floors.append((0, 0))
         model = _model_layers(config)
         for flag, value in config.backend_flags().items():
@@ -397,16 +399,6 @@ def _model_layers(config: EvalConfig) -> tuple[str, bool] | None:
     except (OSError, ValueError):  # the server will say what is wrong with it
         return None
     return (model.quant.scheme if model.quant else Scheme.UNQUANTIZED).value, model.is_moe
-
-
-def _device_flag(args: Sequence[str]) -> str | None:
-    """The value of the last `--device` in `args` (argparse keeps the last)."""
-    device = None
-    for i, arg in enumerate(args):
-        head, eq, tail = arg.partition("=")
-        if head == "--device":
-            device = tail if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return device
 
 
 @cache

@@ -468,12 +468,12 @@ def markdown_table(frame) -> str:
         # 0.7339 | 0.7339 (summary_frame's promise). A column, not a cell: tabulate formats text
         # that reads as a number with the column's format again.
         places = max((distinct_places(float(m), float(t)) for m, t in zip(cleaned["measured"], cleaned["threshold"])
-                      if _is_number(m) and _is_number(t)), default=4)
+                      if is_finite_number(m) and is_finite_number(t)), default=4)
         floatfmt = [f".{places}f" if column in ("measured", "threshold") else ".4f" for column in frame.columns]
     return escaped.to_markdown(index=False, floatfmt=floatfmt, missingval="-")
 
 
-def _is_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

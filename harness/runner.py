@@ -38,7 +38,7 @@ from . import evaluate as evaluate_mod
 from . import expect as expect_mod
 from .backends import FLAGS as BACKEND_FLAGS
 from .config import (ConfigError, EvalConfig, builtin_flags_problem, check_unique_names, expand_paths, inspect_config,
-                     load_config, count_test_questions, resolve_model)
+                     load_config, count_test_questions, parse_capability, resolve_model)
 from .evaluate import (DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupError, dataset_hashes, run_eval,
                        sha256_file)
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
@@ -47,8 +47,8 @@ from .legacy import LEGACY_VARS, legacy_names
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
                       ArtifactsUnwritable,
                       RunRecord, Skipped, artifact_path_problems,
-                      harness_versions, load_result, load_samples, now_iso, summary_frame, write_junit,
-                      write_result, write_samples, write_summary)
+                      harness_versions, is_finite_number, load_result, load_samples, now_iso, summary_frame,
+                      write_junit, write_result, write_samples, write_summary)
 from .server import (INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S, AttachedServer, LaunchedServer, Server, ServerCommand,
                      ServerCommandError, ServerStartError,
                      api_key_of, attach, auth_headers, build_command, redact_api_key, redact_env)
@@ -242,14 +242,11 @@ class Display:
         for row in frame.itertuples(index=False):
             cells = [escape(_cell(v)) for v in row]  # a config named qwen3[fp8] is not markup
             cells[1] = f"[{colors.get(row.verdict, '')}]{row.verdict}[/]"
-            if _is_number(row.measured) and _is_number(row.threshold):  # a FAIL never reads 0.7339 vs 0.7339
+            # A FAIL never reads 0.7339 vs 0.7339.
+            if is_finite_number(row.measured) and is_finite_number(row.threshold):
                 cells[columns.index("measured")], cells[columns.index("threshold")] = shown(row.measured, row.threshold)
             table.add_row(*cells)
         self.console.print(table)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def _cell(value: Any) -> str:
@@ -390,17 +387,13 @@ def unmet_requirements(config: EvalConfig, scan: GpuScan) -> str | None:
     if req.device and not all(req.device.lower() in name.lower() for name, _ in gpus):
         return f"requires device {req.device}; {found}"
     if req.min_compute_capability:
-        need = _capability(req.min_compute_capability)
-        if any(cap is None or _capability(cap) < need for _, cap in gpus):
+        need = parse_capability(req.min_compute_capability)
+        if any(cap is None or parse_capability(cap) < need for _, cap in gpus):
             unknown = sum(cap is None for _, cap in gpus)
             return f"requires compute capability >= {req.min_compute_capability}; {found}" + (
                 f"; nvidia-smi reports no compute capability for {unknown} of them, so it cannot be checked: "
                 "update the NVIDIA driver, or run where nvidia-smi reports it" if unknown else "")
     return None
-
-
-def _capability(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("."))
 
 
 def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
@@ -701,7 +694,7 @@ def _kernel_report(config: EvalConfig, server: Server,
         return (expect_mod.report_from_server(server.base_url, api_key=server.api_key, attempts=attempts),
                 f"GET {server.base_url}/v1/kernels")
     return expect_mod.report_from_vllm_log(server.log_lines()), "`Selected <Kernel> for <module>` / " \
-        "`Using <X> Fp8 MoE backend` lines in server.log"
+        "`Using <X> <format> MoE backend` lines in server.log"
 
 
 def _read_kernel_report(config: EvalConfig, server: Server,

@@ -85,7 +85,7 @@ class ServerCommand:
     def shell(self, port: int | str = "PORT", redact: bool = False) -> str:
         """The exact command line, environment first, for a human to paste; `redact` hides
         secrets (for logs and result.json)."""
-        env = " ".join(f"{k}={shlex.quote('<redacted>' if redact and _secret(k) else v)}" for k, v in self.env.items())
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (redact_env(self.env) if redact else self.env).items())
         argv = [*self.argv, "--port", str(port)]
         return (env + " " if env else "") + shlex.join(redact_api_key(argv) if redact else argv)
 
@@ -121,7 +121,7 @@ def redact_api_key(argv: list[str]) -> list[str]:
 def api_key_of(server_args: list[str], env: dict[str, str]) -> str | None:
     """The key a server started with these args and env requires: `--api-key`, else vLLM's
     VLLM_API_KEY."""
-    key, _ = _option(list(server_args), API_KEY_FLAG)
+    key, _ = split_option(list(server_args), API_KEY_FLAG)
     return key or env.get("VLLM_API_KEY") or None
 
 
@@ -129,7 +129,7 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _option(args: list[str], name: str) -> tuple[str | None, list[str]]:
+def split_option(args: list[str], name: str) -> tuple[str | None, list[str]]:
     """The value of `--name V` / `--name=V` (either spelling, `_` or `-`) in `args` (last wins,
     as argparse), and `args` without it."""
     value, rest, skip = None, [], False
@@ -157,9 +157,9 @@ def build_command(engine: str, model: str, server_args: list[str], env: dict[str
                   vllm_command: str | list[str] | None = None, require_executable: bool = True) -> ServerCommand:
     """`quantgate serve MODEL ARGS` or `vllm serve MODEL ARGS` (or `vllm_command` in its place);
     `require_executable`: vLLM's must be on this machine's PATH (not for commands printed for another)."""
-    port, args = _option(list(server_args), "--port")
-    host, _ = _option(args, "--host")
-    served, _ = _option(args, "--served-model-name")
+    port, args = split_option(list(server_args), "--port")
+    host, _ = split_option(args, "--host")
+    served, _ = split_option(args, "--served-model-name")
     if host is None:
         args += ["--host", "127.0.0.1"]
     if engine == "builtin":
@@ -475,7 +475,6 @@ class Server(Protocol):
 
     def poll(self) -> int | None: ...
     def log_tail(self, lines: int = 40) -> str: ...
-    def log_text(self) -> str: ...
     def log_lines(self) -> Iterator[str]: ...
     def stop(self, grace_s: float = TEARDOWN_GRACE_S, hurry: Callable[[], bool] | None = None) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
@@ -527,9 +526,6 @@ class LaunchedServer:
 
     def log_tail(self, lines: int = 40) -> str:
         return self._redacted(_tail(self.log_path, lines))
-
-    def log_text(self) -> str:
-        return self._redacted(self.log_path.read_text(errors="replace") if self.log_path.exists() else "")
 
     def log_lines(self) -> Iterator[str]:
         """The log a line at a time, the key redacted: a vLLM log can be gigabytes, never read
@@ -819,9 +815,6 @@ class AttachedServer:
     def log_tail(self, lines: int = 40) -> str:
         return ""
 
-    def log_text(self) -> str:
-        return ""
-
     def log_lines(self) -> Iterator[str]:
         return iter(())
 
@@ -862,14 +855,6 @@ def _healthy(client: httpx.Client, url: str) -> bool:
         return client.get(url + "/health").status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float,
-           on_wait: Callable[[float], None] | None = None) -> LaunchedServer:
-    """A started, healthy server (see `LaunchedServer.start`)."""
-    server = LaunchedServer(command, log_path)
-    server.start(startup_timeout_s, on_wait)
-    return server
 
 
 def attach(url: str, served_model: str | None, timeout_s: float = 10.0, api_key: str | None = None) -> AttachedServer:

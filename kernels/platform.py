@@ -1,6 +1,6 @@
 """What the kernels run on: device, compute capability, libraries.
 
-Selection is a pure function of a Platform, so `Platform.hypothetical("cuda", (8, 0))`
+Selection reads the device only through a Platform, so `Platform.hypothetical("cuda", (8, 0))`
 answers "what would an A100 pick?" on a CPU-only machine.
 """
 
@@ -10,6 +10,11 @@ import importlib.util
 from dataclasses import dataclass, field
 
 import torch
+
+# Compute capabilities run from 1.0 (Tesla) to 12.x (Blackwell) today, minors 0-9; the major
+# bound leaves room for future GPUs while refusing values no GPU reports (0.0, -1.0, 90.0).
+CAPABILITY_MAJORS = range(1, 21)
+CAPABILITY_MINORS = range(10)
 
 
 def _has_module(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""Kernel selection: a pure function of (platform, layer config, requested backend).
+"""Kernel selection: a function of (platform, layer config, requested backend) and of the
+kernels QUANTGATE_DISABLED_KERNELS disables (read from the environment unless `disabled` is given).
 
 The priority lists below are data. `auto` takes the first kernel of the platform's row that
 passes `is_supported` and `can_implement`; the candidates it reports are that row, in order,

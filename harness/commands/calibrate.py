@@ -21,7 +21,7 @@ from typing import Any
 
 from ..backends import ENGINES
 from ..config import LIST_SUFFIX, REPORTED_METRICS, ConfigError, EvalConfig, Reference, count_test_questions, load_config
-from ..gates import absolute, evaluate_gate, hypothesis, relative, shown, wilson
+from ..gates import absolute, evaluate_gate, hypothesis, relative, wilson
 from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, OutputDirUnwritable, PlanError, PlannedConfig,
                       RunInterrupted, RunOptions, gate_line, output_dir_lock, plan, run_one)

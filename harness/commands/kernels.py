@@ -22,9 +22,6 @@ import sys
 _LINEAR = {"in_features": 4096, "out_features": 4096}
 _MOE = {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768}
 _EXIT_OK, _EXIT_NO_KERNEL, _EXIT_USAGE = 0, 1, 3
-# Compute capabilities run from 1.0 (Tesla) to 12.x (Blackwell) today, minors 0-9; the major
-# bound leaves room for future GPUs while refusing values no GPU reports (0.0, -1.0, 90.0).
-_MAJOR_RANGE = (1, 20)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -61,11 +58,13 @@ def _platform(args: argparse.Namespace):
 
 def _checked_capability(platform, text: str):
     """`platform` if its capability is one a GPU can report; Platform.hypothetical only parses X.Y."""
+    from quantgate.kernels.platform import CAPABILITY_MAJORS, CAPABILITY_MINORS
+
     major, minor = platform.capability
-    low, high = _MAJOR_RANGE
-    if not (low <= major <= high and 0 <= minor <= 9):
-        raise ValueError(f"capability {text!r} is not a CUDA compute capability: expected X.Y with X from {low} "
-                         f"to {high} and Y from 0 to 9 (e.g. 8.0 for an A100, 9.0 for an H100 or H200)")
+    if major not in CAPABILITY_MAJORS or minor not in CAPABILITY_MINORS:
+        raise ValueError(f"capability {text!r} is not a CUDA compute capability: expected X.Y with X from "
+                         f"{CAPABILITY_MAJORS[0]} to {CAPABILITY_MAJORS[-1]} and Y from {CAPABILITY_MINORS[0]} to "
+                         f"{CAPABILITY_MINORS[-1]} (e.g. 8.0 for an A100, 9.0 for an H100 or H200)")
     return platform
 
 

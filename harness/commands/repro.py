@@ -25,7 +25,7 @@ from ..expect import implied_by_server_args
 from ..pipeline import baseline_config
 from ..runner import (DEFAULT_OUTPUT_DIR, OutputDirUnwritable, PlanError, PlannedConfig, RunOptions, eval_settings,
                       local_gpus, output_dir_lock, plan, unmet_requirements)
-from ..server import LaunchedServer, ServerStartError, http_url
+from ..server import LaunchedServer, ServerStartError, http_url, redact_env
 from .arg_types import positive_int
 
 DEFAULT_PORT = 8000
@@ -156,8 +156,7 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
     assert command is not None
     url = http_url(command.host, port)
     # Printed commands get pasted into issues and chats: secrets stay in the config file.
-    env = " ".join(f"{k}={shlex.quote('<redacted>' if k == 'OPENAI_API_KEY' else v)}"
-                   for k, v in _eval_env(config, command.api_key).items())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(_eval_env(config, command.api_key)).items())
     server = command.shell(port, redact=True)
     secrets = [] if server == command.shell(port) and not command.api_key else [
         "# secrets are shown as <redacted>: put the config's values there (or run this with --run)"]

@@ -538,10 +538,6 @@ def to_jsonl(rows: list[Problem]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=True) + "\n" for row in rows).encode()
 
 
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def read_jsonl(path: Path) -> list[Problem]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import hashlib
 import io
 import json
 import math
@@ -48,6 +47,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fewshot  # noqa: E402
+import manifest  # noqa: E402
 import synth_gsm8k  # noqa: E402
 import tokenizer as tokenizer_recipe  # noqa: E402
 
@@ -380,10 +380,6 @@ def write_tar(folder: Path, tar_path: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 # ---------------------------------------------------------------- one model
 
 
@@ -515,7 +511,7 @@ def train_one(args: argparse.Namespace, t_start: float) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / name
         save_hf_folder(final, folder, args.tokenizer_dir)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(folder.iterdir())}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": manifest.sha256(p)} for p in sorted(folder.iterdir())}
         write_tar(folder, args.out / f"{name}.tar")
         log(name, f"saved {args.out / (name + '.tar')}")
         try:
@@ -533,7 +529,7 @@ def train_one(args: argparse.Namespace, t_start: float) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
         "data": {"version": synth_gsm8k.VERSION,
-                 "sha256": {s: sha256(args.data_dir / f"{s}.jsonl") for s in ("train", "test")},
+                 "sha256": {s: manifest.sha256(args.data_dir / f"{s}.jsonl") for s in ("train", "test")},
                  "pool_shots": int(len(pool.lengths))},
         "config": json.loads(final.config.to_json_string()),
         "recipe": dataclasses.asdict(r),

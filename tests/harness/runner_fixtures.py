@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from quantgate.harness.server import LaunchedServer, ServerCommand
+
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 REPO = Path(__file__).resolve().parents[2]
 N_TEST, N_TRAIN = 40, 8
@@ -48,6 +50,13 @@ def fake_args(data: Path, **flags: Any) -> list[str]:
         flag = "--" + key.replace("_", "-")
         args += [flag] if value is True else [flag, str(value)]
     return args
+
+
+def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float) -> LaunchedServer:
+    """A started, healthy server, as the runner starts one (`LaunchedServer.start`)."""
+    server = LaunchedServer(command, log_path)
+    server.start(startup_timeout_s)
+    return server
 
 
 def write_config(directory: Path, name: str, data: Path, server_flags: dict[str, Any] | None = None,

@@ -17,9 +17,9 @@ import yaml
 
 from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, compile_templates_once,
                                         installed_task_yaml, per_question, run_eval, task_config, write_task_yaml)
-from quantgate.harness.server import LaunchedServer, build_command, launch
+from quantgate.harness.server import LaunchedServer, build_command
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args
+from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args, launch
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 

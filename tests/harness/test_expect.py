@@ -11,9 +11,9 @@ from quantgate.harness.config import Expect, inspect_config, load_config
 from quantgate.harness.backends import vllm_linear_backend
 from quantgate.harness.expect import (MOE_LOG_MODULE, KernelReportUnavailable, kernel_matches, proof_env,
                                       report_from_server, report_from_vllm_log, verify)
-from quantgate.harness.server import build_command, launch
+from quantgate.harness.server import build_command
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
+from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, launch
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
@@ -232,7 +232,7 @@ def test_a_kernel_report_request_that_fails_is_retried_then_named_not_taken_for_
         said = str(error.value)
         assert f"GET {server.base_url}/v1/kernels answered 503 Service Unavailable" in said and "busy" in said
         assert "(3 attempts)" in said
-        assert server.log_text().count("GET /v1/kernels") == 3
+        assert "".join(server.log_lines()).count("GET /v1/kernels") == 3
     finally:
         server.stop()
     with pytest.raises(KernelReportUnavailable, match="/v1/kernels failed: ConnectError"):

@@ -173,7 +173,7 @@ def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_di
 
 def test_calibrate_takes_one_config_and_only_runs_that_ran_the_kernels_under_test(
         tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = write_config(tmp_path, "cal", gsm8k_dir)
+    write_config(tmp_path, "cal", gsm8k_dir)
     listing = tmp_path / "list.txt"
     listing.write_text("cal.yaml\n")
     assert cli(["calibrate", str(listing), "--runs", "2"]) == 3

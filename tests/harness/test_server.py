@@ -17,9 +17,9 @@ import pytest
 
 from quantgate.harness import server as server_mod
 from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command, descendants,
-                                      env_diff, free_port, group_members, launch, listening_sockets)
+                                      env_diff, free_port, group_members, listening_sockets)
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, pid_alive
+from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, launch, pid_alive
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
@@ -426,9 +426,10 @@ _RUNNER_SCRIPT = """
 import sys, time
 from pathlib import Path
 from quantgate.harness import server as server_mod
+from tests.harness.runner_fixtures import launch
 from tests.harness.test_server import _fake
 server_mod.WATCHDOG_GRACE_S = 1.0
-server = server_mod.launch(_fake(Path(sys.argv[1]), "--ignore-sigterm"), Path(sys.argv[2]), startup_timeout_s=30)
+server = launch(_fake(Path(sys.argv[1]), "--ignore-sigterm"), Path(sys.argv[2]), startup_timeout_s=30)
 print(server.pgid, flush=True)
 time.sleep(3600)
 """
@@ -460,9 +461,10 @@ _STRAY_RUNNER_SCRIPT = """
 import sys, time
 from pathlib import Path
 from quantgate.harness import server as server_mod
+from tests.harness.runner_fixtures import launch
 from tests.harness.test_server import _fake
 server_mod.WATCHDOG_GRACE_S = 1.0
-server = server_mod.launch(_fake(Path(sys.argv[1]), sys.argv[3]), Path(sys.argv[2]), startup_timeout_s=30)
+server = launch(_fake(Path(sys.argv[1]), sys.argv[3]), Path(sys.argv[2]), startup_timeout_s=30)
 print(server.pgid, flush=True)
 time.sleep(3600)
 """
