@@ -660,9 +660,11 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
         message = str(exc.detail)
         if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's words
             # What json.loads raises besides JSONDecodeError (a validation error of its own): bytes
-            # that are not UTF-8, nesting deeper than Python's recursion limit.
-            message = ("the request body cannot be read as JSON: it is not UTF-8 text, or its JSON nests too deeply; "
-                       "send a JSON object encoded as UTF-8")
+            # that are not UTF-8, nesting deeper than Python's recursion limit, an integer of more
+            # digits than Python converts (sys.get_int_max_str_digits, 4300 by default).
+            message = ("the request body cannot be read as JSON: it is not UTF-8 text, its JSON nests too deeply, or "
+                       "it holds an integer thousands of digits long; send a JSON object encoded as UTF-8 with "
+                       "numbers of ordinary size")
             code = "invalid_body"
         if exc.status_code in (404, 405):
             message = f"{message}: {request.method} {request.url.path}; this server has {', '.join(routes)}"

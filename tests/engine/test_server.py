@@ -762,12 +762,14 @@ def test_malformed_bodies(client: TestClient, path: str, raw: bytes) -> None:
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("raw", [b'{"prompt": "\xff\xfe abc"}', b"[" * 100_000])
+@pytest.mark.parametrize("raw", [b'{"prompt": "\xff\xfe abc"}', b"[" * 100_000,
+                                 b'{"prompt": "a", "max_tokens": 1' + b"0" * 5000 + b"}"])
 def test_bodies_json_cannot_read_say_why(client: TestClient, raw: bytes) -> None:
     """FastAPI's own words were "There was an error parsing the body", with no cause or fix."""
     response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_body"
-    assert "not UTF-8 text, or its JSON nests too deeply" in response.json()["error"]["message"]
+    assert ("not UTF-8 text, its JSON nests too deeply, or it holds an integer thousands of digits long"
+            in response.json()["error"]["message"])
 
 
 def test_text_too_long_for_any_tokenization_is_refused_untokenized(client: TestClient) -> None:
