@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from rich.console import Console
@@ -657,6 +657,22 @@ def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir:
     )
 
 
+def other_model_served(config: EvalConfig, server: AttachedServer) -> str | None:
+    """Why an attached server serves another model than the config's, or None. Told by the folder
+    or hub name of the `root` its /v1/models gives (a remote server's path to the same folder
+    differs, its name does not); a server that gives none is taken at its word. Evaluating
+    another model measured it under this config's name, and a paired candidate later attached
+    to the same server was compared with itself as its own baseline."""
+    if server.served_root is None:
+        return None
+    wanted = resolve_model(config)
+    if PurePath(server.served_root).name == PurePath(wanted).name:
+        return None
+    return (f"--server-url {server.base_url} serves {server.served_root}, not this config's model "
+            f"{config.model_name} ({wanted}): attach to a server started with the config's model (`quantgate "
+            "repro` prints its command) or run without --server-url")
+
+
 def model_aliases(server: Server) -> tuple[str, ...]:
     """The other names the server's /v1/models lists for the model it serves as `served_model`
     (cards with the same `root`, as vLLM and quantgate serve give): both answer every request with
@@ -739,9 +755,13 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
             for layer, name in _implied_expectations(config, server).items():
                 display.note(f"  note: server_args' {BACKEND_FLAGS[layer]} {name} cannot be applied to a running "
                              f"server: checked as expect.{layer}_kernel against the kernels it reports instead")
-            if server.served_model != config.model_name:  # attach() took the one model it serves
+            other = other_model_served(config, server)
+            if other is not None:
+                raise ServerStartError(other, exit_status=None, log_tail="", startup_s=0.0, refused_config=True)
+            if server.served_root is None and server.served_model != config.model_name:  # the one model it serves
                 display.note(f"  note: the config names {config.model_name!r}, the server serves only "
-                             f"{server.served_model!r}: evaluating that (result.json server.served_model)")
+                             f"{server.served_model!r}, and does not say from which folder: evaluating that "
+                             "(result.json server.served_model)")
         else:
             display.note(f"  server: {item.command.shell(redact=True)}")  # CI logs are shared
             server = LaunchedServer(item.command, run_dir / SERVER_LOG)

@@ -808,6 +808,7 @@ class AttachedServer:
     served_model: str
     startup_s: float = 0.0
     api_key: str | None = None
+    served_root: str | None = None  # the served model's path or hub id, where /v1/models says
 
     def poll(self) -> int | None:
         return None
@@ -822,8 +823,8 @@ class AttachedServer:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.base_url, "attached": True, "served_model": self.served_model, "command": None,
-                "startup_s": 0.0, "exit_status": None, "log": None}
+        return {"url": self.base_url, "attached": True, "served_model": self.served_model,
+                "served_root": self.served_root, "command": None, "startup_s": 0.0, "exit_status": None, "log": None}
 
 
 def refused_arguments(log: str, status: int) -> str | None:
@@ -844,10 +845,15 @@ def refused_arguments(log: str, status: int) -> str | None:
     return ": ".join([f"ValidationError: {invalid['head']}", *filter(None, detail)])[:500]
 
 
+def model_cards(models: Any) -> list[dict[str, Any]]:
+    """The model cards of a `/v1/models` body that have a name (none in a body of another shape)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
+
+
 def model_ids(models: Any) -> list[str]:
     """The model names in a `/v1/models` body (none in a body of another shape)."""
-    data = models.get("data") if isinstance(models, dict) else None
-    return [m["id"] for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
+    return [card["id"] for card in model_cards(models)]
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:
@@ -872,14 +878,17 @@ def attach(url: str, served_model: str | None, timeout_s: float = 10.0, api_key:
                     + "; set --api-key in the config's server_args to the server's key (or OPENAI_API_KEY)",
                     exit_status=None, log_tail="", startup_s=0.0, refused_config=True)
             response.raise_for_status()
-            models = model_ids(response.json())
+            cards = model_cards(response.json())
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise ServerStartError(f"--server-url {url}: /v1/models did not answer ({exc})", exit_status=None,
                                log_tail="", startup_s=0.0) from None
+    models = [card["id"] for card in cards]
+    # vLLM and quantgate serve give the model's path or hub id as `root`: what is served, whatever its name.
+    roots = {card["id"]: card["root"] for card in cards if isinstance(card.get("root"), str) and card["root"]}
     if served_model in models or not models:
-        return AttachedServer(url, served_model or "", api_key=api_key)
+        return AttachedServer(url, served_model or "", api_key=api_key, served_root=roots.get(served_model or ""))
     if len(models) == 1:
-        return AttachedServer(url, models[0], api_key=api_key)
+        return AttachedServer(url, models[0], api_key=api_key, served_root=roots.get(models[0]))
     raise ServerStartError(f"--server-url {url} serves {', '.join(models)}, none of them {served_model!r}; "
                            "set --served-model-name in server_args to the one to evaluate",
                            exit_status=None, log_tail="", startup_s=0.0)

@@ -98,6 +98,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                    help="double-fork a daemon that ignores SIGTERM (fork, setsid, fork, the middle one exits)")
     p.add_argument("--serve-as", default=None, help="serve this name whatever --served-model-name says")
     p.add_argument("--no-models-endpoint", action="store_true", help="404 on /v1/models")
+    p.add_argument("--model-root", default=None, help="the `root` /v1/models gives (vLLM: the model's path)")
     p.add_argument("--strict-args", action="store_true", help="refuse unknown flags as vLLM's argparse does (exit 2)")
     p.add_argument("--validation-error", action="store_true",
                    help="exit as vLLM does when pydantic refuses its config (a ValidationError traceback)")
@@ -246,7 +247,9 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models" and not engine.args.no_models_endpoint:
-                self._send(200, {"object": "list", "data": [{"id": engine.served, "object": "model"}]})
+                card = {"id": engine.served, "object": "model"}
+                self._send(200, {"object": "list", "data": [{**card, "root": engine.args.model_root} if
+                                                            engine.args.model_root else card]})
             elif self.path == "/v1/kernels" and engine.args.kernels_status is not None:
                 self._send(engine.args.kernels_status, {"error": {"message": "busy", "type": "server_error"}})
             elif self.path == "/v1/kernels" and not engine.args.no_kernels_endpoint:

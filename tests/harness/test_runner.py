@@ -92,6 +92,33 @@ def test_a_vllm_kernel_choice_logged_at_the_first_request_is_checked_too(tmp_pat
     assert "TritonFp8BlockScaledMMKernel (backend triton)" in result["reason"]
 
 
+def test_server_url_refuses_a_server_whose_model_folder_is_another(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """A server started on another checkpoint was evaluated under the config's name (a note said
+    so on every attached run); a paired candidate attached to it later was its own baseline and
+    PASSed. The model is told by the name of the folder /v1/models gives as `root`."""
+    for root, code_wanted in (("/srv/models/tiny-qwen3-fp8-block-native-scale-480", 3),
+                              ("/elsewhere/checkpoints/tiny-qwen3-fp8-block-native/", 0)):
+        cmd = build_command("vllm", "/srv/models/served", [*fake_args(gsm8k_dir, model_root=root),
+                                                           "--linear-backend", "emulation"],
+                            {}, [sys.executable, str(FAKE_SERVER)])
+        server = launch(cmd, tmp_path / "external.log", startup_timeout_s=30)
+        try:
+            config = write_config(tmp_path, "cfg", gsm8k_dir, engine="builtin", server_args=[],
+                                  model_name="tiny-qwen3-fp8-block-native", expect={"linear_kernel": "emulation"})
+            code, output = run_in_process([config], tmp_path / f"out{code_wanted}", server_url=server.base_url)
+        finally:
+            server.stop()
+        result = load_json(tmp_path / f"out{code_wanted}" / "cfg" / "result.json")
+        assert code == code_wanted, output
+        assert result["server"]["served_root"] == root
+        if code_wanted:
+            assert result["verdict"] == "ERROR" and (
+                f"serves {root}, not this config's model tiny-qwen3-fp8-block-native") in result["reason"], result
+            assert "quantgate repro" in result["reason"]
+        else:
+            assert result["verdict"] == "PASS" and "does not say from which folder" not in output
+
+
 def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: Path,
                                                                       gsm8k_dir: Path) -> None:
     cmd = build_command("vllm", "fake-model", [*fake_args(gsm8k_dir), "--linear-backend", "emulation"], {},
