@@ -892,18 +892,22 @@ class _Loader:
             n = available if n is None else min(n, available)
         if n is None:
             return
+        # A release verdict that cannot fail is refused, as a release gate that ignores noise is.
+        never_fails = self.error if "release" in config.tags else self.warn
+        release = "; a config tagged release must be able to fail" if "release" in config.tags else ""
         if gate.mode == "paired" and 0.5 ** n >= gate.alpha:
-            self.warn(where, f"gate paired on {n} question(s) can never fail: even {n} of {n} answers turning "
-                      f"wrong has a one-sided p-value of 0.5^{n} = {0.5 ** n:.4g}, not below alpha {gate.alpha:g}; "
-                      "evaluate more questions")
+            never_fails(where, f"gate paired on {n} question(s) can never fail: even {n} of {n} answers turning "
+                        f"wrong has a one-sided p-value of 0.5^{n} = {0.5 ** n:.4g}, not below alpha {gate.alpha:g}; "
+                        f"evaluate more questions{release}")
         value = config.reference.value if config.reference else None
         if gate.mode == "hypothesis" and value is not None and 0 < value < 1:
             from .gates import hypothesis  # gates imports this module
 
             threshold = hypothesis(0.0, value, n, gate.alpha, n_reference=config.reference.n)[1]["threshold"]
             if threshold <= 0:
-                self.warn(where, f"gate hypothesis on {n} question(s) against reference {value:g} has a threshold of "
-                          f"{threshold:.4f} (at or below 0), so it can never fail; evaluate more questions")
+                never_fails(where, f"gate hypothesis on {n} question(s) against reference {value:g} has a threshold "
+                            f"of {threshold:.4f} (at or below 0), so it can never fail; evaluate more "
+                            f"questions{release}")
 
     def _check_task(self, config: EvalConfig) -> str:
         """The metric as the installed lm-eval task reports it; few-shot data."""

@@ -953,6 +953,9 @@ def _judge(record: RunRecord, item: PlannedConfig, config: EvalConfig, server: S
             f"; note: {note}" for note in (check.notes if check else []))
     if report_error is not None:  # nothing was checked against it; result.json's kernels stays empty
         record.reason += f"; note: the kernel report could not be read ({report_error})"
+    if gate.passed and gate.numbers.get("can_fail") is False:  # a small --limit: read it where PASS is read
+        record.reason += (f"; warning: on {gate.numbers.get('n', gate.numbers.get('n_common'))} question(s) this gate "
+                          "could not fail, so this PASS says nothing about accuracy; evaluate more questions")
     cut = _truncation_note(outcome, config)
     if cut:
         record.reason += f"; note: {cut}"

@@ -135,6 +135,12 @@ def test_a_paired_gate_on_too_few_questions_to_fail_warns(tmp_path: Path, capsys
     config.write_text("model_name: m\nbaseline: base\ngate: paired\nnum_questions: 5\n")  # 0.5^5 < 0.05: it can
     assert main(["lint", str(config)]) == 0
     assert "0 warning(s)" in capsys.readouterr().err
+    # Tagged release, a gate that cannot fail is refused: a release verdict must be able to fail.
+    config.write_text("model_name: m\nbaseline: base\ngate: paired\nnum_questions: 4\ntags: [release]\n")
+    assert main(["lint", str(config)]) == 3
+    out, err = capsys.readouterr()
+    assert f"{config}:4: num_questions: gate paired on 4 question(s) can never fail" in out, out
+    assert "a config tagged release must be able to fail" in out
 
 
 def test_num_questions_beyond_the_test_file_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

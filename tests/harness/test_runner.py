@@ -331,6 +331,20 @@ def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path,
     result = load_json(tmp_path / "out" / "lim" / "result.json")
     assert code == 0 and result["metrics"]["n"] == 5, output
     assert "evaluating" in output and "/5" in output
+    assert "could not fail" not in result["reason"]  # absolute: a threshold it can miss
+
+
+def test_a_pass_on_too_few_questions_to_fail_says_so_in_its_reason(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """`--limit 1` on a hypothesis gate: the threshold falls below 0. The explanation said "cannot
+    fail", but summary.md, junit and the console line read a plain PASS from the reason."""
+    config = write_config(tmp_path, "few", gsm8k_dir, gate={"mode": "hypothesis"},
+                          reference={"value": 0.5, "n": 1000}, accuracy_threshold=None)
+    code, output = run_in_process([config], tmp_path / "out", limit=1)
+    result = load_json(tmp_path / "out" / "few" / "result.json")
+    assert code == 0 and result["verdict"] == "PASS" and result["gate"]["can_fail"] is False, output
+    assert result["reason"].endswith("; warning: on 1 question(s) this gate could not fail, so this PASS says nothing "
+                                     "about accuracy; evaluate more questions"), result["reason"]
+    assert "could not fail" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_any_error_makes_the_run_exit_2_and_every_config_has_a_result(tmp_path: Path,
