@@ -185,14 +185,15 @@ def _through_quantgate(config: EvalConfig, url: str, options: RunOptions,
 
     run = shlex.join(quantgate_run(config.source))
     if baseline is not None:
-        # --server-url evaluates one server: the gate's baseline must have its result in the
-        # output directory first.
+        # A cached baseline is reused only by a run whose server is of the same kind (launched or
+        # attached), so both are launched: quantgate starts each server.
         return [f"# the {config.gate.mode} gate compares with {baseline.config.name}'s answers: measure it first "
                 "(quantgate starts its server), into the output directory the run below reads:",
                 shlex.join(quantgate_run(baseline.config.source)),
-                "# then the same evaluation, gate and kernel check through quantgate"
-                + (", quantgate starting the server:" if _log_proof(config) else ", against that server:"),
-                run if _log_proof(config) else f"{run} --server-url {url}"]
+                "# then the same evaluation, gate and kernel check through quantgate, quantgate starting this "
+                "config's server too (a baseline measured on a launched server is not reused by a run against "
+                "--server-url):",
+                run]
     if _log_proof(config):
         return ["# or through quantgate; but against that running vLLM server the kernel check (expect:, or the",
                 "# backends server_args name) cannot be",

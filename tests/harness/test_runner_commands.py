@@ -12,7 +12,7 @@ import yaml
 from quantgate.harness.cli import main as cli
 from quantgate.harness.runner import LOCK_FILE
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import expected_accuracy, write_config
+from tests.harness.runner_fixtures import expected_accuracy, load_json, write_config
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
@@ -106,15 +106,19 @@ def test_repro_of_an_invalid_config_exits_3(tmp_path: Path, capsys: pytest.Captu
 
 def test_repro_of_a_paired_config_measures_its_baseline_first(tmp_path: Path, gsm8k_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """`quantgate run CAND --server-url` refuses a baseline without a result in its output directory."""
+    """The candidate runs on the baseline's result in the output directory. It was printed with
+    --server-url, and a run against --server-url does not reuse a launched run's baseline: the
+    printed commands, run as printed, exited 3."""
     base = write_config(tmp_path, "base", gsm8k_dir)
     cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="paired")
     out = tmp_path / "r"
     assert cli(["repro", str(cand), "--limit", "4", "--output-dir", str(out)]) == 0
     runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantgate run ")]
     tail = f"--limit 4 --output-dir {shlex.quote(str(out.resolve()))}"
-    assert runs == [f"quantgate run {shlex.quote(str(base))} {tail}",
-                    f"quantgate run {shlex.quote(str(cand))} {tail} --server-url http://127.0.0.1:8000"]
+    assert runs == [f"quantgate run {shlex.quote(str(base))} {tail}", f"quantgate run {shlex.quote(str(cand))} {tail}"]
+    for line in runs:
+        assert cli(shlex.split(line)[1:]) == 0, capsys.readouterr().err
+    assert load_json(out / "cand" / "result.json")["gate"]["baseline"]["reused"] is True
 
 
 def test_repro_of_a_runs_result_reproduces_its_config(tmp_path: Path, gsm8k_dir: Path,
