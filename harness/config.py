@@ -730,6 +730,10 @@ class _Loader:
                       "the config, in a folder above it, or in the current directory), so `quantgate run` refuses "
                       "it: fix the path (a shipped FP8 variant is built by `make models`), or set `engine: vllm` for "
                       "a hub id")
+        elif config.engine == "builtin" and local and not (Path(resolve_model(config)) / "tokenizer.json").is_file():
+            self.warn(self._at("model_name"), f"{config.model_name} has no tokenizer.json, so `quantgate run` refuses "
+                      "it (the builtin engine cannot read text prompts without one): copy tokenizer.json from the "
+                      "model's source into the folder")
 
     def _check_parallel_gpus(self, config: EvalConfig) -> None:
         """A vLLM server of tensor x pipeline x data parallelism N needs N GPUs: `quantgate

@@ -428,6 +428,12 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
                             "next to the config, in a folder above it, or in the current directory). The builtin "
                             "engine serves local Hugging Face folders: fix the path, or set `engine: vllm` for a hub id")
             return None
+        if options.check_machine and config.engine == "builtin" and not (Path(model) / "tokenizer.json").is_file():
+            # The engine serves such a folder token ids only; lm-eval sends text: every request is a 400.
+            problems.append(f"{config.source}: model_name: {model} has no tokenizer.json, so the builtin engine cannot "
+                            "read the evaluation's text prompts: copy tokenizer.json (and tokenizer_config.json) from "
+                            "the model's source into the folder")
+            return None
         try:
             command = build_command(config.engine, model, config.server_args,
                                     {**config.env, **expect_mod.proof_env(config)}, config.vllm_command,

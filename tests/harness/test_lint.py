@@ -256,15 +256,21 @@ def test_a_builtin_model_folder_that_is_not_there_warns_on_its_line(tmp_path: Pa
     """lint passed a typo in model_name that `quantgate run` then refused (exit 3) before any server."""
     (tmp_path / "models" / "real").mkdir(parents=True)
     (tmp_path / "models" / "real" / "config.json").write_text("{}")
+    (tmp_path / "models" / "real" / "tokenizer.json").write_text("{}")
+    (tmp_path / "models" / "untokenized").mkdir()
+    (tmp_path / "models" / "untokenized" / "config.json").write_text("{}")
+    (tmp_path / "notok.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: models/untokenized\n")
     (tmp_path / "typo.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: models/reel\n")
     (tmp_path / "found.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: models/real\n")
     # A hub id names no local folder (no `Qwen/` here), whatever the engine; neither does a bare name.
     (tmp_path / "hub.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: Qwen/Qwen3-8B\n")
     (tmp_path / "bare.yaml").write_text("accuracy_threshold: 0.5\nmodel_name: m\n")
     (tmp_path / "absolute.yaml").write_text(f"accuracy_threshold: 0.5\nmodel_name: {tmp_path / 'nowhere'}\n")
-    files = [str(tmp_path / f"{name}.yaml") for name in ("typo", "found", "hub", "bare", "absolute")]
+    files = [str(tmp_path / f"{name}.yaml") for name in ("typo", "found", "hub", "bare", "absolute", "notok")]
     assert main(["lint", *files]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"{tmp_path / 'typo.yaml'}:2: warning: model_name: models/reel is not a model folder here")
     assert f"{tmp_path / 'absolute.yaml'}:2: warning: model_name: {tmp_path / 'nowhere'} is not a model folder" in out
-    assert "make models" in out and "5 config(s): 0 error(s), 2 warning(s)" in err
+    # Served token ids only: every text prompt of the evaluation would be a 400 (a retryable ERROR).
+    assert f"{tmp_path / 'notok.yaml'}:2: warning: model_name: models/untokenized has no tokenizer.json" in out
+    assert "make models" in out and "6 config(s): 0 error(s), 3 warning(s)" in err

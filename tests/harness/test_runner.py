@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from itertools import islice
@@ -406,6 +407,20 @@ def test_builtin_configs_the_engine_would_refuse_exit_3_before_any_server_starts
                           **{"model_name": str(REPO / "models" / "tiny-qwen3"), "server_args": [], **fields})
     code, output = run_in_process([config], tmp_path / "out")
     assert code == 3 and expected in output.replace("\n", " "), output
+    assert not (tmp_path / "out" / "builtin").exists()
+
+
+def test_a_builtin_model_folder_without_a_tokenizer_exits_3_before_any_server_starts(tmp_path: Path,
+                                                                                     gsm8k_dir: Path) -> None:
+    """The engine serves such a folder token ids only, lm-eval sends text: every request was a 400
+    and the run an ERROR (exit 2) that CI retried twice for nothing."""
+    folder = tmp_path / "untokenized"
+    folder.mkdir()
+    shutil.copy(REPO / "models" / "tiny-qwen3" / "config.json", folder)
+    config = write_config(tmp_path, "builtin", gsm8k_dir, engine="builtin", vllm_command=None,
+                          model_name=str(folder), server_args=[])
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 3 and f"model_name: {folder} has no tokenizer.json" in output.replace("\n", " "), output
     assert not (tmp_path / "out" / "builtin").exists()
 
 
