@@ -17,7 +17,9 @@ import math
 import os
 import re
 import reprlib
+import shlex
 import stat
+import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -477,6 +479,24 @@ def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def checkout_commit(where: Path) -> str | None:
+    """HEAD of the git checkout holding `where`, `-dirty` when tracked files differ from it; None
+    outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (head + "-dirty" if changed else head) or None
+
+
+def _repro_line(rec: RunRecord) -> str | None:
+    run_dir = rec.config.get("run_dir")
+    return f"reproduce: quantgate repro {shlex.quote(str(Path(run_dir) / RESULT_FILE))}" if run_dir else None
+
+
 def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = ()) -> str:
     frame = summary_frame(records)
     counts = frame["verdict"].value_counts()
@@ -487,6 +507,8 @@ def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = 
     for rec in records:
         if rec.verdict != PASS:
             details.append(f"### {rec.name}: {rec.verdict}\n\n{rec.reason}\n")
+            if _repro_line(rec):
+                details.append(f"`{_repro_line(rec)}` prints the server and lm-eval commands of this run\n")
             if rec.gate and rec.gate.get("explanation"):
                 details.append(f"```\n{rec.gate['explanation']}\n```\n")
             if rec.log_tail:
@@ -542,8 +564,11 @@ def write_junit(records: Sequence[RunRecord], path: Path, suite: str = "quantgat
             body.append(rec.gate["explanation"])
         if rec.log_tail:
             body.append("server log tail:\n" + rec.log_tail)
+        if _repro_line(rec):
+            body.append(str(_repro_line(rec)))
         if rec.verdict == FAIL:
-            ET.SubElement(case, "failure", message=rec.reason, type="GateFailed").text = "\n\n".join(body)
+            kind = "GateFailed" if (rec.gate or {}).get("passed") is False else "KernelCheckFailed"
+            ET.SubElement(case, "failure", message=rec.reason, type=kind).text = "\n\n".join(body)
         elif rec.verdict == ERROR:
             kind = "Interrupted" if rec.interrupted else "RunError"
             ET.SubElement(case, "error", message=rec.reason, type=kind).text = "\n\n".join(body)

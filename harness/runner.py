@@ -47,8 +47,8 @@ from .legacy import LEGACY_VARS, legacy_names
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
                       ArtifactsUnwritable,
                       RunRecord, Skipped, artifact_path_problems,
-                      harness_versions, is_finite_number, load_result, load_samples, now_iso, summary_frame,
-                      write_junit, write_result, write_samples, write_summary)
+                      checkout_commit, harness_versions, is_finite_number, load_result, load_samples, now_iso,
+                      summary_frame, write_junit, write_result, write_samples, write_summary)
 from .server import (INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S, AttachedServer, LaunchedServer, Server, ServerCommand,
                      ServerCommandError, ServerStartError,
                      api_key_of, attach, auth_headers, build_command, redact_api_key, redact_env)
@@ -631,7 +631,8 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
     data = config.model_dump(mode="json", exclude={"source", "sha256"})
     data["server_args"] = server_args
     data["env"] = redact_env(config.env)
-    return {"path": str(config.source), "sha256": config.sha256, "engine": config.engine,
+    return {"path": str(config.source), "sha256": config.sha256, "commit": checkout_commit(config.source.parent),
+            "engine": config.engine,
             "model_name": config.model_name, "model": model, "model_files": model_fingerprint(model),
             "server_args": server_args,
             "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir), "data": data}

@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from ..backends import ENGINES
 from ..config import LIST_SUFFIX, REPORTED_METRICS, ConfigError, EvalConfig, Reference, count_test_questions, load_config
 from ..gates import absolute, evaluate_gate, hypothesis, relative, wilson
-from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord
+from ..results import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, RunRecord, checkout_commit
 from ..runner import (DEFAULT_OUTPUT_DIR, Display, InterruptGuard, OutputDirUnwritable, PlanError, PlannedConfig,
                       RunInterrupted, RunOptions, gate_line, output_dir_lock, plan, run_one)
 from .arg_types import int_at_least, positive_int, server_url
@@ -126,18 +125,6 @@ def _calibrate(args: argparse.Namespace, display: Display, baselines: list[Plann
     return EXIT_PASS
 
 
-def _commit(where: Path) -> str | None:
-    """HEAD of the config's checkout, `-dirty` when tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (head + "-dirty" if changed else head) or None
-
-
 def _measured_on(record: RunRecord, config: EvalConfig) -> str:
     platform = (record.kernels or {}).get("platform") or {}
     parts = (platform.get("device"), platform.get("name"), platform.get("capability"))
@@ -160,7 +147,7 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
     value = round(mean, 4)
     reference = {"value": value, "stdev": round(stdev, 4), "runs": len(values), "n": n,
                  "measured_on": _measured_on(records[0], config), "date": date.today().isoformat(),
-                 "commit": _commit(config.source.parent)}
+                 "commit": checkout_commit(config.source.parent)}
     gate, rtol = config.gate, config.effective_rtol
     thresholds = {
         "relative": relative(value, value, rtol)[1]["threshold"],

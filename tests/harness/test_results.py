@@ -228,6 +228,22 @@ def test_junit_has_one_testcase_per_config(tmp_path: Path) -> None:
     assert cases["stopped"].find("error").get("type") == "Interrupted"
 
 
+def test_junit_and_summary_say_how_to_reproduce_and_what_failed(tmp_path: Path) -> None:
+    """A developer holding only a nightly's artifacts had no command to rebuild the run, and a
+    kernel check's FAIL was typed GateFailed though its gate passed."""
+    kernel = _record("kernel", "FAIL", gate={"mode": "absolute", "passed": True},
+                     config={"path": "/c/kernel.yaml", "run_dir": "/out/kernel"})
+    gate = _record("gate", "FAIL", gate={"mode": "absolute", "passed": False},
+                   config={"path": "/c/gate.yaml", "run_dir": "/out/my gate"})
+    cases = {c.get("name"): c for c in ET.parse(write_junit([kernel, gate], tmp_path / "junit.xml")).getroot().iter(
+        "testcase")}
+    assert cases["kernel"].find("failure").get("type") == "KernelCheckFailed"
+    assert cases["gate"].find("failure").get("type") == "GateFailed"
+    assert "reproduce: quantgate repro '/out/my gate/result.json'" in cases["gate"].find("failure").text
+    text = summary_markdown([kernel, gate])
+    assert "`reproduce: quantgate repro /out/kernel/result.json` prints the server and lm-eval commands" in text
+
+
 def test_junit_is_well_formed_whatever_the_text_holds(tmp_path: Path) -> None:
     """XML 1.0 cannot hold a coloured server log's escapes, a NUL or a lone surrogate, escaped or
     not: one of them made the whole file unreadable to CI."""

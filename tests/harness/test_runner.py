@@ -335,6 +335,28 @@ def test_limit_overrides_num_questions_with_the_terminal_display(tmp_path: Path,
     assert "could not fail" not in result["reason"]  # absolute: a threshold it can miss
 
 
+def test_result_json_names_the_commit_of_the_configs_checkout(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """A nightly's artifacts did not say which version of the config and code ran them."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    config = write_config(repo, "versioned", gsm8k_dir, num_questions=3)
+    git = ["git", "-C", str(repo), "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "config"]):
+        subprocess.run([*git, *args], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    assert run_in_process([config], tmp_path / "out")[0] == 0
+    assert load_json(tmp_path / "out" / "versioned" / "result.json")["config"]["commit"] == head
+    config.write_text(config.read_text().replace("num_questions: 3", "num_questions: 2"))
+    assert run_in_process([config], tmp_path / "out")[0] == 0
+    assert load_json(tmp_path / "out" / "versioned" / "result.json")["config"]["commit"] == f"{head}-dirty"
+    outside = write_config(tmp_path, "loose", gsm8k_dir, num_questions=3)  # tmp_path is in no checkout
+    assert run_in_process([outside], tmp_path / "out")[0] == 0
+    assert load_json(tmp_path / "out" / "loose" / "result.json")["config"]["commit"] is None
+
+
 def test_a_pass_on_too_few_questions_to_fail_says_so_in_its_reason(tmp_path: Path, gsm8k_dir: Path) -> None:
     """`--limit 1` on a hypothesis gate: the threshold falls below 0. The explanation said "cannot
     fail", but summary.md, junit and the console line read a plain PASS from the reason."""
