@@ -692,7 +692,7 @@ class _Loader:
             # vLLM's own files name no engine and must load; a file that chose builtin is wrong.
             explicit = self.engine_override or self.data.get("engine")
             report = self.error if explicit == "builtin" else self.warn
-            report(self._refused_flags_path(config), f"{problem}; `quantgate run` will refuse this config")
+            report(self._refused_flags_path(config), f"{problem}; so `quantgate run` refuses this config")
         if config.vllm_command is not None and config.engine == "builtin":
             self.warn(self._at("vllm_command"), "not used: engine builtin runs `quantgate serve`; set `engine: vllm` "
                       "to run this command, or remove it")

@@ -407,7 +407,7 @@ def _plan_one(config: EvalConfig, options: RunOptions, problems: list[str],
             skipped.append(Skipped(config.name, str(config.source), config.engine, unmet))
             return None
         if unmet:
-            problems.append(f"{config.source}: requires: {unmet}. Run it on a machine that has them "
+            problems.append(f"{config.source}: this config {unmet}. Run it on a machine that has them "
                             "(`quantgate pipeline` routes it), evaluate a server running there with --server-url, "
                             "or pass --skip-unmet-requires to run only the configs this machine can")
             return None

@@ -479,7 +479,7 @@ def test_what_run_refuses_at_plan_time_lint_refuses_too(tmp_path: Path) -> None:
 
 def test_a_flag_the_builtin_engine_refuses_only_warns_in_a_file_that_names_no_engine(tmp_path: Path) -> None:
     report = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: [--no-such-flag]\n"))
-    assert report.errors == [] and "will refuse" in report.warnings[0].message
+    assert report.errors == [] and "quantgate run` refuses this config" in report.warnings[0].message
 
 
 def test_a_bare_gen1_metric_name_becomes_the_tasks_one_filter_of_it(tmp_path: Path) -> None:

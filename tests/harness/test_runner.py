@@ -471,7 +471,7 @@ def test_lint_warns_about_flags_the_builtin_engine_refuses(tmp_path: Path) -> No
     report = inspect_config(path)
     assert report.errors == []
     [warning] = report.warnings
-    assert warning.line == 3 and "--gpu-memory-utilization" in str(warning) and "will refuse" in str(warning)
+    assert warning.line == 3 and "--gpu-memory-utilization" in str(warning) and "quantgate run` refuses this config" in str(warning)
 
 
 def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path: Path,
@@ -683,7 +683,7 @@ def test_skip_unmet_requires_runs_what_this_machine_can_and_reports_the_rest(tmp
     big = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64})
     fine = write_config(tmp_path, "fine", gsm8k_dir)
     code, output = run_in_process([big, fine], tmp_path / "strict")
-    assert code == 3 and "requires 64 GPU(s)" in output and "--skip-unmet-requires" in output
+    assert code == 3 and "big.yaml: this config requires 64 GPU(s)" in output and "--skip-unmet-requires" in output
     code, output = run_in_process([big, fine], tmp_path / "out", skip_unmet=True)
     assert code == 0 and "SKIPPED big: requires 64 GPU(s)" in output, output
     assert not (tmp_path / "out" / "big").exists() and load_json(tmp_path / "out" / "fine" / "result.json")
