@@ -26,14 +26,13 @@ from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 from ruamel.yaml.tokens import CommentToken
 
 from .. import backends
-from ..config import ConfigError, expand_paths
+from ..config import ConfigError, backend_flags_of, expand_paths
 from ..legacy import legacy_names, translate
 from ..results import write_atomic
 from ..yaml_lines import YamlSyntaxError, dump_like, parse_yaml
 
 EXIT_OK, EXIT_INVALID = 0, 3
 _ENV_KEYS = ("env", "env_vars")  # gen-2 and gen-1 spellings
-_BACKEND_FLAGS = ("--linear-backend", "--moe-backend")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -227,15 +226,7 @@ def _not_editable(root: CommentedMap, env_key: str, env: CommentedMap) -> tuple[
 
 def _chosen_backends(root: CommentedMap) -> dict[str, str]:
     """Backend flags the file already sets: in server_args, or gen-1's `moe_backend:` key."""
-    args = _args_of(root.get("server_args"))
-    chosen: dict[str, str] = {}
-    for i, arg in enumerate(args):
-        head, eq, tail = arg.partition("=")
-        flag = head.replace("_", "-")
-        if flag in _BACKEND_FLAGS:
-            value = tail if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value:
-                chosen.setdefault(flag, value)
+    chosen = backend_flags_of(_args_of(root.get("server_args")))
     if root.get("moe_backend"):
         chosen.setdefault("--moe-backend", str(root["moe_backend"]))
     return chosen
