@@ -23,3 +23,14 @@ quantgate_unverified_commit() {
     echo "unverified:$sha"
 }
 export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(quantgate_unverified_commit)}
+# Python packages the GPU image lacks (lm-eval, fastapi, uvicorn, compressed-tensors...) travel as
+# wheels in .whl/ (benchmarks/fetch_gpu_wheels.sh fills it here; carry `.whl` with the call): a
+# job that runs the harness end to end calls this to install them into a temporary folder.
+quantgate_carried_wheels() {
+    [[ -d .whl ]] || return 0
+    local site
+    site=$(mktemp -d)
+    "${PYTHON:-python}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+        || { echo "error: installing the carried wheels in .whl failed" >&2; return 3; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+}

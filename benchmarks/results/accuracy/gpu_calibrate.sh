@@ -28,12 +28,7 @@ START=$SECONDS
 
 source benchmarks/gpu_env.sh
 JOBS=${JOBS:-1}
-if [[ -d .whl ]]; then
-  SITE=$(mktemp -d)
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl \
-    || { echo "error: installing the carried wheels in .whl failed"; exit 3; }
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
+quantgate_carried_wheels || exit 3
 QG=("$PY" -m quantgate.harness.cli)
 
 { nvidia-smi; $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
