@@ -57,6 +57,13 @@ def main(args: argparse.Namespace) -> int:
     # What the run was given on its command line (the result records them), unless given here.
     engine = args.engine or ran.get("engine")
     limit = args.limit if args.limit is not None else ran.get("limit")
+    overridden = []  # the header above said how that run ran: say what replaces it
+    if args.engine and ran.get("engine") not in (None, args.engine):
+        overridden.append(f"--engine {args.engine} (that run: {ran['engine']})")
+    if args.limit is not None and ran.get("limit") not in (None, args.limit):
+        overridden.append(f"--limit {args.limit} (that run: {ran['limit']} questions)")
+    if overridden:
+        print(f"# given here instead: {', '.join(overridden)}")
     # Printed commands are often for another machine (the GPU box of a failing nightly config):
     # only --run needs this one to have the config's GPUs and executables.
     options = RunOptions(output_dir=args.output_dir, engine=engine, limit=limit, check_machine=args.run)

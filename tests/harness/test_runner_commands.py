@@ -139,6 +139,10 @@ def test_repro_of_a_runs_result_reproduces_its_config(tmp_path: Path, gsm8k_dir:
     assert cli(["repro", str(tmp_path / "limited" / "ran"), "--output-dir", str(tmp_path / "r")]) == 0
     evaluation = shlex.split(_lines_after(capsys.readouterr().out, "#    with the config's local dataset"))
     assert evaluation[evaluation.index("--limit") + 1] == "3"
+    # --limit given to repro replaces the run's, and the output says so under the run's header.
+    assert cli(["repro", str(tmp_path / "limited" / "ran"), "--limit", "2", "--output-dir", str(tmp_path / "r")]) == 0
+    assert "as that run ran it: engine vllm, 3 questions\n# given here instead: --limit 2 (that run: 3 questions)" \
+        in capsys.readouterr().out
     config.unlink()
     assert cli(["repro", str(tmp_path / "out" / "ran" / "result.json")]) == 3
     err = capsys.readouterr().err
