@@ -1,5 +1,5 @@
 # Sourced by the gpu_*.sh jobs: makes `import quantgate.*` work on the GPU machine, where the
-# checkout is copied but not installed (no pip there). pyproject maps quantgate.kernels ->
+# checkout is copied but not installed (no package index there). pyproject maps quantgate.kernels ->
 # kernels/ etc.; a temporary package of symlinks does the same. Also runs kernels compiled, not
 # interpreted, and names the commit measured.
 #   source benchmarks/gpu_env.sh   (from the repository root)
@@ -28,6 +28,7 @@ export QUANTGATE_COMMIT=${QUANTGATE_COMMIT:-$(quantgate_unverified_commit)}
 # job that runs the harness end to end calls this to install them into a temporary folder.
 quantgate_carried_wheels() {
     [[ -d .whl ]] || return 0
+    compgen -G '.whl/*.whl' > /dev/null || { echo "error: .whl holds no wheel: run benchmarks/fetch_gpu_wheels.sh" >&2; return 3; }
     local site
     site=$(mktemp -d)
     "${PYTHON:-python}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \

@@ -19,7 +19,7 @@ source benchmarks/gpu_env.sh
 quantgate_carried_wheels || exit 3
 $PY models/recipes/build_variants.py > "$DEST/build_variants.log" 2>&1 || echo "build_variants failed: $DEST/build_variants.log"
 
-mapfile -t configs < <($PY - "$LIST" <<'PY'
+listing=$($PY - "$LIST" <<'PY'
 import sys
 from pathlib import Path
 import torch
@@ -31,7 +31,9 @@ for path in expand_paths([sys.argv[1]]):
     if config.requires.gpus >= 1 and (need is None or parse_capability(need) <= cap):
         print(path)
 PY
-)
+) || { echo "error: listing the GPU configs of $LIST failed (the traceback is above)" >&2; exit 3; }
+mapfile -t configs <<< "$listing"
+[[ -n "$listing" ]] || { echo "error: $LIST names no config that needs a GPU this one meets" >&2; exit 3; }
 echo "${#configs[@]} GPU configs of $LIST in $JOBS groups"
 pids=()
 for ((g = 0; g < JOBS; g++)); do

@@ -681,7 +681,7 @@ def build_app(engine: AsyncEngine, loaded: LoadedModel, settings: ServerSettings
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        cards = [ModelCard(id=name, root=str(loaded.path),
+        cards = [ModelCard(id=name, root=str(loaded.path.resolve()),
                            max_model_len=settings.max_model_len) for name in settings.served_model_names]
         return ModelList(data=cards)
 

@@ -479,17 +479,25 @@ def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def checkout_commit(where: Path) -> str | None:
-    """HEAD of the git checkout holding `where`, `-dirty` when tracked files differ from it; None
-    outside git."""
+def checkout_commit(where: Path, file: Path | None = None) -> str | None:
+    """HEAD of the git checkout holding `where`, `-dirty` when tracked files differ from it,
+    `-untracked` when `file` is not in it (a config not committed yet: no commit holds what ran);
+    None outside git or before a first commit."""
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        # No optional locks: `git status` would take the index lock a user's own `git add` needs.
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(where), *args], capture_output=True, text=True,
+                              timeout=10)
+
     try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD").stdout.strip()
+        if not head:
+            return None
+        if file is not None and git("ls-files", "--error-unmatch", str(file)).returncode != 0:
+            return f"{head}-untracked"
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return (head + "-dirty" if changed else head) or None
+    return head + "-dirty" if changed else head
 
 
 def _repro_line(rec: RunRecord) -> str | None:
@@ -507,8 +515,8 @@ def summary_markdown(records: Sequence[RunRecord], skipped: Sequence[Skipped] = 
     for rec in records:
         if rec.verdict != PASS:
             details.append(f"### {rec.name}: {rec.verdict}\n\n{rec.reason}\n")
-            if _repro_line(rec):
-                details.append(f"`{_repro_line(rec)}` prints the server and lm-eval commands of this run\n")
+            if _repro_line(rec):  # not a code span: a name may hold a backtick
+                details.append(f"{_repro_line(rec)} (prints the server and lm-eval commands of this run)\n")
             if rec.gate and rec.gate.get("explanation"):
                 details.append(f"```\n{rec.gate['explanation']}\n```\n")
             if rec.log_tail:

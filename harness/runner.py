@@ -17,13 +17,14 @@ import errno
 import hashlib
 import math
 import os
+import re
 import signal
 import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rich.console import Console
@@ -631,7 +632,7 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
     data = config.model_dump(mode="json", exclude={"source", "sha256"})
     data["server_args"] = server_args
     data["env"] = redact_env(config.env)
-    return {"path": str(config.source), "sha256": config.sha256, "commit": checkout_commit(config.source.parent),
+    return {"path": str(config.source), "sha256": config.sha256, "commit": checkout_commit(config.source.parent, config.source),
             "engine": config.engine,
             "model_name": config.model_name, "model": model, "model_files": model_fingerprint(model),
             "server_args": server_args,
@@ -664,20 +665,48 @@ def eval_settings(config: EvalConfig, base_url: str, served_model: str, run_dir:
     )
 
 
+# A snapshot folder of the Hugging Face cache (`vllm serve $(huggingface-cli download ORG/NAME)`).
+_HF_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def _model_name_of(text: str) -> str:
+    """A model folder or hub id as a name that reads the same on every machine: a cache snapshot's
+    hub id, a hub id whole, a folder by its last part ("" for `.`)."""
+    text = text.replace("\\", "/")
+    snapshot = _HF_SNAPSHOT.search(text)
+    if snapshot:
+        return f"{snapshot['org']}/{snapshot['name']}"
+    if _HUB_ID.fullmatch(text) and not Path(text).exists():
+        return text
+    return PurePosixPath(text.rstrip("/")).name if text.rstrip("/") not in ("", ".") else ""
+
+
 def other_model_served(config: EvalConfig, server: AttachedServer) -> str | None:
-    """Why an attached server serves another model than the config's, or None. Told by the folder
-    or hub name of the `root` its /v1/models gives (a remote server's path to the same folder
-    differs, its name does not); a server that gives none is taken at its word. Evaluating
-    another model measured it under this config's name, and a paired candidate later attached
-    to the same server was compared with itself as its own baseline."""
-    if server.served_root is None:
+    """Why an attached server serves another model than the config's, or None. Evaluating another
+    model measured it under this config's name, and a paired candidate later attached to the same
+    server was compared with itself as its own baseline. /v1/models gives, as `root`, the path or
+    hub id the server was started with (vLLM: as typed; quantgate serve: resolved). Both folders
+    here: the same folder once links are resolved. Otherwise by name (a remote server's path to
+    the same folder differs): hub ids whole, a folder by its last part; a root that names nothing
+    (`.`) is taken at its word, as is a server whose served name is the config's model_name."""
+    root = server.served_root
+    if root is None or server.served_model == config.model_name:
         return None
     wanted = resolve_model(config)
-    if PurePath(server.served_root).name == PurePath(wanted).name:
-        return None
-    return (f"--server-url {server.base_url} serves {server.served_root}, not this config's model "
-            f"{config.model_name} ({wanted}): attach to a server started with the config's model (`quantgate "
-            "repro` prints its command) or run without --server-url")
+    if Path(root).is_absolute() and Path(root).exists() and Path(wanted).exists():
+        if Path(root).resolve() == Path(wanted).resolve():
+            return None
+    else:
+        served, asked = _model_name_of(root), _model_name_of(wanted)
+        both_hub_ids = "/" in served and "/" in asked
+        if not served or not asked or (served == asked if both_hub_ids else
+                                       served.rsplit("/", 1)[-1] == asked.rsplit("/", 1)[-1]):
+            return None
+    return (f"--server-url {server.base_url} serves {root}, not this config's model {config.model_name} "
+            f"({wanted}): attach to a server started with the config's model (`quantgate repro` prints its "
+            f"command), or run without --server-url; if it is that model under another path, start it with "
+            f"--served-model-name {config.model_name}")
 
 
 def model_aliases(server: Server) -> tuple[str, ...]:

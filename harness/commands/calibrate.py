@@ -147,7 +147,7 @@ def propose(config: EvalConfig, records: list[RunRecord], limit: int | None = No
     value = round(mean, 4)
     reference = {"value": value, "stdev": round(stdev, 4), "runs": len(values), "n": n,
                  "measured_on": _measured_on(records[0], config), "date": date.today().isoformat(),
-                 "commit": checkout_commit(config.source.parent)}
+                 "commit": checkout_commit(config.source.parent, config.source)}
     gate, rtol = config.gate, config.effective_rtol
     thresholds = {
         "relative": relative(value, value, rtol)[1]["threshold"],

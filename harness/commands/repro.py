@@ -19,7 +19,7 @@ from typing import Any
 
 from ..backends import ENGINES
 from ..config import LIST_SUFFIX, EvalConfig
-from ..evaluate import lm_eval_command, write_task_yaml
+from ..evaluate import lm_eval_command, sha256_file, write_task_yaml
 from ..results import EXIT_ERROR, EXIT_PASS, EXIT_USAGE, RESULT_FILE, SAMPLES_FILE, SERVER_LOG, load_result
 from ..expect import implied_by_server_args
 from ..pipeline import baseline_config
@@ -124,7 +124,7 @@ def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
               + (f" with --engine {ran['engine']}" if ran["engine"] else "")
               + (f" --limit {ran['limit']}" if ran["limit"] is not None else ""), file=sys.stderr)
         return None
-    changed = "" if config.get("sha256") == _sha256(path) else " (the file has changed since that run: its sha256 differs)"
+    changed = "" if config.get("sha256") == sha256_file(path) else " (the file has changed since that run: its sha256 differs)"
     how = [f"engine {ran['engine']}"] if ran["engine"] else []
     how += [f"{ran['limit']} questions"] if ran["limit"] is not None else []
     print(f"# reproducing {path}, the config of the run in {result.parent}{changed}"
@@ -143,12 +143,6 @@ def _own_limit(limit: int | None, planned: list[PlannedConfig], engine: str | No
     configs = [item.config for item in planned]
     configs += [baseline_config(item.config, engine) for item in planned if item.baseline_cached is not None]
     return all(config.num_questions == limit for config in configs if config is not None)
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _eval_env(config: EvalConfig, api_key: str | None) -> dict[str, str]:

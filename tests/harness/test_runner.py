@@ -96,28 +96,49 @@ def test_a_vllm_kernel_choice_logged_at_the_first_request_is_checked_too(tmp_pat
 def test_server_url_refuses_a_server_whose_model_folder_is_another(tmp_path: Path, gsm8k_dir: Path) -> None:
     """A server started on another checkpoint was evaluated under the config's name (a note said
     so on every attached run); a paired candidate attached to it later was its own baseline and
-    PASSed. The model is told by the name of the folder /v1/models gives as `root`."""
-    for root, code_wanted in (("/srv/models/tiny-qwen3-fp8-block-native-scale-480", 3),
-                              ("/elsewhere/checkpoints/tiny-qwen3-fp8-block-native/", 0)):
-        cmd = build_command("vllm", "/srv/models/served", [*fake_args(gsm8k_dir, model_root=root),
-                                                           "--linear-backend", "emulation"],
-                            {}, [sys.executable, str(FAKE_SERVER)])
-        server = launch(cmd, tmp_path / "external.log", startup_timeout_s=30)
-        try:
-            config = write_config(tmp_path, "cfg", gsm8k_dir, engine="builtin", server_args=[],
-                                  model_name="tiny-qwen3-fp8-block-native", expect={"linear_kernel": "emulation"})
-            code, output = run_in_process([config], tmp_path / f"out{code_wanted}", server_url=server.base_url)
-        finally:
-            server.stop()
-        result = load_json(tmp_path / f"out{code_wanted}" / "cfg" / "result.json")
-        assert code == code_wanted, output
-        assert result["server"]["served_root"] == root
-        if code_wanted:
-            assert result["verdict"] == "ERROR" and (
-                f"serves {root}, not this config's model tiny-qwen3-fp8-block-native") in result["reason"], result
-            assert "quantgate repro" in result["reason"]
-        else:
-            assert result["verdict"] == "PASS" and "does not say from which folder" not in output
+    PASSed. /v1/models gives the served folder as `root`."""
+    cmd = build_command("vllm", "/srv/models/served", [*fake_args(gsm8k_dir, model_root="/srv/models/other"),
+                                                       "--linear-backend", "emulation"],
+                        {}, [sys.executable, str(FAKE_SERVER)])
+    server = launch(cmd, tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        config = write_config(tmp_path, "cfg", gsm8k_dir, engine="builtin", server_args=[],
+                              model_name="tiny-qwen3-fp8-block-native", expect={"linear_kernel": "emulation"})
+        code, output = run_in_process([config], tmp_path / "out", server_url=server.base_url)
+    finally:
+        server.stop()
+    result = load_json(tmp_path / "out" / "cfg" / "result.json")
+    assert code == 3 and result["verdict"] == "ERROR" and result["server"]["served_root"] == "/srv/models/other"
+    assert ("serves /srv/models/other, not this config's model tiny-qwen3-fp8-block-native" in result["reason"]
+            and "quantgate repro" in result["reason"]), result["reason"]
+
+
+def test_which_served_roots_are_the_configs_model(tmp_path: Path) -> None:
+    from quantgate.harness.config import load_config
+    from quantgate.harness.runner import other_model_served
+    from quantgate.harness.server import AttachedServer
+
+    (tmp_path / "fp8" / "tiny").mkdir(parents=True)
+    (tmp_path / "bf16" / "tiny").mkdir(parents=True)
+    (tmp_path / "latest").symlink_to(tmp_path / "fp8" / "tiny")
+
+    def refused(model_name: str, root: str, served: str = "served") -> bool:
+        path = tmp_path / "c.yaml"
+        path.write_text(f"model_name: {model_name}\naccuracy_threshold: 0.5\nengine: vllm\n")
+        return other_model_served(load_config(path), AttachedServer("http://h", served, served_root=root)) is not None
+
+    here = str(tmp_path / "fp8" / "tiny")
+    assert refused(here, str(tmp_path / "bf16" / "tiny"))  # same last name, another folder here
+    assert not refused(here, str(tmp_path / "latest"))  # a link to the same folder
+    assert not refused(here, "/remote/checkpoints/tiny/")  # elsewhere: only the name can be compared
+    assert refused(here, "/remote/checkpoints/other")
+    assert not refused(here, ".")  # the server's own folder: nothing to compare by
+    hub = "org/tiny-qwen3"
+    assert not refused(hub, "/cache/hub/models--org--tiny-qwen3/snapshots/0123abcd")
+    assert refused(hub, "/cache/hub/models--someone--tiny-qwen3/snapshots/0123abcd")
+    assert refused(hub, "otherorg/tiny-qwen3") and not refused(hub, hub)
+    assert not refused(hub, "/models/tiny-qwen3") and not refused(hub, "C:\\models\\tiny-qwen3")
+    assert not refused(here, str(tmp_path / "bf16" / "tiny"), served=here)  # named as the config's model
 
 
 def test_server_url_evaluates_a_running_server_with_its_kernel_report(tmp_path: Path,
@@ -352,6 +373,9 @@ def test_result_json_names_the_commit_of_the_configs_checkout(tmp_path: Path, gs
     config.write_text(config.read_text().replace("num_questions: 3", "num_questions: 2"))
     assert run_in_process([config], tmp_path / "out")[0] == 0
     assert load_json(tmp_path / "out" / "versioned" / "result.json")["config"]["commit"] == f"{head}-dirty"
+    new = write_config(repo, "uncommitted", gsm8k_dir, num_questions=3)  # no commit holds it
+    assert run_in_process([new], tmp_path / "out")[0] == 0
+    assert load_json(tmp_path / "out" / "uncommitted" / "result.json")["config"]["commit"] == f"{head}-untracked"
     outside = write_config(tmp_path, "loose", gsm8k_dir, num_questions=3)  # tmp_path is in no checkout
     assert run_in_process([outside], tmp_path / "out")[0] == 0
     assert load_json(tmp_path / "out" / "loose" / "result.json")["config"]["commit"] is None
