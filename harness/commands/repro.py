@@ -188,8 +188,9 @@ def _through_quantgate(config: EvalConfig, url: str, options: RunOptions,
     if baseline is not None:
         # A cached baseline is reused only by a run whose server is of the same kind (launched or
         # attached), so both are launched: quantgate starts each server.
-        return [f"# the {config.gate.mode} gate compares with {baseline.config.name}'s answers: measure it first "
-                "(quantgate starts its server), into the output directory the run below reads:",
+        return [f"# the {config.gate.mode} gate compares with {baseline.config.name}'s answers: stop the server of "
+                "step 1 (its GPU memory and port), then measure the baseline first (quantgate starts its server), "
+                "into the output directory the run below reads:",
                 shlex.join(quantgate_run(baseline.config.source)),
                 "# then the same evaluation, gate and kernel check through quantgate, quantgate starting this "
                 "config's server too (a baseline measured on a launched server is not reused by a run against "
