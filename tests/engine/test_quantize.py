@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -21,6 +22,14 @@ FP8_MANTISSA_STEP = 2.0**-3  # e4m3: relative spacing of normal values
 FP8_SUBNORMAL_STEP = 2.0**-9  # e4m3: spacing below the smallest normal, in units of the scale
 
 
+def _fresh_seed(what: str) -> None:
+    """Module-scoped source models on new random weights each run (the suite's rule for numerical
+    tests), the seed printed so that a failure can be replayed."""
+    value = int.from_bytes(os.urandom(4), "little")
+    print(f"{what} seed={value}")
+    torch.manual_seed(value)
+
+
 def _save(model: torch.nn.Module, folder: Path) -> Path:
     model.to(torch.bfloat16).save_pretrained(folder)
     (folder / "tokenizer.json").write_text('{"stand-in": true}\n')
@@ -32,7 +41,7 @@ def dense_src(tmp_path_factory) -> Path:
     """Untied lm_head (so it is in the checkpoint) and an intermediate size that is not a multiple of 128."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(1)
+    _fresh_seed("dense_src")
     config = Qwen3Config(vocab_size=192, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
     return _save(Qwen3ForCausalLM(config), tmp_path_factory.mktemp("dense") / "src")
@@ -42,7 +51,7 @@ def dense_src(tmp_path_factory) -> Path:
 def moe_src(tmp_path_factory) -> Path:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(2)
+    _fresh_seed("moe_src")
     config = Qwen3MoeConfig(vocab_size=192, hidden_size=256, intermediate_size=256, moe_intermediate_size=128,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=True)

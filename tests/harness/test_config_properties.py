@@ -21,6 +21,17 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)), inner,
                                                  max_size=4)), max_leaves=12)
 CONFIGS = st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=12)), VALUES, max_size=8)
+# Valid configs: CONFIGS almost never yields one (0 of 600 drawn: a random dict lacks model_name
+# and a gate), so the "or configs" half of the properties below needs its own strategy.
+VALID_CONFIGS = st.one_of(
+    st.fixed_dictionaries({"accuracy_threshold": st.floats(0, 1)}, optional={"tolerance": st.floats(0, 0.5)}),
+    st.fixed_dictionaries({"reference": st.fixed_dictionaries({"value": st.floats(0.01, 1)}),
+                           "gate": st.sampled_from(["relative", "hypothesis", "wilson"])},
+                          optional={"rtol": st.floats(0, 0.5)}),
+).flatmap(lambda gate: st.fixed_dictionaries(
+    {"model_name": st.sampled_from(["m", "org/model-7b"]), **{key: st.just(value) for key, value in gate.items()}},
+    optional={"num_questions": st.integers(1, 50), "max_tokens": st.integers(1, 512), "num_fewshot": st.integers(0, 5),
+              "name": st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)}))
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -38,9 +49,20 @@ def check(text: str) -> None:
 
 
 @SETTINGS
-@given(CONFIGS)
+@given(st.one_of(CONFIGS, VALID_CONFIGS))
 def test_random_structures_are_errors_or_configs(data: dict) -> None:
     check(yaml.safe_dump(data, allow_unicode=True))
+
+
+@settings(max_examples=50, deadline=None)
+@given(VALID_CONFIGS)
+def test_valid_random_configs_load(data: dict) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "valid.yaml"
+        path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+        report = inspect_config(path)
+        assert report.config is not None and not report.errors, report.errors
+        assert main(["lint", str(path)]) == 0
 
 
 @pytest.mark.parametrize("text", ["-_: null\n", "a: ._\n"])

@@ -320,3 +320,126 @@ def test_a_moe_architecture_without_a_moe_kernel_line_is_unverified_not_a_dense_
         assert check.passed is not moe and bool(check.notes) is not moe, arch
         if moe:
             assert "cannot be verified" in check.message and "has no moe module" in check.message
+
+
+# -- mutation survivors (session 17) ------------------------------------------------------------------
+
+
+def _answering(monkeypatch: pytest.MonkeyPatch, status: int, body: bytes = b"", content_type: str = "text/plain"
+               ) -> list[str]:
+    """GET /v1/kernels answered with `status` and `body` (no server); returns the URLs asked."""
+    import httpx
+
+    from quantgate.harness import expect
+
+    asked: list[str] = []
+
+    def get(url: str, **_: object) -> httpx.Response:
+        asked.append(url)
+        return httpx.Response(status, content=body, headers={"content-type": content_type})
+
+    monkeypatch.setattr(expect.httpx, "get", get)
+    monkeypatch.setattr(expect, "REPORT_RETRY_WAIT_S", 0.0)
+    return asked
+
+
+@pytest.mark.parametrize("status", [404, 405, 501])
+def test_a_server_without_the_kernels_endpoint_has_no_report(monkeypatch: pytest.MonkeyPatch, status: int) -> None:
+    asked = _answering(monkeypatch, status)
+    assert report_from_server("http://h") is None and asked == ["http://h/v1/kernels"]  # asked once
+
+
+@pytest.mark.parametrize("status", [500, 401, 403, 302])
+def test_any_other_refusal_of_the_kernels_endpoint_is_unavailable_not_no_report(monkeypatch: pytest.MonkeyPatch,
+                                                                                status: int) -> None:
+    """A 500, a wrong API key (401/403) or a redirect says nothing about which kernel ran: the run
+    is an ERROR (retryable), never 'cannot be verified' as for a server without the endpoint."""
+    asked = _answering(monkeypatch, status, b'{"error": {"message": "no"}}', "application/json")
+    with pytest.raises(KernelReportUnavailable, match=f"answered {status} "):
+        report_from_server("http://h", attempts=2)
+    assert len(asked) == 2
+
+
+@pytest.mark.parametrize("body", [b'{"modules": []}', b'{"modules": null}', b"[]", b"not json"])
+def test_a_200_without_a_modules_object_is_no_report(monkeypatch: pytest.MonkeyPatch, body: bytes) -> None:
+    _answering(monkeypatch, 200, body, "application/json")
+    assert report_from_server("http://h") is None
+
+
+def test_a_later_non_debug_deepgemm_line_does_not_unsay_the_debug_lines() -> None:
+    """Once a DEBUG line was seen the log is a DEBUG log: an INFO line mentioning DeepGemm later
+    must not make a deep_gemm MoE expectation 'cannot be verified'."""
+    log = "\n".join([_DEEPGEMM_SELECTED, _vllm_line("Scheduler running", level="DEBUG"),
+                     _vllm_line("DeepGemm JIT cache warmed up")])
+    report = report_from_vllm_log(log)
+    assert report["debug_logged"] is True
+    assert verify(Expect(moe_kernel="deep_gemm"), report, "log").passed
+
+
+def test_a_deep_gemm_linear_expectation_needs_no_debug_lines() -> None:
+    """Only vLLM's deep_gemm MoE backend falls back to Triton per shape; its linear kernel class
+    is proven by its Selected line alone."""
+    report = report_from_vllm_log(_vllm_line("Selected DeepGemmFp8BlockScaledMMKernel for Fp8LinearMethod"))
+    assert report["debug_logged"] is False
+    check = verify(Expect(linear_kernel="deep_gemm"), report, "log")
+    assert check.passed and not check.notes, check.message
+
+
+
+def test_the_wna16_selection_line_is_a_linear_choice() -> None:
+    """compressed-tensors' W4A16/W8A16 scheme logs `Using <Kernel> for CompressedTensorsWNA16`:
+    unread, a marlin expectation on such a model could not be verified (FAIL)."""
+    report = report_from_vllm_log(_vllm_line("Using MarlinLinearKernel for CompressedTensorsWNA16"))
+    assert report is not None and report["modules"] == {"CompressedTensorsWNA16": {
+        "layer": "linear", "scheme": None, "kernel": "MarlinLinearKernel", "backend": "marlin", "scale_attr": None,
+        "rejected": []}}
+    assert verify(Expect(linear_kernel="marlin"), report, "server.log").passed
+
+
+def test_server_args_asking_for_auto_imply_no_expectation() -> None:
+    """`--linear-backend auto` asks for no backend: checked as an expectation named 'auto', no
+    kernel would ever match it and every such vLLM or --server-url run would FAIL."""
+    from quantgate.harness.expect import implied_by_server_args
+
+    assert implied_by_server_args(Expect(), {"--linear-backend": "auto", "--moe-backend": "AUTO"}) == {}
+    assert implied_by_server_args(Expect(), {"--linear-backend": "marlin", "--moe-backend": "auto"}) == {
+        "linear": "marlin"}
+    assert implied_by_server_args(Expect(linear_kernel="triton"), {"--linear-backend": "marlin"}) == {}
+
+
+def test_kernel_report_retries_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.harness import expect
+
+    _answering(monkeypatch, 503)
+    monkeypatch.setattr(expect, "REPORT_RETRY_WAIT_S", 1.5)
+    waits: list[float] = []
+    monkeypatch.setattr(expect.time, "sleep", waits.append)
+    with pytest.raises(KernelReportUnavailable, match="answered 503 .*\\(3 attempts\\)"):
+        report_from_server("http://h")
+    assert waits == [1.5, 3.0]  # none before the first attempt, then longer each time
+
+
+def test_debug_lines_in_bold_colours_are_read() -> None:
+    """vLLM's colour formatter may write multi-parameter SGR codes (bold cyan: ESC[1;36m)."""
+    small = _vllm_line("DeepGemm disabled due to unaligned problem size. M: 1, N: 768, K: 2048. M should >= 128 "
+                       "and N and K must be multiples of 128.", level="\x1b[1;36mDEBUG\x1b[0m")
+    report = report_from_vllm_log(f"{_DEEPGEMM_SELECTED}\n{small}")
+    assert report["debug_logged"] is True
+    assert verify(Expect(moe_kernel="deep_gemm"), report, "log").passed
+
+
+def test_a_mismatch_names_six_modules_and_counts_the_rest() -> None:
+    report = _report(**{f"model.layers.{i}.mlp.down_proj": _module("TritonBlockFp8LinearKernel", "triton")
+                        for i in range(8)})
+    check = verify(Expect(linear_kernel="marlin"), report, "x")
+    assert not check.passed and len(check.mismatches) == 8
+    assert "8 of 8 ran another kernel" in check.message and "model.layers.5.mlp.down_proj and 2 more" in check.message
+    assert "model.layers.6." not in check.message
+
+
+def test_several_shape_refusals_are_counted() -> None:
+    lines = [_vllm_line(f"DeepGemm disabled for N <= 512. M: 4096, N: {n}, K: 2048. This means we will fallback "
+                        "to triton.", level="DEBUG") for n in (384, 256)]
+    check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log("\n".join([_DEEPGEMM_SELECTED, *lines])),
+                   "log")
+    assert not check.passed and "(and 1 more such lines)" in check.message

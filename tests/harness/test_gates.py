@@ -493,3 +493,99 @@ def test_a_gate_that_cannot_fail_on_so_few_questions_says_so() -> None:
     assert passed and numbers["can_fail"] is False and "0.5^4 = 0.0625 >= alpha" in text
     passed, numbers, text = gates.paired(dict.fromkeys(ids + ["4"], False), dict.fromkeys(ids + ["4"], True))
     assert not passed and numbers["can_fail"] is True and "cannot fail" not in text
+
+
+# -- mutation survivors (session 17): each assertion fails on one mutation of gates.py -----------------
+
+
+def test_gen1_other_metrics_under_hypothesis_are_gated_against_their_own_reference(tmp_path: Path) -> None:
+    """flexible-extract's reference is 1.0 (sigma 0, threshold 1.0): 0.99 fails it. Against the
+    gated metric's reference 0.5 it would pass: guards against the other metrics reading
+    config.reference.value."""
+    cfg = config(tmp_path, GEN1 + "gate: hypothesis\nreference: {value: 0.5, n: 1319}\n")
+    outcome = evaluate_gate(cfg, {"value": 0.6, "strict_match": 0.6, "flexible_extract": 0.99, "n": 20})
+    [other] = outcome.numbers["other_metrics"]
+    assert other["reference"] == 1.0 and other["threshold"] == pytest.approx(1.0) and other["passed"] is False
+    assert not outcome.passed and outcome.numbers["failed_metrics"] == ["exact_match,flexible-extract"]
+
+
+def test_hypothesis_and_paired_take_alpha_and_beta_from_the_config(tmp_path: Path) -> None:
+    """A config's gate.alpha / gate.beta decide the verdict; the defaults (0.05, 0.2) must not."""
+    metrics = {"value": 0.46, "n": 1319}
+    strict = config(tmp_path, "reference: {value: 0.5}\ngate: {mode: hypothesis, alpha: 0.001, beta: 0.1}\n")
+    outcome = evaluate_gate(strict, metrics)
+    expected = gates.hypothesis(0.46, 0.5, 1319, 0.001, 0.1)[1]
+    assert (outcome.numbers["alpha"], outcome.numbers["beta"]) == (0.001, 0.1)
+    assert outcome.numbers["threshold"] == pytest.approx(expected["threshold"])
+    assert outcome.numbers["theta"] == pytest.approx(expected["theta"])
+    assert outcome.passed and not evaluate_gate(config(tmp_path, "reference: {value: 0.5}\ngate: hypothesis\n"),
+                                                metrics).passed  # 0.46 < 0.4677 at alpha 0.05
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    rows = [{"id": i, "correct": True} for i in range(40)]
+    five_lost = [{"id": i, "correct": i >= 5} for i in range(40)]  # p = 1/32: fails at 0.05, passes at 0.01
+    base = Baseline("base", {"value": 1.0, "n": 40}, rows)
+    lenient = evaluate_gate(config(tmp_path, "baseline: base\ngate: {mode: paired, alpha: 0.01}\n"),
+                            {"value": 35 / 40, "n": 40}, five_lost, base)
+    assert lenient.passed and lenient.numbers["alpha"] == 0.01
+    assert not evaluate_gate(config(tmp_path, "baseline: base\ngate: paired\n"), {"value": 35 / 40, "n": 40},
+                             five_lost, base).passed
+
+
+def test_evaluate_gate_rejects_bool_and_fractional_counts(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "reference: {value: 0.7}\ngate: hypothesis\n")
+    with pytest.raises(GateInputError, match="no numeric 'value' .got True"):
+        evaluate_gate(cfg, {"value": True, "n": 10})
+    with pytest.raises(GateInputError, match="n must be a positive count, got 10.5"):
+        evaluate_gate(cfg, {"value": 0.5, "n": 10.5})
+
+
+def test_paired_refuses_rows_without_correct_and_a_candidate_with_extra_questions() -> None:
+    with pytest.raises(GateInputMismatch, match="row 2: per-sample rows need 'id' and 'correct', got keys \\['id'\\]"):
+        gates.correct_by_id([{"id": 1, "correct": True}, {"id": 2}], "candidate")
+    # Questions only the candidate answered: refused as the reverse is, never a KeyError or dropped.
+    with pytest.raises(GateInputMismatch, match="1 only in the candidate, 0 only in the baseline, 2 in both"):
+        gates.paired({"a": True, "b": True, "c": False}, {"a": True, "b": True})
+    with pytest.raises(GateInputError, match="no per-question results"):
+        gates.paired({}, {})
+
+
+def test_paired_explanation_and_two_sided_p_value_agree_with_the_verdict() -> None:
+    base = {str(i): True for i in range(40)}
+    five = {**base, **{str(i): False for i in range(5)}}
+    passed, numbers, text = gates.paired(five, base)
+    assert not passed and "= 0.03125 < alpha 0.05 -> FAIL" in text
+    assert numbers["p_value_two_sided"] == pytest.approx(2 / 32) and "(two-sided p = 0.0625)" in text
+
+
+def test_paired_on_so_few_questions_that_all_wrong_has_p_equal_to_alpha_cannot_fail() -> None:
+    """p = 0.5^5 = alpha passes (McNemar fails only below alpha), so 5 questions at alpha 1/32
+    cannot fail: can_fail must say so. Guards against `0.5^n <= alpha`."""
+    ids = [str(i) for i in range(5)]
+    passed, numbers, text = gates.paired(dict.fromkeys(ids, False), dict.fromkeys(ids, True), 1 / 32)
+    assert passed and numbers["can_fail"] is False and "cannot fail" in text
+
+
+def test_hypothesis_with_a_small_positive_threshold_can_fail() -> None:
+    passed, numbers, text = gates.hypothesis(0.3, 0.5, 6)  # threshold 0.0252 on 6 questions
+    assert 0 < numbers["threshold"] < 0.05 and numbers["can_fail"] is True and "cannot fail" not in text
+    assert not gates.hypothesis(0.0, 0.5, 6)[0]
+
+
+def test_wilson_measured_threshold_at_the_edges() -> None:
+    """None when even 1.0 falls short (by less than 0.01 here); 0.0 when any measured value passes."""
+    z = -NormalDist().inv_cdf(0.05)
+    lower_at_1 = gates.wilson_lower_bound(1.0, 50, z)  # 0.9487
+    passed, numbers, text = gates.wilson(1.0, 50, lower_at_1 + 0.005, 0.0)
+    assert not passed and numbers["measured_threshold"] is None and "no measured accuracy passes at n = 50" in text
+    assert gates.wilson_measured_threshold(0.0, 10, z) == 0.0
+    passed, numbers, text = gates.wilson(0.0, 10, 0.0, 0.1)
+    assert passed and numbers["measured_threshold"] == 0.0 and "takes measured >= 0.0000" in text
+
+
+def test_invalid_rate_line_says_fail_when_it_fails(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "accuracy_threshold: 0.5\ngate: {mode: absolute, max_invalid_rate: 0.05}\n")
+    bad = evaluate_gate(cfg, {"value": 0.9, "n": 100, "invalid_rate": 0.06})
+    assert bad.explanation.endswith("invalid answers: invalid_rate 0.0600 > max_invalid_rate 0.0500 -> FAIL")
+    assert (bad.numbers["invalid_rate_passed"], bad.numbers["accuracy_passed"]) == (False, True)
+    ok = evaluate_gate(cfg, {"value": 0.9, "n": 100, "invalid_rate": 0.05})
+    assert ok.explanation.endswith("invalid_rate 0.0500 <= max_invalid_rate 0.0500 -> PASS")

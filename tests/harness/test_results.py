@@ -373,6 +373,8 @@ def test_summary_row_shows_what_a_fail_rests_on(tmp_path: Path) -> None:
     assert row["metric"] == "exact_match,strict-match" and row["measured"] < row["threshold"]
     assert row["failed_on"] == "exact_match,strict-match, exact_match,flexible-extract"
     assert frame.loc["passes", "verdict"] == "PASS" and frame.loc["passes", "failed_on"] == ""
+    assert frame.loc["passes", "metric"] == "exact_match,strict-match"  # a passing row shows the gated metric
+    assert frame.loc["passes", "threshold"] == pytest.approx(0.8 * 0.92)
     row = frame.loc["invalid"]
     assert (row["verdict"], row["measured"], row["failed_on"]) == ("FAIL", 0.675, "invalid_rate > 0.2")
     # result.json written before `failed_metrics` existed: the same rows.
@@ -408,6 +410,13 @@ def test_the_kernels_column_tells_another_kernel_from_no_proof() -> None:
     ({"verdict": "FAIL", "gate": {"passed": False, "metric": "exact_match,strict-match"}}, "FAIL"),
     ({"verdict": "FAIL", "gate": {"passed": True, "accuracy_passed": True, "invalid_rate_passed": False,
                                   "max_invalid_rate": 0.1}}, "FAIL on invalid_rate > 0.1, not on accuracy"),
+    # as run writes it: an invalid rate above its maximum fails the gate (passed false), accuracy passed
+    ({"verdict": "FAIL", "gate": {"passed": False, "accuracy_passed": True, "invalid_rate_passed": False,
+                                  "max_invalid_rate": 0.1}}, "FAIL on invalid_rate > 0.1, not on accuracy"),
+    # an accuracy check (expect: restates server_args' backend) caught by its gate, its kernel report missing
+    ({"verdict": "FAIL", "config": {"server_args": ["--linear-backend", "emulation"]},
+      "gate": {"passed": False, "accuracy_passed": False, "metric": "exact_match,strict-match"},
+      "expect": {"expected": {"linear": "emulation"}, "passed": False, "mismatches": []}}, "FAIL"),
     ({"verdict": "PASS"}, "PASS"),
     ({"verdict": "ERROR"}, "ERROR"),
 ])
@@ -428,3 +437,82 @@ def test_write_atomic_keeps_the_mode_and_the_link_of_what_it_writes_over(tmp_pat
     write_atomic(link, b"new")
     assert link.is_symlink() and target.read_text() == "new" and (target.stat().st_mode & 0o777) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "link.yaml"]
+
+
+# -- mutation survivors (session 17) ------------------------------------------------------------------
+
+
+def test_unwritable_artifact_paths_are_named_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root every os.access check passes, so the permissions are simulated: a --junit file
+    whose folder cannot be written (write_atomic renames into it) and a new path under a folder
+    that cannot be written must be refused up front, not after the run when its results are lost."""
+    import os
+
+    from quantgate.harness import results
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "junit.xml").write_text("<testsuites/>")
+    real_access = os.access
+    monkeypatch.setattr(results.os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    assert artifact_path_problems([("--junit", locked / "junit.xml", False)]) == [
+        f"--junit {locked / 'junit.xml'} is not writable (or its folder is not); pass a path you can write to"]
+    assert artifact_path_problems([("--markdown", locked / "new" / "summary.md", False)]) == [
+        f"--markdown {locked / 'new' / 'summary.md'}: {locked} is not writable; pass a path you can write to"]
+    assert artifact_path_problems([("--junit", tmp_path / "junit.xml", False)]) == []
+
+
+def test_the_full_shape_fills_keys_written_as_null_and_drops_a_kernels_value_that_is_no_object() -> None:
+    from quantgate.harness.results import result_shape
+
+    data = result_shape({"config": {"metric": "exact_match,strict-match", "gate": {"mode": "wilson"}},
+                         "metrics": {"metric": None, "value": 0.5}, "gate": {"mode": None}, "kernels": ["x"]})
+    assert data["metrics"]["metric"] == "exact_match,strict-match" and data["metrics"]["value"] == 0.5
+    assert data["gate"]["mode"] == "wilson" and data["kernels"] == {}
+
+
+def test_a_partial_runs_score_is_not_shown_as_measured() -> None:
+    """An aborted run's metrics hold the mean over the questions answered so far (complete false):
+    the summary must not show it as the measured value against the threshold."""
+    aborted = _record("aborted", "ERROR", metrics={"value": 0.9, "n": 40, "complete": False},
+                      gate={"mode": "absolute", "threshold": 0.7})
+    row = summary_frame([aborted]).iloc[0]
+    assert row["measured"] is None and row["threshold"] == 0.7
+
+
+def test_an_output_dir_of_many_runs_names_five_and_says_there_are_more(tmp_path: Path) -> None:
+    for name in "abcdef":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema_version": 1, "name": name, "verdict": "PASS"}))
+    with pytest.raises(ValueError) as error:
+        load_result(tmp_path)
+    assert str(error.value).endswith(f"{tmp_path / 'e'}, ...") and str(tmp_path / "f") not in str(error.value)
+
+
+def test_samples_lines_split_at_newlines_only_and_blank_ones_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    # A raw U+2028 inside a JSON string (another tool's writer) and a whitespace-only line.
+    path.write_text('{"id": 1, "correct": true, "answer": "a\u2028b"}\n   \n{"id": 2, "correct": false}\n',
+                    encoding="utf-8")
+    assert load_samples(tmp_path) == [{"id": 1, "correct": True, "answer": "a\u2028b"}, {"id": 2, "correct": False}]
+
+
+def test_summary_details_an_error_with_its_server_log_tail_and_junit_counts_the_skipped(tmp_path: Path) -> None:
+    from quantgate.harness.results import Skipped
+
+    crashed = _record("crashed", "ERROR", reason="server exited with status 1 during start-up",
+                      log_tail="Traceback ...\nRuntimeError: CUDA out of memory")
+    skipped = [Skipped(name="big", path="eval_configs/big.yaml", engine="vllm", reason="requires 8 GPU(s)")]
+    text = summary_markdown([crashed, _record("fine", "PASS")], skipped)
+    assert text.startswith("# quantgate run: 1 PASS, 0 FAIL, 1 ERROR, 1 skipped")
+    assert "### crashed: ERROR\n\nserver exited with status 1 during start-up" in text
+    assert "<summary>server log tail</summary>" in text and "RuntimeError: CUDA out of memory" in text
+    assert "### fine" not in text and "- big (eval_configs/big.yaml): requires 8 GPU(s)" in text
+    suite = ET.parse(write_junit([crashed, _record("fine", "PASS")], tmp_path / "junit.xml", skipped=skipped)).getroot()
+    counts = tuple(suite.get(key) for key in ("tests", "errors", "failures", "skipped"))
+    assert counts == ("3", "1", "0", "1")
+
+
+def test_the_n_column_holds_counts_only() -> None:
+    rows = [_record(name, "ERROR", metrics={"n": n}) for name, n in (("bool", True), ("half", 10.5), ("ten", 10.0))]
+    assert list(summary_frame(rows)["n"].astype(object).where(lambda v: v.notna(), None)) == [None, None, 10]

@@ -27,7 +27,7 @@ from tests.harness.fake_server import _share
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import (FAKE_SERVER, expected_accuracy, fake_args, launch, load_json, pid_alive,
                                            run_in_process, write_config)
-from tests.harness.test_config_properties import CONFIGS
+from tests.harness.test_config_properties import CONFIGS, VALID_CONFIGS
 from tests.harness.test_gates import config as gate_config
 from tests.harness.test_results import RESULT_SCHEMA
 
@@ -186,6 +186,19 @@ def test_an_attached_server_must_prove_the_backend_server_args_ask_for(tmp_path:
     assert right["verdict"] == "PASS" and "kernels as expected (linear=emulation from server_args)" in right["reason"]
     untested = load_json(tmp_path / "out" / "auto" / "result.json")
     assert untested["verdict"] == "PASS" and untested["expect"] is None  # `auto` asks for no backend
+
+
+def test_an_attached_builtin_server_must_prove_the_backend_server_args_ask_for(tmp_path: Path) -> None:
+    """A `quantgate serve` someone else started (--server-url, engine: builtin) never had this
+    config's server_args applied either: its backends are expectations, as for vLLM. Only a
+    built-in server this run starts needs none (it refuses to start instead)."""
+    from quantgate.harness import runner
+    from quantgate.harness.server import AttachedServer
+
+    cfg = gate_config(tmp_path, "accuracy_threshold: 0.5\nengine: builtin\nserver_args: [--linear-backend, marlin]\n")
+    attached = AttachedServer(base_url="http://127.0.0.1:9", served_model="m")
+    assert runner._implied_expectations(cfg, attached) == {"linear": "marlin"}
+    assert runner._implied_expectations(cfg, SimpleNamespace(poll=lambda: None)) == {}  # one this run launched
 
 
 def test_an_attached_server_serving_one_other_model_is_evaluated_with_a_note_and_recorded(
@@ -746,6 +759,40 @@ def test_exit_code_priority() -> None:
     refused = rec("ERROR")
     refused.usage_error = True
     assert exit_code([rec("ERROR"), refused, rec("FAIL")]) == 3  # a retry cannot fix it
+    # usage_error qualifies an ERROR only: a verdict reached is never exit 3.
+    reached = rec("FAIL")
+    reached.usage_error = True
+    assert reached.exit_code == 1 and exit_code([reached, rec("PASS")]) == 1
+
+
+def test_the_verdict_notes_answers_cut_at_max_tokens_above_a_tenth() -> None:
+    from quantgate.harness import runner
+
+    config = SimpleNamespace(max_tokens=256)
+
+    def note(truncated: int) -> str | None:
+        return runner._truncation_note(SimpleNamespace(truncated=truncated, finish_reasons={
+            "length": truncated, "stop": 20 - truncated}), config)
+
+    assert note(2) is None  # 10%: not many
+    assert note(3).startswith("3 of 20 answers (15%) stopped at max_tokens (256;")
+    assert note(0) is None
+
+
+def test_a_score_on_zero_questions_is_no_verdict(tmp_path: Path) -> None:
+    """An evaluation that reports a value over n = 0 questions (an aggregate of nothing) is an
+    ERROR: an absolute gate has no n to refuse it and would PASS or FAIL on it."""
+    from quantgate.harness import runner
+    from quantgate.harness.results import RunRecord
+
+    cfg = gate_config(tmp_path, "accuracy_threshold: 0.0\n")
+    record = RunRecord(name="z", verdict="ERROR", reason="", config={})
+    outcome = SimpleNamespace(error=None, metrics={"value": 0.0, "n": 0, "invalid_rate": None}, samples=[],
+                              dataset_sha256={}, truncated=0, finish_reasons={})
+    server = SimpleNamespace(poll=lambda: None)
+    runner._judge(record, SimpleNamespace(), cfg, server, outcome, None, "server.log")
+    assert record.verdict == "ERROR" and record.reason == "no question was evaluated (empty test set or limit 0)"
+    assert record.gate is None
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="marlin serves on a GPU: needs a machine without one")
@@ -774,6 +821,19 @@ def test_random_configs_exit_3_with_a_located_message_or_run(tmp_path: Path, dat
         assert output.startswith(f"error: {path}"), output
     else:
         assert valid and code == 2, output
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(VALID_CONFIGS)
+def test_random_valid_configs_reach_the_server_and_are_a_retryable_error(tmp_path: Path, data: dict) -> None:
+    """The valid half of the property above, which CONFIGS never reaches (a random dict is
+    never a valid config): a valid config is run against the unreachable server, exit 2."""
+    path = tmp_path / "valid.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    code, output = run_in_process([path], tmp_path / "out", server_url="http://127.0.0.1:9")
+    assert inspect_config(path).config is not None and code == 2, output
+    assert "server not usable" in output, output
 
 
 def _requiring(**requires):

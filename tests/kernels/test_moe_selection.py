@@ -76,3 +76,29 @@ def test_disabled_kernels_are_skipped() -> None:
     selection = select_moe_kernel(PLATFORMS["9.0"], cfg, disabled=frozenset({"TritonFusedMoEKernel"}))
     assert selection.kernel.kernel_name() == "MarlinMoEKernel"
     assert selection.rejected[0].reason == "disabled by QUANTGATE_DISABLED_KERNELS"
+
+
+_FP8 = (B, C, T)
+CANDIDATES = {  # platform -> scheme -> the candidates `quantgate kernels` and strict errors list, in order
+    "cpu": {**{s: ["EmulationMoEKernel", "TritonFusedMoEKernel", "MarlinMoEKernel"] for s in _FP8},
+            U: ["EmulationMoEKernel", "TritonUnquantizedMoEKernel"]},
+    "8.0": {**{s: ["MarlinMoEKernel", "TritonFusedMoEKernel", "EmulationMoEKernel"] for s in _FP8},
+            U: ["TritonUnquantizedMoEKernel", "EmulationMoEKernel"]},
+    "8.9": {**{s: ["TritonFusedMoEKernel", "MarlinMoEKernel", "EmulationMoEKernel"] for s in _FP8},
+            U: ["TritonUnquantizedMoEKernel", "EmulationMoEKernel"]},
+}
+
+
+@pytest.mark.parametrize("platform", list(CANDIDATES))
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_lists_the_candidates_in_the_registrys_documented_order(platform: str, scheme: Scheme) -> None:
+    """Written out, not read from MOE_PRIORITY: registry.py keeps kernels a platform cannot run
+    in its rows so that this order stays as it is, and auto's pick alone cannot show it (the
+    kernel a row lists first may be refused there, and the next one picked either way)."""
+    cfg = MoELayerConfig(scheme=scheme, act_dtype=torch.bfloat16, **QWEN3_30B)
+    selection = select_moe_kernel(PLATFORMS[platform], cfg)
+    assert [c.kernel for c in selection.candidates] == CANDIDATES[platform][scheme]
+    # Platforms between two rows take the lower one: an 8.6 GPU lists as an 8.0 one.
+    if platform == "8.0":
+        between = select_moe_kernel(Platform.hypothetical("cuda", "8.6"), cfg)
+        assert [c.kernel for c in between.candidates] == CANDIDATES["8.0"][scheme]

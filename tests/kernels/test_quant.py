@@ -146,3 +146,36 @@ def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
         (quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
     ):
         assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu().reshape(ref_s.shape), ref_s)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_activation_quantizers_match_their_definition_in_float64(seed, static):
+    """quant.py is both the reference and what the emulation backend and the Triton quantizers
+    are checked against, so a wrong definition here passes every kernel test: check it against
+    the definition itself. Scales: amax|x| / 448 per group, token or tensor (the largest magnitude
+    negative here); every value within half an e4m3 step of x (relative 2^-4, or 2^-10 of the
+    scale below the normal range)."""
+    m, k = 7, 300  # a partial 128-group
+    x = torch.randn(m, k, dtype=torch.float64) * 3
+    x[torch.arange(m), torch.randint(0, k, (m,))] = -20.0 - torch.rand(m, dtype=torch.float64)  # negative amax
+    x32 = x.float()
+
+    def check(q, scale, full_scale):
+        deq = q.double() * full_scale
+        assert ((deq - x32.double()).abs() <= x32.double().abs() / 16 + full_scale * 2**-10 + 1e-12).all()
+
+    q, scale = quant.quantize_act_per_token_group(x32, 128)
+    groups = torch.nn.functional.pad(x32.abs(), (0, 384 - k)).view(m, 3, 128).amax(dim=2)
+    assert torch.equal(scale, groups / torch.tensor(448.0))
+    check(q, scale, scale.double().repeat_interleave(128, dim=1)[:, :k])
+    q, scale = quant.quantize_act_per_token(x32)
+    assert torch.equal(scale, x32.abs().amax(dim=1, keepdim=True) / torch.tensor(448.0))
+    check(q, scale, scale.double())
+    assert (q.float().min(dim=1).values == -quant.FP8_MAX).all()  # each row's amax is its negative outlier
+    given = torch.tensor(0.05) if static else None
+    q, scale = quant.quantize_act_per_tensor(x32, given)
+    expected = given if static else x32.abs().amax() / torch.tensor(448.0)
+    assert scale.shape == () and torch.equal(scale, expected)
+    if not static:
+        check(q, scale, scale.double())
+        assert q.float().min() == -quant.FP8_MAX

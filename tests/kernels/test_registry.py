@@ -198,6 +198,7 @@ def test_disabled_kernels_are_skipped_with_a_reason(monkeypatch):
 
 
 @pytest.mark.parametrize("value, hint", [("marlinfp8linearkernel", "did you mean 'MarlinFp8LinearKernel'"),
+                                         ("torchscaledmm", "did you mean 'TorchScaledMMLinearKernel'"),
                                          ("MarlinFp8LinearKernel;X", "separate names with commas")])
 def test_a_disabled_name_that_is_no_kernel_class_is_an_error(monkeypatch, value, hint):
     # Ignored, it would leave marlin enabled while the debugging run believes it off.
@@ -261,3 +262,24 @@ def test_kernel_modules_import_without_triton():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_a_gpu_between_two_rows_takes_the_lower_one(scheme):
+    """An 8.6 GPU (A10, RTX 3090) has no FP8 tensor cores: it selects and lists as an 8.0 one,
+    never by the 8.9 row (whose first kernels it would only list as refused)."""
+    ampere = [(c.kernel, c.supported) for c in select_linear_kernel(_platform(A100), _config(scheme)).candidates]
+    sm86 = select_linear_kernel(_platform(("cuda", "8.6")), _config(scheme))
+    assert [(c.kernel, c.supported) for c in sm86.candidates] == ampere
+    assert sm86.require().kernel_name() == AUTO[A100][scheme]
+
+
+def test_only_an_explicit_backend_is_told_to_choose_another():
+    """auto has no other choice to make: its error ends with the candidates' reasons."""
+    platform, config = _platform(CPU), _config(B)
+    auto = select_linear_kernel(platform, config, disabled=frozenset({"EmulationLinearKernel"}))
+    assert auto.kernel is None and auto.error.startswith("no linear kernel for scheme fp8-block on cpu with "
+                                                         "--linear-backend auto: EmulationLinearKernel: disabled by")
+    assert "Choose another" not in auto.error
+    strict = select_linear_kernel(platform, config, "marlin")
+    assert strict.error.endswith(". Choose another --linear-backend (see `quantgate kernels`) or 'auto'")

@@ -17,7 +17,10 @@ def tok():
 
 
 def test_retraining_gives_the_shipped_bytes() -> None:
-    for name, data in tokenizer_recipe.tokenizer_files().items():
+    files = tokenizer_recipe.tokenizer_files()
+    # Both files the engine and lm-eval read: an empty dict would make the loop below check nothing.
+    assert set(files) == {"tokenizer.json", "tokenizer_config.json"}
+    for name, data in files.items():
         assert (tokenizer_recipe.TOKENIZER_DIR / name).read_bytes() == data, name
 
 
