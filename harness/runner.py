@@ -632,8 +632,8 @@ def _config_summary(config: EvalConfig, model: str, run_dir: Path) -> dict[str, 
     data = config.model_dump(mode="json", exclude={"source", "sha256"})
     data["server_args"] = server_args
     data["env"] = redact_env(config.env)
-    return {"path": str(config.source), "sha256": config.sha256, "commit": checkout_commit(config.source.parent, config.source),
-            "engine": config.engine,
+    return {"path": str(config.source), "sha256": config.sha256,
+            "commit": checkout_commit(config.source.parent, config.source), "engine": config.engine,
             "model_name": config.model_name, "model": model, "model_files": model_fingerprint(model),
             "server_args": server_args,
             "task": config.task, "metric": config.metric, "tags": config.tags, "run_dir": str(run_dir), "data": data}

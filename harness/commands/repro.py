@@ -124,7 +124,8 @@ def _config_of_run(given: Path) -> tuple[Path, dict[str, Any]] | None:
               + (f" with --engine {ran['engine']}" if ran["engine"] else "")
               + (f" --limit {ran['limit']}" if ran["limit"] is not None else ""), file=sys.stderr)
         return None
-    changed = "" if config.get("sha256") == sha256_file(path) else " (the file has changed since that run: its sha256 differs)"
+    changed = "" if config.get("sha256") == sha256_file(path) else \
+        " (the file has changed since that run: its sha256 differs)"
     how = [f"engine {ran['engine']}"] if ran["engine"] else []
     how += [f"{ran['limit']} questions"] if ran["limit"] is not None else []
     print(f"# reproducing {path}, the config of the run in {result.parent}{changed}"
