@@ -9,7 +9,7 @@ from quantgate.kernels import LinearLayerConfig, Platform, Scheme
 from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
 from quantgate.kernels.schemes import SCALE_NAMES
 
-from .linear_cases import make_case, reference_w8a8, rel_error
+from .linear_cases import GPU_N, make_case, reference_w8a8, rel_error
 
 
 @pytest.mark.parametrize("scheme, dtype, static", [
@@ -88,12 +88,15 @@ def test_cuda_matches_float64_reference(seed, scheme, m):
     ok, reason = kernel_cls.is_supported(Platform.detect("cuda"))
     if not ok:
         pytest.skip(reason)
-    case = make_case(1024, 1536, scheme, act_dtype=torch.bfloat16, bias=True, device="cuda")
+    # Block: cuBLASLt's scale layout needs K % 512 and N % 128; the others take any multiple of 16,
+    # so they are checked on N and K that are not multiples of 128.
+    n, k = (1024, 1536) if scheme is Scheme.FP8_BLOCK else (GPU_N, 1040)
+    case = make_case(n, k, scheme, act_dtype=torch.bfloat16, bias=True, device="cuda")
     kernel = kernel_cls(case.config)
     kernel.process_weights_after_loading(case.layer)
-    x = torch.randn(m, 1536, device="cuda").bfloat16()
+    x = torch.randn(m, k, device="cuda").bfloat16()
     out = kernel.apply(case.layer, x, case.layer.bias)
-    assert out.shape == (m, 1024)
+    assert out.shape == (m, n)
     # Correct outputs sit ~1.3e-4 from the rounded reference; a bias added after rounding the
     # GEMM to bf16 (a second rounding) sat at 1.0-1.1e-3.
     assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 5e-4
