@@ -632,7 +632,7 @@ class _Loader:
             self._check_model_folder(config)
         gate = self._check_gate(config)
         dataset = self._check_dataset(config)
-        self._warn_too_few_questions(config, gate, dataset)
+        self._check_question_count(config, gate, dataset)
         metric = self._check_task(config)
         baseline_path = self._resolve_baseline(config)
         return config.model_copy(update={"gate": gate, "dataset": dataset, "baseline_path": baseline_path,
@@ -879,11 +879,12 @@ class _Loader:
                       f"sqrt(p (1 - p)) = 0): {consequence}; measure the reference on more questions "
                       "(`quantgate calibrate`) or gate absolute")
 
-    def _warn_too_few_questions(self, config: EvalConfig, gate: GateSpec, dataset: DatasetSpec | None) -> None:
+    def _check_question_count(self, config: EvalConfig, gate: GateSpec, dataset: DatasetSpec | None) -> None:
         """What the question count the config evaluates leaves a gate: a test file with fewer
         questions than num_questions is evaluated whole, on fewer questions than configured (the
         thresholds were set for num_questions); and on so few questions a hypothesis threshold
-        falls to 0 or below, or no outcome of a paired test reaches alpha, so the gate can never fail."""
+        falls to 0 or below, or no outcome of a paired test reaches alpha, so the gate can never fail
+        (a warning, an error for a config tagged release)."""
         n = config.num_questions
         where = self._at("num_questions") if n is not None else ["dataset", "test"]
         available = count_test_questions(config.model_copy(update={"dataset": dataset})) \
