@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="backends for the FP8 layers, one run each (e.g. torch triton marlin)")
     g = sub.add_parser("gsm8k", help="the embedded eval's workload on a shipped model folder")
     g.add_argument("--model", type=Path, default=Path("models/tiny-qwen3-fp8-block-native"))
-    g.add_argument("--data", type=Path, default=Path("models/data/synth-gsm8k-v1"))
+    g.add_argument("--data", type=Path, default=Path("models/data/synth-gsm8k-v2"))
     g.add_argument("--requests", type=int, default=500)
     g.add_argument("--concurrency", type=int, default=64)
     g.add_argument("--fewshot", type=int, default=5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -122,7 +123,14 @@ def register_training_log(manifest: dict, log_path: Path) -> str:
         "accuracy": {"strict_match": final["accuracy"], "n": final["n"],
                      "measured_with": "train.py: transformers greedy decoding, lm-eval gsm8k 5-shot prompts"},
     })
-    entry.setdefault("variants", {})
+    # The variants on disk were quantized from the previous weights and match their pins, so
+    # `build_variants.py` would call them up to date and `refresh` would pin them again: they are
+    # build outputs (`make models`), so they go, and the next build makes them from the new weights.
+    for variant in entry.get("variants", {}):
+        if (MODELS_DIR / variant).is_dir():
+            shutil.rmtree(MODELS_DIR / variant)
+            print(f"removed {MODELS_DIR / variant}: built from the weights {name} had before")
+    entry["variants"] = {}
     return name
 
 

@@ -8,12 +8,17 @@ Problem i of a split is a pure function of (version, split, i): its RNG is seede
 string, which Python hashes with SHA-512, so files are byte-identical on every machine and
 the training stream can be generated in parallel chunks.
 
-Difficulty (v1) is set for a ~5M-parameter model with one token per digit: a product is a
+Splits are disjoint by `twin_key` (the numbers of the question and its final answer), not by
+text: v1 compared whole texts, so a test question that differed from a training one only in a
+name or an item had its memorized answer in training (a third of v1's test questions). v2 draws
+with its own seeds and excludes such twins; v1 draws remain for the tokenizer's corpus.
+
+Difficulty (every version) is set for a ~5M-parameter model with one token per digit: a product is a
 2-digit number times 2..12 or a 3-4 digit number times 2..9, divisions are exact with a
 divisor 2..12, sums and differences use up to 4-digit numbers, and no value is ever negative
 or fractional.
 
-    python models/recipes/synth_gsm8k.py            # write models/data/synth-gsm8k-v1/
+    python models/recipes/synth_gsm8k.py            # write models/data/synth-gsm8k-v2/
     python models/recipes/synth_gsm8k.py --check    # verify the shipped files
 """
 
@@ -23,11 +28,14 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-VERSION = "v1"
+VERSION = "v2"
+# Every version draws from the same templates; only the seed string differs.
+VERSIONS = ("v1", "v2")
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / f"synth-gsm8k-{VERSION}"
 SPLIT_SIZES = {"test": 1000, "train": 2000}
 # Training-stream problems longer than this are dropped so that any 5 train examples plus a
@@ -498,8 +506,8 @@ TEMPLATES: list[Callable[[random.Random], tuple[str, str]]] = [
 
 def problem(version: str, split: str, index: int) -> Problem:
     """Problem `index` of `split`: a pure function of its arguments (the RNG is seeded by string)."""
-    if version != VERSION:
-        raise ValueError(f"unknown data version {version!r}; this generator makes {VERSION!r}")
+    if version not in VERSIONS:
+        raise ValueError(f"unknown data version {version!r}; this generator draws {', '.join(VERSIONS)}")
     r = random.Random(f"synth-gsm8k/{version}/{split}/{index}")
     while True:
         question, answer = r.choice(TEMPLATES)(r)
@@ -507,26 +515,37 @@ def problem(version: str, split: str, index: int) -> Problem:
             return {"question": question, "answer": answer}
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def twin_key(p: Problem) -> str:
+    """What a memorized answer depends on: the question's numbers in order and the final answer.
+
+    Two problems with equal keys differ at most in names, items or template wording, so a model
+    trained on one has seen the other's answer."""
+    return ",".join(_NUMBER.findall(p["question"])) + "|" + p["answer"].rsplit("#### ", 1)[1]
+
+
 def problems(split: str, start: int = 0, exclude: frozenset[str] = frozenset(), version: str = VERSION) -> Iterator[Problem]:
-    """Problems of `split` from index `start` on, skipping questions in `exclude`."""
+    """Problems of `split` from index `start` on, skipping those whose `twin_key` is in `exclude`."""
     index = start
     while True:
         p = problem(version, split, index)
         index += 1
-        if p["question"] not in exclude:
+        if twin_key(p) not in exclude:
             yield p
 
 
-def make_splits(version: str = VERSION) -> dict[str, list[Problem]]:
-    """Test first, then train without any test question; each split has unique questions."""
+def make_splits() -> dict[str, list[Problem]]:
+    """Test first, then train; no two problems of the splits share a `twin_key`."""
     out: dict[str, list[Problem]] = {}
     seen: set[str] = set()
     for split in ("test", "train"):
         rows: list[Problem] = []
-        for p in problems(split, exclude=frozenset(), version=version):
-            if p["question"] in seen:
+        for p in problems(split):
+            if twin_key(p) in seen:
                 continue
-            seen.add(p["question"])
+            seen.add(twin_key(p))
             rows.append(p)
             if len(rows) == SPLIT_SIZES[split]:
                 break
@@ -544,11 +563,10 @@ def read_jsonl(path: Path) -> list[Problem]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", default=VERSION, choices=[VERSION])
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="output folder (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="verify the files in --out instead of writing them")
     args = parser.parse_args(argv)
-    splits = make_splits(args.version)
+    splits = make_splits()
     bad = []
     for split, rows in splits.items():
         path = args.out / f"{split}.jsonl"
@@ -561,11 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         path.write_bytes(data)
         print(f"wrote {path} ({len(rows)} problems, sha256 {hashlib.sha256(data).hexdigest()})")
     if bad:
-        print(f"error: {', '.join(bad)} differ from generator {args.version}; regenerate with "
+        print(f"error: {', '.join(bad)} differ from generator {VERSION}; regenerate with "
               f"`python models/recipes/synth_gsm8k.py --out {args.out}`", file=sys.stderr)
         return 1
     if args.check:
-        print(f"ok: {args.out} matches generator {args.version}")
+        print(f"ok: {args.out} matches generator {VERSION}")
     return 0
 
 

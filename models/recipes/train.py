@@ -1,7 +1,8 @@
 """Train the shipped tiny models: a dense Qwen3 and a Qwen3-MoE, with transformers' own classes.
 
 Training sequences are lm-eval-style few-shot text (solved problems joined by "\\n\\n", up to
-1024 tokens) drawn from the generator's `stream` split, which never contains a test question.
+1024 tokens) drawn from the generator's `stream` split, which never contains a test question's twin
+(`synth_gsm8k.twin_key`: the same numbers and answer under other names or wording).
 The loss covers the answers and the "Question:" that follows each one (so the model learns
 to stop where lm-eval's stop string cuts), not the question bodies, whose numbers are noise.
 Several checkpoints are evaluated during training with the exact lm-eval 5-shot prompts on
@@ -134,7 +135,7 @@ def _pool_chunk(args: tuple[int, int, frozenset[str], str]) -> tuple[np.ndarray,
 
     tok = Tokenizer.from_file(tokenizer_file)
     docs = [p for p in (synth_gsm8k.problem(synth_gsm8k.VERSION, "stream", i) for i in range(start, stop))
-            if p["question"] not in exclude]
+            if synth_gsm8k.twin_key(p) not in exclude]
     # Encoding each shot followed by the next shot's "Question:" gives exactly the tokens the
     # shot has inside a longer prompt: "\n\n" before text splits differently than at the end.
     encs = tok.encode_batch([fewshot.format_example(d) + "Question:" for d in docs])
@@ -405,7 +406,7 @@ def train_one(args: argparse.Namespace, t_start: float) -> int:
     if args.pool_file:
         pool = Pool.load(args.pool_file)
     else:
-        exclude = frozenset(d["question"] for d in test_docs)
+        exclude = frozenset(map(synth_gsm8k.twin_key, test_docs))
         pool = Pool.build(r.pool_problems, exclude, args.tokenizer_dir / "tokenizer.json", args.workers)
     log(name, f"pool: {len(pool.lengths)} shots, {len(pool.ids)} tokens ({time.time() - t_start:.0f}s)")
 
@@ -557,7 +558,7 @@ def train_both(args: argparse.Namespace, t_start: float) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         r = recipe_for(args)
         test_docs = synth_gsm8k.read_jsonl(args.data_dir / "test.jsonl")
-        pool = Pool.build(r.pool_problems, frozenset(d["question"] for d in test_docs),
+        pool = Pool.build(r.pool_problems, frozenset(map(synth_gsm8k.twin_key, test_docs)),
                           args.tokenizer_dir / "tokenizer.json", args.workers)
         pool_file = Path(tmp) / "pool.npz"
         pool.save(pool_file)

@@ -104,3 +104,23 @@ def test_a_changed_bf16_model_is_named_as_such_with_its_fix(tmp_path, capsys) ->
     assert f"git checkout -- {base}" in err and "manifest.py --train-log" in err
     assert "FP8 variants do not reproduce" not in err
     assert not (tmp_path / manifest.variant_name("base", "fp8-block", "native")).exists()
+
+
+def test_a_registered_retrained_model_unpins_its_variants(tmp_path, monkeypatch) -> None:
+    """The old variants still match their old pins: kept, build_variants.py would call them up to
+    date and the new model would ship with FP8 variants of the weights it replaced."""
+    monkeypatch.setattr(manifest, "MODELS_DIR", tmp_path)
+    (tmp_path / "tiny").mkdir()
+    log = tmp_path / "tiny.json"
+    log.write_text(json.dumps({
+        "model": "tiny", "architecture": "Qwen3ForCausalLM", "parameters": 1, "reproduce": "train.py ...",
+        "seed": 0, "steps": 2, "chosen": {"step": 1, "final_eval": {"accuracy": 0.8, "n": 10}},
+        "device_name": "cpu", "versions": {}, "wall_s": 1.0, "data": {"version": "v2", "sha256": {}}}))
+    (tmp_path / "tiny-fp8-block-native").mkdir()
+    (tmp_path / "tiny-fp8-block-native" / "model.safetensors").write_bytes(b"old")
+    entry = {"variants": {"tiny-fp8-block-native": {"accuracy": 0.9, "files": {"model.safetensors": "0" * 64}}}}
+    man = {"models": {"tiny": entry}}
+    assert manifest.register_training_log(man, log) == "tiny"
+    assert man["models"]["tiny"]["variants"] == {}
+    assert not (tmp_path / "tiny-fp8-block-native").exists() and (tmp_path / "tiny").is_dir()
+    assert man["models"]["tiny"]["accuracy"]["strict_match"] == 0.8

@@ -1,4 +1,4 @@
-"""The shipped data regenerate byte for byte, the splits are disjoint, every answer's arithmetic checks."""
+"""The shipped data regenerate byte for byte, the splits share no twin, every answer's arithmetic checks."""
 
 from __future__ import annotations
 
@@ -30,18 +30,32 @@ def test_check_mode_reports_a_modified_file(tmp_path, capsys) -> None:
     assert "test.jsonl" in capsys.readouterr().err
 
 
-def test_splits_have_their_sizes_and_are_disjoint(shipped) -> None:
-    train_q = [d["question"] for d in shipped["train"]]
-    test_q = [d["question"] for d in shipped["test"]]
-    assert (len(train_q), len(test_q)) == (synth_gsm8k.SPLIT_SIZES["train"], synth_gsm8k.SPLIT_SIZES["test"])
-    assert len(set(train_q)) == len(train_q) and len(set(test_q)) == len(test_q)
-    assert not set(train_q) & set(test_q)
+def test_splits_have_their_sizes_and_share_no_twin(shipped) -> None:
+    train_k = [synth_gsm8k.twin_key(d) for d in shipped["train"]]
+    test_k = [synth_gsm8k.twin_key(d) for d in shipped["test"]]
+    assert (len(train_k), len(test_k)) == (synth_gsm8k.SPLIT_SIZES["train"], synth_gsm8k.SPLIT_SIZES["test"])
+    assert len(set(train_k)) == len(train_k) and len(set(test_k)) == len(test_k)
+    assert not set(train_k) & set(test_k)
 
 
-def test_training_stream_excludes_test_questions(shipped) -> None:
-    test_q = frozenset(d["question"] for d in shipped["test"])
-    stream = synth_gsm8k.problems("stream", exclude=test_q)
-    assert not any(next(stream)["question"] in test_q for _ in range(3000))
+def test_twin_key_ignores_names_and_wording_but_not_numbers() -> None:
+    doc = synth_gsm8k.problem(synth_gsm8k.VERSION, "test", 0)
+    renamed = dict(doc, question=doc["question"].replace(doc["question"].split()[0], "Someone", 1))
+    assert renamed["question"] != doc["question"]
+    assert synth_gsm8k.twin_key(renamed) == synth_gsm8k.twin_key(doc)
+    first = re.search(r"\d+", doc["question"])
+    renumbered = dict(doc, question=doc["question"][: first.start()] + "7" + first.group() + doc["question"][first.end():])
+    assert synth_gsm8k.twin_key(renumbered) != synth_gsm8k.twin_key(doc)
+
+
+def test_training_stream_excludes_the_twins_of_test_questions(shipped) -> None:
+    test_k = frozenset(map(synth_gsm8k.twin_key, shipped["test"]))
+    raw = [synth_gsm8k.problem(synth_gsm8k.VERSION, "stream", i) for i in range(20_000)]
+    # Without the filter the stream does repeat test problems under other names: the check has teeth.
+    assert any(synth_gsm8k.twin_key(p) in test_k and p["question"] not in {d["question"] for d in shipped["test"]}
+               for p in raw)
+    stream = synth_gsm8k.problems("stream", exclude=test_k)
+    assert not any(synth_gsm8k.twin_key(next(stream)) in test_k for _ in range(20_000))
 
 
 def test_every_annotation_is_right_and_the_final_answer_is_the_last_result(shipped) -> None:
@@ -79,7 +93,8 @@ def test_variety_steps_operations_and_magnitudes(shipped) -> None:
 
 
 def test_problem_is_a_pure_function_of_its_arguments() -> None:
-    assert synth_gsm8k.problem("v1", "stream", 12345) == synth_gsm8k.problem("v1", "stream", 12345)
-    assert synth_gsm8k.problem("v1", "stream", 1) != synth_gsm8k.problem("v1", "stream", 2)
+    assert synth_gsm8k.problem("v2", "stream", 12345) == synth_gsm8k.problem("v2", "stream", 12345)
+    assert synth_gsm8k.problem("v2", "stream", 1) != synth_gsm8k.problem("v2", "stream", 2)
+    assert synth_gsm8k.problem("v1", "stream", 1) != synth_gsm8k.problem("v2", "stream", 1)
     with pytest.raises(ValueError, match="unknown data version"):
-        synth_gsm8k.problem("v2", "test", 0)
+        synth_gsm8k.problem("v3", "test", 0)
