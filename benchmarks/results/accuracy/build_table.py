@@ -36,11 +36,14 @@ TINY = REPO / "eval_configs" / "tiny"
 ACCEPTED_DROP = 0.03  # issue 6: every FP8 variant within 3 points of its bf16 model
 
 
-def _machine(result: dict) -> str:
-    """The GPU a run used, else this machine's CPU."""
+def _machine(result: dict, directory: Path) -> str:
+    """The GPU a run used, else the CPU named by the calibration's machine.txt (cpu_calibrate.sh
+    writes one: the table may be built on another machine), else this machine's CPU."""
     device = (result.get("kernels") or {}).get("platform") or {}
     if device.get("device") == "cuda":
         return f"{device.get('name')} (compute capability {device.get('capability')})"
+    if (directory / "machine.txt").is_file():
+        return (directory / "machine.txt").read_text().strip()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
@@ -90,6 +93,7 @@ def build(calibrations: Path, machine: str | None, out: Path) -> list[dict]:
             "linear_backend": flags.get("--linear-backend", "auto"),
             "moe_backend": flags.get("--moe-backend"),
             "n": first["metrics"]["n"],
+            "dataset": str(config.dataset.test.resolve().relative_to(REPO)) if config.dataset else config.task,
             "strict": statistics.fmean(r["metrics"]["strict_match"] for r, _ in runs),
             "flexible": statistics.fmean(r["metrics"]["flexible_extract"] for r, _ in runs),
             "runs": len(runs),
@@ -99,7 +103,7 @@ def build(calibrations: Path, machine: str | None, out: Path) -> list[dict]:
             "server_start_s": [r["timings"]["server_start_s"] for r, _ in runs],
             "date": proposal["reference"]["date"],
             "commit": proposal["reference"]["commit"],
-            "machine": machine or _machine(first),
+            "machine": machine or _machine(first, directory),
             "versions": first["versions"],
             "command": f"quantgate calibrate eval_configs/tiny/{path.name} --runs {len(runs)}",
         })
@@ -139,7 +143,7 @@ def markdown(rows: list[dict]) -> str:
                                        for r in rows))
     return (f"# Accuracy of the tiny models and their FP8 variants (built-in engine)\n\n"
             f"Strict-match (`exact_match,strict-match`, lm-eval gsm8k 5-shot) on the first n questions of "
-            f"`models/data/synth-gsm8k-v1/test.jsonl`.\nMeasured {each('date')} on {each('machine')} (shared with "
+            f"{', '.join(f'`{d}`' for d in dict.fromkeys(r['dataset'] for r in rows))}.\nMeasured {each('date')} on {each('machine')} (shared with "
             f"other jobs: seconds are indicative), {versions}; commits (HEAD when each calibration ran): "
             f"{each('commit')}.\n"
             f"Each row: `quantgate calibrate eval_configs/tiny/<config>.yaml --runs 2`; seconds per run are "
