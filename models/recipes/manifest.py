@@ -103,7 +103,7 @@ def dump(manifest: dict) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
-def register_training_log(manifest: dict, log_path: Path) -> str:
+def register_training_log(manifest: dict, log_path: Path, remove_variants: bool = True) -> str:
     run = json.loads(log_path.read_text())
     name = run["model"]
     folder = MODELS_DIR / name
@@ -126,12 +126,22 @@ def register_training_log(manifest: dict, log_path: Path) -> str:
     # The variants on disk were quantized from the previous weights and match their pins, so
     # `build_variants.py` would call them up to date and `refresh` would pin them again: they are
     # build outputs (`make models`), so they go, and the next build makes them from the new weights.
-    for variant in entry.get("variants", {}):
-        if (MODELS_DIR / variant).is_dir():
-            shutil.rmtree(MODELS_DIR / variant)
-            print(f"removed {MODELS_DIR / variant}: built from the weights {name} had before")
+    if remove_variants:
+        for variant, *_ in derived(name):
+            if (MODELS_DIR / variant).is_dir():
+                shutil.rmtree(MODELS_DIR / variant)
+                print(f"removed {MODELS_DIR / variant}: built from the weights {name} had before")
     entry["variants"] = {}
     return name
+
+
+def derived(base: str) -> list[tuple[str, str, str, str | None]]:
+    """What `build_variants.py` makes from `base`: (folder name, scheme, format, fault or None)."""
+    out: list[tuple[str, str, str, str | None]] = [(variant_name(base, s, f), s, f, None) for s, f in VARIANTS]
+    for fault in faults_lib.FAULTS_OF.get(base, ()):
+        spec = faults_lib.FAULTS[fault]
+        out.append((fault_name(base, fault), spec.scheme, spec.fmt, spec.description))
+    return out
 
 
 def refresh(manifest: dict) -> dict:
@@ -143,18 +153,12 @@ def refresh(manifest: dict) -> dict:
         entry["files"] = folder_hashes(folder)
         entry["parameters"] = safetensors_parameters(folder / "model.safetensors")
         variants = entry.setdefault("variants", {})
-        for scheme, fmt in VARIANTS:
-            name = variant_name(base, scheme, fmt)
+        for name, scheme, fmt, fault in derived(base):
             vfolder = MODELS_DIR / name
             if vfolder.is_dir():
                 v = variants.setdefault(name, {"scheme": scheme, "format": fmt, "accuracy": None})
-                v["files"] = folder_hashes(vfolder)
-        for fault in faults_lib.FAULTS_OF.get(base, ()):
-            spec, name = faults_lib.FAULTS[fault], fault_name(base, fault)
-            vfolder = MODELS_DIR / name
-            if vfolder.is_dir():
-                v = variants.setdefault(name, {"scheme": spec.scheme, "format": spec.fmt, "accuracy": None})
-                v["fault"] = spec.description
+                if fault is not None:
+                    v["fault"] = fault
                 v["files"] = folder_hashes(vfolder)
     return manifest
 
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load()
     before = dump(manifest)
     for log_path in args.train_log:
-        print(f"registered {register_training_log(manifest, log_path)}")
+        print(f"registered {register_training_log(manifest, log_path, remove_variants=not args.check)}")
     refresh(manifest)
     for spec in args.accuracy:
         set_accuracy(manifest, spec)

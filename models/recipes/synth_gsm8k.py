@@ -10,13 +10,12 @@ the training stream can be generated in parallel chunks.
 
 Splits are disjoint by `twin_key` (the numbers of the question and its final answer), not by
 text: v1 compared whole texts, so a test question that differed from a training one only in a
-name or an item had its memorized answer in training (a third of v1's test questions). v2 draws
+name or an item had its memorized answer in training (296 of v1's 1000 test questions). v2 draws
 with its own seeds and excludes such twins; v1 draws remain for the tokenizer's corpus.
 
-Difficulty (every version) is set for a ~5M-parameter model with one token per digit: a product is a
-2-digit number times 2..12 or a 3-4 digit number times 2..9, divisions are exact with a
-divisor 2..12, sums and differences use up to 4-digit numbers, and no value is ever negative
-or fractional.
+Difficulty is set for a ~5M-parameter model with one token per digit: a product is a 2-digit
+number times 2..12 or a 3-4 digit number times 2..9, divisions are exact with a divisor 2..12,
+sums and differences use up to 4-digit numbers, and no value is ever negative or fractional.
 
     python models/recipes/synth_gsm8k.py            # write models/data/synth-gsm8k-v2/
     python models/recipes/synth_gsm8k.py --check    # verify the shipped files
@@ -522,7 +521,8 @@ def twin_key(p: Problem) -> str:
     """What a memorized answer depends on: the question's numbers in order and the final answer.
 
     Two problems with equal keys differ at most in names, items or template wording, so a model
-    trained on one has seen the other's answer."""
+    trained on one has seen the other's answer. The same numbers in another order are another
+    problem (its steps differ), as GSM8K's own splits share arithmetic facts."""
     return ",".join(_NUMBER.findall(p["question"])) + "|" + p["answer"].rsplit("#### ", 1)[1]
 
 

@@ -162,7 +162,9 @@ class Pool:
     lengths: np.ndarray
 
     @classmethod
-    def build(cls, n_problems: int, exclude: frozenset[str], tokenizer_file: Path, workers: int) -> Pool:
+    def build(cls, n_problems: int, held_out: list[synth_gsm8k.Problem], tokenizer_file: Path, workers: int) -> Pool:
+        """The first `n_problems` stream problems that are no twin of a `held_out` one, as shots."""
+        exclude = frozenset(map(synth_gsm8k.twin_key, held_out))
         chunk = 5000
         tasks = [(s, min(s + chunk, n_problems), exclude, str(tokenizer_file)) for s in range(0, n_problems, chunk)]
         if workers > 1:
@@ -406,8 +408,7 @@ def train_one(args: argparse.Namespace, t_start: float) -> int:
     if args.pool_file:
         pool = Pool.load(args.pool_file)
     else:
-        exclude = frozenset(map(synth_gsm8k.twin_key, test_docs))
-        pool = Pool.build(r.pool_problems, exclude, args.tokenizer_dir / "tokenizer.json", args.workers)
+        pool = Pool.build(r.pool_problems, test_docs, args.tokenizer_dir / "tokenizer.json", args.workers)
     log(name, f"pool: {len(pool.lengths)} shots, {len(pool.ids)} tokens ({time.time() - t_start:.0f}s)")
 
     model = build_model(kind, len(tok), tok.eos_token_id, args.tiny or args.pilot).to(device)
@@ -558,8 +559,7 @@ def train_both(args: argparse.Namespace, t_start: float) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         r = recipe_for(args)
         test_docs = synth_gsm8k.read_jsonl(args.data_dir / "test.jsonl")
-        pool = Pool.build(r.pool_problems, frozenset(map(synth_gsm8k.twin_key, test_docs)),
-                          args.tokenizer_dir / "tokenizer.json", args.workers)
+        pool = Pool.build(r.pool_problems, test_docs, args.tokenizer_dir / "tokenizer.json", args.workers)
         pool_file = Path(tmp) / "pool.npz"
         pool.save(pool_file)
         log("both", f"pool: {len(pool.lengths)} shots built in {time.time() - t_start:.0f}s")

@@ -116,11 +116,15 @@ def test_a_registered_retrained_model_unpins_its_variants(tmp_path, monkeypatch)
         "model": "tiny", "architecture": "Qwen3ForCausalLM", "parameters": 1, "reproduce": "train.py ...",
         "seed": 0, "steps": 2, "chosen": {"step": 1, "final_eval": {"accuracy": 0.8, "n": 10}},
         "device_name": "cpu", "versions": {}, "wall_s": 1.0, "data": {"version": "v2", "sha256": {}}}))
-    (tmp_path / "tiny-fp8-block-native").mkdir()
-    (tmp_path / "tiny-fp8-block-native" / "model.safetensors").write_bytes(b"old")
-    entry = {"variants": {"tiny-fp8-block-native": {"accuracy": 0.9, "files": {"model.safetensors": "0" * 64}}}}
+    pinned, unpinned = manifest.variant_name("tiny", "fp8-block", "native"), manifest.variant_name("tiny", "fp8-tensor", "compressed-tensors")
+    for name in (pinned, unpinned):  # a variant built but never pinned was made from the old weights too
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"old")
+    entry = {"variants": {pinned: {"accuracy": 0.9, "files": {"model.safetensors": "0" * 64}}}}
     man = {"models": {"tiny": entry}}
+    assert manifest.register_training_log(man, log, remove_variants=False) == "tiny"  # --check changes no file
+    assert (tmp_path / pinned).is_dir() and (tmp_path / unpinned).is_dir()
     assert manifest.register_training_log(man, log) == "tiny"
     assert man["models"]["tiny"]["variants"] == {}
-    assert not (tmp_path / "tiny-fp8-block-native").exists() and (tmp_path / "tiny").is_dir()
+    assert not (tmp_path / pinned).exists() and not (tmp_path / unpinned).exists() and (tmp_path / "tiny").is_dir()
     assert man["models"]["tiny"]["accuracy"]["strict_match"] == 0.8

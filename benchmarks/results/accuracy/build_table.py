@@ -141,9 +141,10 @@ def markdown(rows: list[dict]) -> str:
 
     versions = ", ".join(dict.fromkeys(f"torch {r['versions'].get('torch')}, lm-eval {r['versions'].get('lm_eval')}"
                                        for r in rows))
+    datasets = ", ".join(f"`{d}`" for d in dict.fromkeys(r["dataset"] for r in rows))
     return (f"# Accuracy of the tiny models and their FP8 variants (built-in engine)\n\n"
             f"Strict-match (`exact_match,strict-match`, lm-eval gsm8k 5-shot) on the first n questions of "
-            f"{', '.join(f'`{d}`' for d in dict.fromkeys(r['dataset'] for r in rows))}.\nMeasured {each('date')} on {each('machine')} (shared with "
+            f"{datasets}.\nMeasured {each('date')} on {each('machine')} (shared with "
             f"other jobs: seconds are indicative), {versions}; commits (HEAD when each calibration ran): "
             f"{each('commit')}.\n"
             f"Each row: `quantgate calibrate eval_configs/tiny/<config>.yaml --runs 2`; seconds per run are "

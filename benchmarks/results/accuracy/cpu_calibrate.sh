@@ -3,7 +3,8 @@
 # JOBS configs at once, each pinned to its own CORES cores (the engine takes all but one of
 # them, the harness and lm-eval the last), so runs neither share cores nor see a GPU. Configs
 # are handed out in the order given; none starts when less than PER_CONFIG_S of BUDGET_S is
-# left, so a 10-minute job returns its table. Output as gpu_calibrate.sh's: $OUT/accuracy/.
+# left, so a 10-minute job returns its table. Output as gpu_calibrate.sh's, $OUT/accuracy/, with
+# the runs' samples kept: a table combining calibrations of several machines is built from them.
 #
 #   OUT=/tmp/out JOBS=5 CORES=3 FIRST_CORE=0 bash benchmarks/results/accuracy/cpu_calibrate.sh NAME...
 set -uo pipefail
@@ -16,6 +17,12 @@ JOBS=${JOBS:-1} CORES=${CORES:-3} FIRST_CORE=${FIRST_CORE:-0}
 BUDGET_S=${BUDGET_S:-540} PER_CONFIG_S=${PER_CONFIG_S:-300}
 START=$SECONDS
 (($# > 0)) || { echo "error: name the configs to calibrate (file stems under eval_configs/tiny)" >&2; exit 2; }
+last_core=$((FIRST_CORE + JOBS * CORES - 1))
+if ((last_core >= $(nproc --all))); then
+  echo "error: JOBS=$JOBS x CORES=$CORES from FIRST_CORE=$FIRST_CORE needs cores up to $last_core; this machine" \
+       "has $(nproc --all): lower JOBS or CORES" >&2
+  exit 2
+fi
 
 source benchmarks/gpu_env.sh
 quantgate_carried_wheels || exit 3
@@ -44,8 +51,8 @@ worker() {
       --output-dir "$DEST/$name" > "$DEST/$name.log" 2>&1
     echo "$name: exit $? in $((SECONDS - begin))s on cores $cores" | tee -a "$DEST/steps.txt"
     # The table may be built elsewhere: it names the machine from this file.
-    [[ -d "$DEST/$name" ]] && echo "$(lscpu | sed -n 's/^Model name: *//p'), $CORES of $(nproc) cores, $(uname -s) $(uname -m)" \
-      > "$DEST/$name/machine.txt"
+    [[ -d "$DEST/$name" ]] && echo "$(lscpu | sed -n 's/^Model name: *//p' | head -n1)," \
+      "$CORES of $(nproc --all) cores, $(uname -s) $(uname -m)" > "$DEST/$name/machine.txt"
   done
 }
 for ((slot = 0; slot < JOBS; slot++)); do worker "$slot" & done
