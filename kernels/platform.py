@@ -7,7 +7,10 @@ answers "what would an A100 pick?" on a CPU-only machine.
 from __future__ import annotations
 
 import importlib.util
+import os
+import platform as host
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -19,6 +22,18 @@ CAPABILITY_MINORS = range(10)
 
 def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+def _cpu_name() -> str:
+    """The CPU model and the cores this process may use: CPU results differ between CPUs (their
+    matmul kernels round differently), so a measurement names the one it ran on."""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model or host.processor() or host.machine() or 'cpu'}, {cores} cores"
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,7 @@ class Platform:
             libs = {"cuda"} | ({"triton"} if _has_module("triton") else set())
             return cls("cuda", (cap[0], cap[1]), torch.cuda.get_device_name(index), frozenset(libs))
         libs = {"triton-interpreter"} if _has_module("triton") else set()
-        return cls("cpu", None, "cpu", frozenset(libs))
+        return cls("cpu", None, _cpu_name(), frozenset(libs))
 
     @classmethod
     def hypothetical(cls, device: str, capability: str | tuple[int, int] | None = None) -> Platform:

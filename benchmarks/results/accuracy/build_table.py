@@ -38,12 +38,15 @@ ACCEPTED_DROP = 0.03  # issue 6: every FP8 variant within 3 points of its bf16 m
 
 def _machine(result: dict, directory: Path) -> str:
     """The GPU a run used, else the CPU named by the calibration's machine.txt (cpu_calibrate.sh
-    writes one: the table may be built on another machine), else this machine's CPU."""
+    writes one: the table may be built on another machine), else the CPU the engine reported
+    (older engines reported just "cpu"), else this machine's CPU."""
     device = (result.get("kernels") or {}).get("platform") or {}
     if device.get("device") == "cuda":
         return f"{device.get('name')} (compute capability {device.get('capability')})"
     if (directory / "machine.txt").is_file():
         return (directory / "machine.txt").read_text().strip()
+    if device.get("name") not in (None, "", "cpu"):
+        return str(device["name"])
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
