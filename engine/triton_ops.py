@@ -34,8 +34,8 @@ def _round(x, dtype: tl.constexpr):
     return x.to(dtype).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, rows, n, stride_x, stride_res, stride_out, eps,
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n, stride_x, stride_res, stride_out, eps,
                      HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     await_inputs(PDL)
     row = tl.program_id(0)
@@ -63,7 +63,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         options = launch_options(x.device)
         key = (x.dtype, weight.dtype, n, *strides, aligned(x.data_ptr()), aligned(res.data_ptr()),
                aligned(weight.data_ptr()), residual is not None, options["PDL"])
-        _rms_norm(key, (rows,), (x, res, weight, out, rows, n, *strides, eps),
+        _rms_norm(key, (rows,), (x, res, weight, out, n, *strides, eps),
                   HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n), **options)
     return out
 
@@ -85,10 +85,10 @@ def _norm_rope_half(lo, hi, w_ptr, cos_ptr, sin_ptr, half, eps, head_dim, dtype:
     return out_lo, out_hi
 
 
-@triton.jit(do_not_specialize=["tokens"])
+@triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr,
-    v_cache_ptr, tokens, stride_q, stride_k, stride_v, stride_qo, stride_ko, stride_cos,
+    v_cache_ptr, stride_q, stride_k, stride_v, stride_qo, stride_ko, stride_cos,
     stride_cs, stride_ch, stride_cp, eps,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -138,7 +138,7 @@ def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_n
         assert k_cache.stride() == v_cache.stride() and cos.stride() == sin.stride()
         _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
             q, k, v, q_out, k_out, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache,
-            tokens, q.stride(0), k.stride(0), v.stride(0), q_out.stride(0), k_out.stride(0), cos.stride(0),
+            q.stride(0), k.stride(0), v.stride(0), q_out.stride(0), k_out.stride(0), cos.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, **launch_options(q.device))
     return q_out, k_out
@@ -154,9 +154,9 @@ SPLIT_KEYS = 128
 MAX_SPLITS = 16
 
 
-@triton.jit(do_not_specialize=["batch", "grid_splits"])
+@triton.jit(do_not_specialize=["grid_splits"])
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, len_ptr, out_ptr, partial_ptr, counter_ptr,
-                             batch, scale, stride_qb, stride_ob, stride_cs, stride_ch, stride_cp, grid_splits,
+                             scale, stride_qb, stride_ob, stride_cs, stride_ch, stride_cp, grid_splits,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                              SPLIT_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Program (sequence, query head, split): an online softmax in float32 over its share of
@@ -235,14 +235,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partials = device_buffer(q.device, "attention_partials", rows * grid_splits * (head_dim + 2), torch.float32)
         counters = device_buffer(q.device, "attention_counters", rows, torch.int32)
         _decode_attention_kernel[(batch, num_heads, grid_splits)](
-            q, k_cache, v_cache, slots, lens, out, partials, counters, batch, scale, q.stride(0), out.stride(0),
+            q, k_cache, v_cache, slots, lens, out, partials, counters, scale, q.stride(0), out.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), grid_splits,
             GROUP=num_heads // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_KEYS=SPLIT_KEYS,
             MAX_SPLITS=MAX_SPLITS, num_warps=8, **launch_options(q.device))
 
 
-@triton.jit(do_not_specialize=["rows", "n"])
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, rows, n, stride_gate, stride_up, BLOCK: tl.constexpr,
+@triton.jit(do_not_specialize=["n"])
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, stride_gate, stride_up, BLOCK: tl.constexpr,
                          PDL: tl.constexpr):
     await_inputs(PDL)
     row = tl.program_id(0)
@@ -265,7 +265,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         strides = (gate.stride(0), up.stride(0))
         options = launch_options(gate.device)
         key = (gate.dtype, *strides, aligned(gate.data_ptr()), aligned(up.data_ptr()), options["PDL"])
-        _silu_and_mul(key, (rows, cdiv(n, 1024)), (gate, up, out, rows, n, *strides), BLOCK=1024, **options)
+        _silu_and_mul(key, (rows, cdiv(n, 1024)), (gate, up, out, n, *strides), BLOCK=1024, **options)
     return out
 
 
