@@ -30,6 +30,7 @@ from . import backends
 from .backends import Engine, Layer
 from .evaluate import sha256_file
 from .legacy import LEGACY_VARS, is_on, legacy_names, translate
+from .options import flag_of, option_uses
 from .yaml_lines import KeyPath, YamlDocument, YamlSyntaxError, load_yaml
 
 GateMode = Literal["absolute", "relative", "hypothesis", "wilson", "paired", "recovery"]
@@ -681,8 +682,8 @@ class _Loader:
                            "string", value=True)
         flags: dict[str, str] = {}
         for arg in config.server_args:
-            flag = arg.partition("=")[0].replace("_", "-")
-            if flag.startswith("--") and flag not in ("--linear-backend", "--moe-backend"):
+            flag = flag_of(arg)
+            if flag.startswith("--") and flag not in _BACKEND_FLAGS:
                 if flag in flags:
                     self.warn(self._at("server_args"), f"{flag} given twice: for most flags the server keeps only "
                               "the last value; remove one")
@@ -1037,14 +1038,15 @@ def resolve_model(config: EvalConfig) -> str:
     return name
 
 
+_BACKEND_FLAGS = frozenset(backends.FLAGS.values())
+
+
 def builtin_flags_problem(config: EvalConfig) -> str | None:
     """Why `quantgate serve` would refuse the config's server_args (engine builtin), else None.
     Backend values are left to the backend check, whose messages name the engines."""
     if config.engine != "builtin":
         return None
-    found = _backend_flags(config.server_args, strict=True)
-    skip = {i for _, _, i in found}
-    skip |= {i + 1 for _, value, i in found if value is not None and "=" not in config.server_args[i]}
+    skip = {i for use in option_uses(config.server_args, _BACKEND_FLAGS) for i in use.items}
     problem = usage_problem([a for i, a in enumerate(config.server_args) if i not in skip])
     return f"quantgate serve (engine builtin) refuses these flags: {problem}" if problem else None
 
@@ -1078,12 +1080,9 @@ def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
     """tp, pp and dp -> (size, index of its flag in `args`), the last of each as argparse keeps it.
     A value that is no positive integer counts as 1: the server refuses it."""
     sizes: dict[str, tuple[int, int]] = {}
-    for i, arg in enumerate(args):
-        head, eq, tail = arg.partition("=")
-        kind = _PARALLEL_FLAGS.get(head.replace("_", "-") if head.startswith("--") else head)
-        if kind is not None:
-            text = tail if eq else (args[i + 1] if i + 1 < len(args) else "")
-            sizes[kind] = (int(text) if text.strip().isdigit() and int(text) > 0 else 1, i)
+    for use in option_uses(args, _PARALLEL_FLAGS):
+        text = use.value or ""
+        sizes[_PARALLEL_FLAGS[use.flag]] = (int(text) if text.strip().isdigit() and int(text) > 0 else 1, use.index)
     return sizes
 
 
@@ -1093,24 +1092,10 @@ def backend_flags_of(args: Sequence[str]) -> dict[str, str]:
 
 
 def _backend_flags(args: Sequence[str], strict: bool = False) -> list[tuple[str, Any, int]]:
-    """(flag, value, index) for each --linear-backend / --moe-backend in `args`, in both the
-    `--flag value` and `--flag=value` forms (underscores accepted, as vLLM's parser does).
-    Without `strict`, flags with no value are skipped."""
-    found: list[tuple[str, Any, int]] = []
-    for i, arg in enumerate(args):
-        head, eq, tail = arg.partition("=")
-        flag = head.replace("_", "-")
-        if flag not in ("--linear-backend", "--moe-backend"):
-            continue
-        if eq:
-            value: str | None = tail or None
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-        else:
-            value = None
-        if value is not None or strict:
-            found.append((flag, value, i))
-    return found
+    """(flag, value, index) for each --linear-backend / --moe-backend in `args` (`--flag=` has no
+    value). Without `strict`, flags with no value are skipped."""
+    found = [(use.flag, use.value or None, use.index) for use in option_uses(args, _BACKEND_FLAGS)]
+    return [use for use in found if use[1] is not None or strict]
 
 
 def _switch(value: Any) -> bool | None:
@@ -1122,7 +1107,7 @@ def _switch(value: Any) -> bool | None:
 
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
-    return any(a.partition("=")[0].replace("_", "-") == flag for a in args)
+    return any(flag_of(a) == flag for a in args)
 
 
 def _dotted(key_path: KeyPath) -> str:

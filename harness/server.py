@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Protocol
 
 import httpx
 
+from .options import option_uses
 from .results import ArtifactsUnwritable
 # RUNNER_ENV: a listener on our port whose process carries another runner's pid is that run's
 # server, never a proxy of ours. SERVER_ENV: the watchdog finds what a server started outside its
@@ -99,22 +100,14 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: "<redacted>" if _secret(k) else v for k, v in env.items()}
 
 
-def _flag(arg: str) -> str:
-    """The flag `arg` names, in its dashed spelling (`--api_key=V` -> `--api-key`): both engines'
-    parsers take `_` for `-`."""
-    return arg.partition("=")[0].replace("_", "-") if arg.startswith("--") else arg
-
-
 def redact_api_key(argv: list[str]) -> list[str]:
     """`argv` with the value of `--api-key` replaced (result.json and logs are shared)."""
     out = list(argv)
-    for i, arg in enumerate(out):
-        if _flag(arg) != API_KEY_FLAG:
-            continue
-        if "=" in arg:
-            out[i] = arg.partition("=")[0] + "=<redacted>"
-        elif i + 1 < len(out):
-            out[i + 1] = "<redacted>"
+    for use in option_uses(out, {API_KEY_FLAG}):
+        if use.inline:
+            out[use.index] = out[use.index].partition("=")[0] + "=<redacted>"
+        elif use.value is not None:
+            out[use.index + 1] = "<redacted>"
     return out
 
 
@@ -131,18 +124,10 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 def split_option(args: list[str], name: str) -> tuple[str | None, list[str]]:
     """The value of `--name V` / `--name=V` (either spelling, `_` or `-`) in `args` (last wins,
-    as argparse), and `args` without it."""
-    value, rest, skip = None, [], False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-        elif _flag(arg) == name and "=" in arg:
-            value = arg.split("=", 1)[1]
-        elif _flag(arg) == name and i + 1 < len(args):
-            value, skip = args[i + 1], True
-        else:
-            rest.append(arg)
-    return value, rest
+    as argparse), and `args` without it (a `--name` with no value stays, for the server to refuse)."""
+    uses = [use for use in option_uses(args, {name}) if use.value is not None]
+    taken = {i for use in uses for i in use.items}
+    return (uses[-1].value if uses else None), [arg for i, arg in enumerate(args) if i not in taken]
 
 
 def quantgate_executable() -> list[str]:
