@@ -21,7 +21,7 @@ def test_a_flag_is_never_another_flags_value_nor_a_value_a_flag() -> None:
     # `--port --host h`: --port has no value (the server refuses it), --host keeps its own.
     assert option_uses(["--port", "--host", "h"], {"--port", "--host"}) == [
         OptionUse("--port", None, 0, inline=False), OptionUse("--host", "h", 1, inline=False)]
-    # A value that spells a watched flag is still the value of the flag before it.
+    # A value taken by a watched flag is not read again as a flag of its own (split_option always did so).
     assert option_uses(["--served-model-name", "-tp", "-tp", "2"], {"--served-model-name", "-tp"}) == [
         OptionUse("--served-model-name", "-tp", 0, inline=False), OptionUse("-tp", "2", 2, inline=False)]
     assert option_uses(["--port="], {"--port"}) == [OptionUse("--port", "", 0, inline=True)]
