@@ -47,9 +47,11 @@ def test_loss_mask_hides_exactly_the_question_bodies(pool, hf_tokenizer) -> None
 
 
 def test_pool_excludes_the_twins_of_held_out_problems() -> None:
-    twin = dict(synth_gsm8k.problem(synth_gsm8k.VERSION, "stream", 2))
+    original = synth_gsm8k.problem(synth_gsm8k.VERSION, "stream", 2)
+    twin = dict(original)
     for name in synth_gsm8k.NAMES:
         twin["question"] = twin["question"].replace(name, "Someone")
+    assert twin["question"] != original["question"]  # excluded as a twin, not as the same text
     assert len(train.Pool.build(10, [twin], TOKENIZER_FILE, workers=1).lengths) == 9
 
 
