@@ -95,7 +95,12 @@ def test_decode_attention_reads_each_sequence_up_to_its_length(seed, dtype):
         keys = k_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
         values = v_cache[slot, :, :length].double().repeat_interleave(heads // kv_heads, dim=0)
         weights = torch.softmax(q[b].double()[:, None, :] @ keys.transpose(1, 2) * head_dim**-0.5, dim=-1)
-        torch.testing.assert_close(out[b].double(), (weights @ values)[:, 0], **TOLERANCE[dtype])
+        ref = (weights @ values)[:, 0]
+        if dtype == torch.float32:
+            torch.testing.assert_close(out[b].double(), ref, **TOLERANCE[dtype])
+        else:  # an average of many values is small (about 0.03 at 2200 keys): bf16's atol would pass zeros
+            error = (out[b].double() - ref).abs().mean() / ref.abs().mean()
+            assert error < 1e-2, (length, error.item())
     counters = triton_ops.device_buffer(q.device, "attention_counters", 1, torch.int32)
     assert not counters.any()  # the merging programs reset them for the next launch
 
