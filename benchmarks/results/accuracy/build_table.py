@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -29,6 +28,7 @@ from quantgate.harness.config import load_config
 from quantgate.harness.gates import paired
 from quantgate.harness.results import markdown_table
 from quantgate.harness.config import resolve_model
+from quantgate.kernels.platform import Platform
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -36,20 +36,15 @@ TINY = REPO / "eval_configs" / "tiny"
 ACCEPTED_DROP = 0.03  # issue 6: every FP8 variant within 3 points of its bf16 model
 
 
-def _machine(result: dict, directory: Path) -> str:
-    """The GPU a run used, else the CPU named by the calibration's machine.txt (cpu_calibrate.sh
-    writes one: the table may be built on another machine), else the CPU the engine reported
-    (older engines reported just "cpu"), else this machine's CPU."""
+def _machine(result: dict) -> str:
+    """The GPU or CPU the run's engine reported, else (results of engines that named a CPU just
+    "cpu") this machine's CPU: pass --machine when the table is built on another machine."""
     device = (result.get("kernels") or {}).get("platform") or {}
     if device.get("device") == "cuda":
         return f"{device.get('name')} (compute capability {device.get('capability')})"
-    if (directory / "machine.txt").is_file():
-        return (directory / "machine.txt").read_text().strip()
     if device.get("name") not in (None, "", "cpu"):
         return str(device["name"])
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+    return f"{Platform.detect('cpu').name}, {platform.system()} {platform.machine()}"
 
 
 def _manifest_entry(folder: str) -> tuple[str, dict]:
@@ -106,7 +101,7 @@ def build(calibrations: Path, machine: str | None, out: Path) -> list[dict]:
             "server_start_s": [r["timings"]["server_start_s"] for r, _ in runs],
             "date": proposal["reference"]["date"],
             "commit": proposal["reference"]["commit"],
-            "machine": machine or _machine(first, directory),
+            "machine": machine or _machine(first),
             "versions": first["versions"],
             "command": f"quantgate calibrate eval_configs/tiny/{path.name} --runs {len(runs)}",
         })

@@ -50,9 +50,6 @@ worker() {
       "$PY" -m quantgate.harness.cli calibrate "eval_configs/tiny/$name.yaml" --runs 2 \
       --output-dir "$DEST/$name" > "$DEST/$name.log" 2>&1
     echo "$name: exit $? in $((SECONDS - begin))s on cores $cores" | tee -a "$DEST/steps.txt"
-    # The table may be built elsewhere: it names the machine from this file.
-    [[ -d "$DEST/$name" ]] && echo "$(lscpu | sed -n 's/^Model name: *//p' | head -n1)," \
-      "$CORES of $(nproc --all) cores, $(uname -s) $(uname -m)" > "$DEST/$name/machine.txt"
   done
 }
 for ((slot = 0; slot < JOBS; slot++)); do worker "$slot" & done
