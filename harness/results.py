@@ -479,10 +479,22 @@ def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# quantgate's own tree when it runs from a checkout (editable install); site-packages otherwise.
+_SOURCE_TREE = Path(__file__).resolve().parents[1]
+
+
 def checkout_commit(where: Path, file: Path | None = None) -> str | None:
     """HEAD of the git checkout holding `where`, `-dirty` when tracked files differ from it,
     `-untracked` when `file` is not in it (a config not committed yet: no commit holds what ran);
-    None outside git or before a first commit."""
+    None outside git or before a first commit.
+
+    QUANTGATE_COMMIT, when set, names the commit of quantgate's own tree and wins for configs
+    inside it: a copied tree (the device machine's) keeps a stale .git whose HEAD is not what
+    ran. Configs of other checkouts keep their git's answer."""
+    passed = os.environ.get("QUANTGATE_COMMIT")
+    if passed and Path(where).resolve().is_relative_to(_SOURCE_TREE):
+        return passed
+
     def git(*args: str) -> subprocess.CompletedProcess[str]:
         # No optional locks: `git status` would take the index lock a user's own `git add` needs.
         return subprocess.run(["git", "--no-optional-locks", "-C", str(where), *args], capture_output=True, text=True,

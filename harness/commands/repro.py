@@ -25,7 +25,7 @@ from ..expect import implied_by_server_args
 from ..pipeline import baseline_config
 from ..runner import (DEFAULT_OUTPUT_DIR, OutputDirUnwritable, PlanError, PlannedConfig, RunOptions, eval_settings,
                       local_gpus, output_dir_lock, plan, unmet_requirements)
-from ..server import LaunchedServer, ServerStartError, http_url, redact_env
+from ..server import LaunchedServer, ServerStartError, http_url, quantgate_executable, redact_env
 from .arg_types import positive_int
 
 DEFAULT_PORT = 8000
@@ -181,7 +181,7 @@ def _through_quantgate(config: EvalConfig, url: str, options: RunOptions,
     # The same evaluation: without them, quantgate would evaluate every question, or start the
     # config's own engine.
     def quantgate_run(source: Path) -> list[str]:
-        return ["quantgate", "run", str(source), *(["--engine", options.engine] if options.engine else []),
+        return [*quantgate_executable(), "run", str(source), *(["--engine", options.engine] if options.engine else []),
                 *(["--limit", str(options.limit)] if options.limit is not None else []),
                 *(["--output-dir", str(options.output_dir.resolve())] if baseline is not None else [])]
 

@@ -516,3 +516,18 @@ def test_summary_details_an_error_with_its_server_log_tail_and_junit_counts_the_
 def test_the_n_column_holds_counts_only() -> None:
     rows = [_record(name, "ERROR", metrics={"n": n}) for name, n in (("bool", True), ("half", 10.5), ("ten", 10.0))]
     assert list(summary_frame(rows)["n"].astype(object).where(lambda v: v.notna(), None)) == [None, None, 10]
+
+
+def test_quantgate_commit_names_configs_of_quantgate_tree_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device machine runs a copied tree whose .git is stale: result.json named that stale
+    HEAD. QUANTGATE_COMMIT (passed with the job) wins for quantgate's own configs, and only for
+    them: a config in another checkout keeps its git's answer."""
+    from quantgate.harness import results
+
+    tree = Path(results.__file__).resolve().parents[1]
+    config = tree / "eval_configs" / "tiny" / "demo.yaml"
+    monkeypatch.setenv("QUANTGATE_COMMIT", "feed1234")
+    assert results.checkout_commit(config.parent, config) == "feed1234"
+    assert results.checkout_commit(tmp_path, tmp_path / "x.yaml") is None  # tmp_path is in no checkout
+    monkeypatch.delenv("QUANTGATE_COMMIT")
+    assert results.checkout_commit(config.parent, config) != "feed1234"

@@ -11,10 +11,14 @@ import yaml
 
 from quantgate.harness.cli import main as cli
 from quantgate.harness.runner import LOCK_FILE
+from quantgate.harness.server import quantgate_executable
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import expected_accuracy, load_json, write_config
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
+# The printed `quantgate run` is this installation's, as the printed server and lm-eval commands are:
+# a bare `quantgate` ran whichever one PATH found, or none outside the venv.
+RUN = shlex.join([*quantgate_executable(), "run"]) + " "
 
 
 def _lines_after(output: str, marker: str) -> str:
@@ -50,7 +54,7 @@ def test_repro_prints_the_exact_server_and_lm_eval_commands(tmp_path: Path, gsm8
     assert parsed.model == "local-completions" and parsed.log_samples
     # vLLM, given a backend, may select automatically for some layers: only the log of a server
     # quantgate starts proves it, so the printed run launches one.
-    assert "--server-url" not in output and output.rstrip().splitlines()[-1].startswith("quantgate run ")
+    assert "--server-url" not in output and output.rstrip().splitlines()[-1].startswith(RUN)
 
 
 def test_repro_of_a_vllm_kernel_check_prints_the_launched_run_not_server_url(tmp_path: Path, gsm8k_dir: Path,
@@ -60,7 +64,7 @@ def test_repro_of_a_vllm_kernel_check_prints_the_launched_run_not_server_url(tmp
     assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
     output = capsys.readouterr().out
     assert "--server-url" not in output and "the kernel check (expect:, or the" in output
-    assert output.rstrip().splitlines()[-1] == f"quantgate run {shlex.quote(str(config))}"
+    assert output.rstrip().splitlines()[-1] == f"{RUN}{shlex.quote(str(config))}"
 
 
 def test_repro_passes_limit_and_engine_to_the_printed_quantgate_run(tmp_path: Path, gsm8k_dir: Path,
@@ -72,8 +76,8 @@ def test_repro_passes_limit_and_engine_to_the_printed_quantgate_run(tmp_path: Pa
                            expect={"linear_kernel": "marlin"})
     for config, tail in ((plain, " --server-url http://127.0.0.1:8000"), (checked, "")):
         assert cli(["repro", str(config), "--engine", "vllm", "--limit", "5", "--output-dir", str(tmp_path / "r")]) == 0
-        run = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantgate run ")]
-        assert run == [f"quantgate run {shlex.quote(str(config))} --engine vllm --limit 5{tail}"]
+        run = [line for line in capsys.readouterr().out.splitlines() if line.startswith(RUN)]
+        assert run == [f"{RUN}{shlex.quote(str(config))} --engine vllm --limit 5{tail}"]
 
 
 def test_repro_prints_commands_for_a_machine_this_one_is_not(tmp_path: Path, gsm8k_dir: Path,
@@ -113,11 +117,11 @@ def test_repro_of_a_paired_config_measures_its_baseline_first(tmp_path: Path, gs
     cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="paired")
     out = tmp_path / "r"
     assert cli(["repro", str(cand), "--limit", "4", "--output-dir", str(out)]) == 0
-    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantgate run ")]
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith(RUN)]
     tail = f"--limit 4 --output-dir {shlex.quote(str(out.resolve()))}"
-    assert runs == [f"quantgate run {shlex.quote(str(base))} {tail}", f"quantgate run {shlex.quote(str(cand))} {tail}"]
+    assert runs == [f"{RUN}{shlex.quote(str(base))} {tail}", f"{RUN}{shlex.quote(str(cand))} {tail}"]
     for line in runs:
-        assert cli(shlex.split(line)[1:]) == 0, capsys.readouterr().err
+        assert cli(shlex.split(line)[len(quantgate_executable()):]) == 0, capsys.readouterr().err
     assert load_json(out / "cand" / "result.json")["gate"]["baseline"]["reused"] is True
 
 
@@ -235,7 +239,7 @@ def test_repro_of_a_run_that_never_evaluated_keeps_its_limit(tmp_path: Path, gsm
 
 
 def _quantgate_runs(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("quantgate run ")]
+    return [line for line in output.splitlines() if line.startswith(RUN)]
 
 
 def test_repro_of_a_run_leaves_out_a_limit_that_is_the_configs_own(tmp_path: Path, gsm8k_dir: Path,
@@ -247,7 +251,7 @@ def test_repro_of_a_run_leaves_out_a_limit_that_is_the_configs_own(tmp_path: Pat
     capsys.readouterr()
     assert cli(["repro", str(tmp_path / "out" / "own"), "--output-dir", str(tmp_path / "r")]) == 0
     output = capsys.readouterr().out
-    assert _quantgate_runs(output) == [f"quantgate run {shlex.quote(str(config))} --engine vllm "
+    assert _quantgate_runs(output) == [f"{RUN}{shlex.quote(str(config))} --engine vllm "
                                        "--server-url http://127.0.0.1:8000"]
     evaluation = shlex.split(_lines_after(output, "#    with the config's local dataset"))
     assert evaluation[evaluation.index("--limit") + 1] == "4"  # the config's own, as `quantgate run` sends it
@@ -280,7 +284,7 @@ def test_repro_of_a_paired_run_keeps_a_limit_its_baseline_would_not_use(tmp_path
     assert cli(["run", str(cand), "--limit", "4", "--output-dir", str(out)]) in (0, 1)
     capsys.readouterr()
     assert cli(["repro", str(out / "cand"), "--output-dir", str(out)]) == 0
-    assert _quantgate_runs(capsys.readouterr().out) == [f"quantgate run {shlex.quote(str(cand))} --engine vllm "
+    assert _quantgate_runs(capsys.readouterr().out) == [f"{RUN}{shlex.quote(str(cand))} --engine vllm "
                                                         "--limit 4 --server-url http://127.0.0.1:8000"]
 
 
