@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE, scale_from_amax
+from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from .gemm_epilogue import target_programs
 from .launch import DirectLaunch, aligned, cdiv, next_power_of_2
 from .scratch import device_buffer
 
@@ -86,22 +87,54 @@ def _row_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm,
     STATIC: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One row per program. STATIC: the scale is given (per tensor); else it is the row's amax."""
+    """One row per program. STATIC: the scale is given (per tensor); else it is the row's amax.
+    A row of at most BLOCK values is read once and kept in registers; a longer one is read twice
+    (its amax, then its values)."""
     row = tl.program_id(0)
     live = row < M
     offs = tl.arange(0, BLOCK)
-    if STATIC:
-        scale = tl.load(s_ptr)
+    if BLOCK >= K:
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
+        if STATIC:
+            scale = tl.load(s_ptr)
+        else:
+            scale = _scale_from_amax(tl.max(tl.abs(x), axis=0))
+            tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * stride_qm + offs, _to_fp8(x, scale), mask=offs < K)
     else:
-        amax = tl.zeros((BLOCK,), tl.float32)
+        if STATIC:
+            scale = tl.load(s_ptr)
+        else:
+            amax = tl.zeros((BLOCK,), tl.float32)
+            for k0 in range(0, K, BLOCK):
+                x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=(k0 + offs < K) & live, other=0.0)
+                amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+            scale = _scale_from_amax(tl.max(amax, axis=0))
+            tl.store(s_ptr + row, scale)
         for k0 in range(0, K, BLOCK):
             x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=(k0 + offs < K) & live, other=0.0)
+            tl.store(q_ptr + row * stride_qm + k0 + offs, _to_fp8(x.to(tl.float32), scale), mask=k0 + offs < K)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _tensor_scale_kernel(x_ptr, s_ptr, amax_ptr, counter_ptr, M, K, stride_xm, BLOCK: tl.constexpr):
+    """The dynamic per-tensor scale in one launch: programs take rows in turn and join their amax
+    by an atomic max; the last to finish writes the scale and zeroes the amax and the counter
+    for the next call (the device scratch starts at zero). The amax is kept as its int32 bits,
+    which order as the non-negative floats do (integer atomics run everywhere, the interpreter
+    included)."""
+    programs = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), tl.float32)
+    for row in range(tl.program_id(0), M, programs):
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = _scale_from_amax(tl.max(amax, axis=0))
-        tl.store(s_ptr + row, scale)
-    for k0 in range(0, K, BLOCK):
-        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=(k0 + offs < K) & live, other=0.0)
-        tl.store(q_ptr + row * stride_qm + k0 + offs, _to_fp8(x.to(tl.float32), scale), mask=k0 + offs < K)
+    tl.atomic_max(amax_ptr, tl.max(amax, axis=0).to(tl.int32, bitcast=True))
+    # acq_rel: the last program's increment sees every other program's atomic max before it.
+    if tl.atomic_add(counter_ptr, 1) == programs - 1:
+        tl.store(s_ptr, _scale_from_amax(tl.atomic_xchg(amax_ptr, 0).to(tl.float32, bitcast=True)))
+        tl.atomic_xchg(counter_ptr, 0)
 
 
 def _padded_rows(m: int, row_multiple: int) -> int:
@@ -143,8 +176,17 @@ def _outputs(device: torch.device, mp: int, k: int, groups: int | None, column_m
     return views
 
 
+def _tensor_scale_output(device: torch.device, transient: bool) -> torch.Tensor:
+    """A 0-d float32 for a dynamic per-tensor scale: fresh, or the device scratch's."""
+    if transient:
+        return device_buffer(device, "act_quant_tensor_scale", 1, torch.float32)[0]
+    return torch.empty((), dtype=torch.float32, device=device)
+
+
 _group_quant = DirectLaunch(_group_quant_kernel)
 _row_quant = DirectLaunch(_row_quant_kernel)
+_tensor_scale = DirectLaunch(_tensor_scale_kernel)
+ROW_IN_REGISTERS = 16384  # longest row read once (16 warps, 32 values a thread); longer: 4096 a pass
 
 
 def quantize_per_token_group(
@@ -176,9 +218,22 @@ def quantize_per_token_group(
 def _row_quant_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, static: bool) -> None:
     m, k = x.shape
     stride_xm = x.stride(0)
+    block = next_power_of_2(k) if k <= ROW_IN_REGISTERS else 4096
     key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static)
     _row_quant(key, (q.shape[0],), (x, q, scale, m, k, stride_xm, k),  # q: [Mp, K] contiguous
-               STATIC=static, BLOCK=min(4096, next_power_of_2(k)), num_warps=4)
+               STATIC=static, BLOCK=block, num_warps=min(16, max(4, block // 1024)))
+
+
+def _tensor_scale_launch(x: torch.Tensor, scale: torch.Tensor) -> None:
+    m, k = x.shape
+    stride_xm = x.stride(0)
+    amax = device_buffer(x.device, "act_quant_amax_bits", 1, torch.int32)
+    counter = device_buffer(x.device, "act_quant_amax_counter", 1, torch.int32)
+    block = min(4096, next_power_of_2(k))
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()))
+    # Four programs an SM, each reading rows in turn: enough bytes in flight, few atomics.
+    _tensor_scale(key, (min(m, target_programs(x.device, 4)),), (x, scale, amax, counter, m, k, stride_xm),
+                  BLOCK=block, num_warps=min(8, max(4, block // 1024)))
 
 
 def quantize_per_token(
@@ -203,8 +258,11 @@ def quantize_per_tensor(
     _check_input(x)
     m, k = x.shape
     if scale is None:
-        amax = torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32)
-        scale = scale_from_amax(amax)
+        scale = _tensor_scale_output(x.device, transient)
+        if x.numel():
+            _tensor_scale_launch(x, scale)
+        else:
+            scale.fill_(MIN_SCALE)  # the scale of an all-zero tensor
     elif scale.dtype != torch.float32 or scale.dim():  # a checkpoint's static scale is bound as 0-d float32
         scale = scale.to(torch.float32).reshape(())
     mp = _padded_rows(m, row_multiple)

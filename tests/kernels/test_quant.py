@@ -94,6 +94,24 @@ def test_triton_per_token_and_per_tensor_quant_are_bit_exact(seed):
         assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
 
 
+def test_triton_row_quantizers_read_long_rows_in_passes_and_reset_their_scratch(seed, monkeypatch):
+    """Rows longer than a register block are read in passes; the dynamic per-tensor scale is one
+    launch whose programs take rows in turn and share an amax and a counter in the device
+    scratch, which the last program zeroes: a second call must not see the first one's amax."""
+    from quantgate.kernels.triton import act_quant
+
+    monkeypatch.setattr(act_quant, "ROW_IN_REGISTERS", 256)  # long rows at an interpreter's size
+    x = _activations(21, 300, torch.bfloat16)  # more rows than programs (8 on CPU), K not a multiple of 128
+    q, s = act_quant.quantize_per_token(x)
+    ref_q, ref_s = quant.quantize_act_per_token(x)
+    assert _same_fp8(q, ref_q) and torch.equal(s, ref_s)
+    for scaled in (x, x / 64, torch.zeros_like(x)):  # a larger amax first, then smaller ones
+        for transient in (False, True):
+            q, s = act_quant.quantize_per_tensor(scaled, transient=transient)
+            ref_q, ref_s = quant.quantize_act_per_tensor(scaled, None)
+            assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
+
+
 def test_transient_quantization_reuses_scratch_and_keeps_the_bits(seed):
     """The backends' path: outputs in the device scratch (one view per shape) and, on a GPU,
     launches by handle, cached per specialization. Rows that start off a 16-byte boundary and
@@ -136,16 +154,19 @@ def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
     whose division is IEEE (torch on CUDA divides by a Python scalar through its reciprocal)."""
     from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token, quantize_per_token_group
 
-    x = (torch.randn(257, 4096, device="cuda") * 3).to(dtype)
-    x[0, :128] = x[0, 5]  # a group of equal values: every one of them is the group's amax
-    cpu, static = x.cpu(), torch.tensor(0.02)
-    for (q, s), (ref_q, ref_s) in (
-        (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
-        (quantize_per_token(x), quant.quantize_act_per_token(cpu)),
-        (quantize_per_tensor(x), quant.quantize_act_per_tensor(cpu)),
-        (quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
-    ):
-        assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu().reshape(ref_s.shape), ref_s)
+    # Rows read once (4096, 14336) and in passes (20000); more rows than the per-tensor scale's programs.
+    for m, k in ((257, 4096), (97, 14336), (1100, 20000)):
+        x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
+        x[0, :128] = x[0, 5]  # a group of equal values: every one of them is the group's amax
+        cpu, static = x.cpu(), torch.tensor(0.02)
+        for (q, s), (ref_q, ref_s) in (
+            (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
+            (quantize_per_token(x), quant.quantize_act_per_token(cpu)),
+            (quantize_per_tensor(x), quant.quantize_act_per_tensor(cpu)),
+            (quantize_per_tensor(x / 8), quant.quantize_act_per_tensor(cpu / 8)),  # a smaller amax next
+            (quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
+        ):
+            assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu().reshape(ref_s.shape), ref_s)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
