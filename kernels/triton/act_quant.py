@@ -186,7 +186,10 @@ def _tensor_scale_output(device: torch.device, transient: bool) -> torch.Tensor:
 _group_quant = DirectLaunch(_group_quant_kernel)
 _row_quant = DirectLaunch(_row_quant_kernel)
 _tensor_scale = DirectLaunch(_tensor_scale_kernel)
-ROW_IN_REGISTERS = 16384  # longest row read once (16 warps, 32 values a thread); longer: 4096 a pass
+# The longest row read once (kept in registers: 128 values a thread at 4 warps; 8 or 16 warps
+# were 10-50% slower on the H200, run 21); a longer one is read twice, 4096 values at a time.
+ROW_IN_REGISTERS = 16384
+TENSOR_SCALE_PER_SM = 16  # programs of the per-tensor scale kernel (run 21: 4 per SM left HBM idle)
 
 
 def quantize_per_token_group(
@@ -221,7 +224,7 @@ def _row_quant_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, sta
     block = next_power_of_2(k) if k <= ROW_IN_REGISTERS else 4096
     key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static)
     _row_quant(key, (q.shape[0],), (x, q, scale, m, k, stride_xm, k),  # q: [Mp, K] contiguous
-               STATIC=static, BLOCK=block, num_warps=min(16, max(4, block // 1024)))
+               STATIC=static, BLOCK=block, num_warps=4)
 
 
 def _tensor_scale_launch(x: torch.Tensor, scale: torch.Tensor) -> None:
@@ -231,9 +234,9 @@ def _tensor_scale_launch(x: torch.Tensor, scale: torch.Tensor) -> None:
     counter = device_buffer(x.device, "act_quant_amax_counter", 1, torch.int32)
     block = min(4096, next_power_of_2(k))
     key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()))
-    # Four programs an SM, each reading rows in turn: enough bytes in flight, few atomics.
-    _tensor_scale(key, (min(m, target_programs(x.device, 4)),), (x, scale, amax, counter, m, k, stride_xm),
-                  BLOCK=block, num_warps=min(8, max(4, block // 1024)))
+    # Programs read rows in turn: a fixed grid keeps the atomics few (one per program).
+    _tensor_scale(key, (min(m, target_programs(x.device, TENSOR_SCALE_PER_SM)),),
+                  (x, scale, amax, counter, m, k, stride_xm), BLOCK=block, num_warps=4)
 
 
 def quantize_per_token(

@@ -4,7 +4,8 @@ whole-GEMM ratios move by +-0.04 between runs, more than these kernels' differen
 
 per-token: two passes (BLOCK 4096, 4 warps: the kernel before run 21) against one pass with
 the row in registers at 4, 8 and 16 warps. per-tensor dynamic: torch's vector_norm + scale
-(before run 21) against the one-launch scale kernel, each followed by the static row quantizer.
+(before run 21) against the one-launch scale kernel at 4-32 programs per SM, each followed by
+the static row quantizer.
     python benchmarks/results/h200-2026-12-01-run21/act_quant_variants.py > variants.txt
 """
 
@@ -30,7 +31,8 @@ def per_tensor_torch(x, q):
     aq._row_quant_launch(x, q, scale, static=True)
 
 
-def per_tensor_kernel(x, q, scale):
+def per_tensor_kernel(x, q, scale, per_sm):
+    aq.TENSOR_SCALE_PER_SM = per_sm  # read at each launch; the grid is not part of the handle's key
     aq._tensor_scale_launch(x, scale)
     aq._row_quant_launch(x, q, scale, static=True)
 
@@ -49,7 +51,9 @@ def main() -> None:
                 variants[f"per-token one pass, {warps} warps"] = (
                     lambda w=warps: per_token(x, q, s, next_power_of_2(k), w))
             variants["per-tensor torch amax + scale"] = lambda: per_tensor_torch(x, q)
-            variants["per-tensor scale kernel"] = lambda: per_tensor_kernel(x, q, scale)
+            for per_sm in (4, 8, 16, 32):
+                variants[f"per-tensor scale kernel, {per_sm}/SM"] = (
+                    lambda p=per_sm: per_tensor_kernel(x, q, scale, p))
             ref_q, ref_s = quant.quantize_act_per_token(x)
             ref_tq, _ = quant.quantize_act_per_tensor(x, None)
             for name, fn in variants.items():
