@@ -189,7 +189,7 @@ _tensor_scale = DirectLaunch(_tensor_scale_kernel)
 # The longest row read once (kept in registers: 128 values a thread at 4 warps; 8 or 16 warps
 # were 10-50% slower on the H200, run 21); a longer one is read twice, 4096 values at a time.
 ROW_IN_REGISTERS = 16384
-TENSOR_SCALE_PER_SM = 16  # programs of the per-tensor scale kernel (run 21: 4 per SM left HBM idle)
+TENSOR_SCALE_PER_SM = 8  # programs of the per-tensor scale kernel (run 21: 4 per SM left HBM idle, 16 no faster)
 
 
 def quantize_per_token_group(
