@@ -159,14 +159,16 @@ def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
         x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
         x[0, :128] = x[0, 5]  # a group of equal values: every one of them is the group's amax
         cpu, static = x.cpu(), torch.tensor(0.02)
-        for (q, s), (ref_q, ref_s) in (
-            (quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
-            (quantize_per_token(x), quant.quantize_act_per_token(cpu)),
-            (quantize_per_tensor(x), quant.quantize_act_per_tensor(cpu)),
-            (quantize_per_tensor(x / 8), quant.quantize_act_per_tensor(cpu / 8)),  # a smaller amax next
-            (quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
+        for name, (q, s), (ref_q, ref_s) in (
+            ("group", quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
+            ("token", quantize_per_token(x), quant.quantize_act_per_token(cpu)),
+            ("tensor", quantize_per_tensor(x), quant.quantize_act_per_tensor(cpu)),
+            ("tensor/8", quantize_per_tensor(x / 8), quant.quantize_act_per_tensor(cpu / 8)),  # a smaller amax next
+            ("static", quantize_per_tensor(x, static.cuda()), quant.quantize_act_per_tensor(cpu, static)),
         ):
-            assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu().reshape(ref_s.shape), ref_s)
+            where = (m, k, name)
+            assert torch.equal(s.cpu().reshape(ref_s.shape), ref_s), (where, s.flatten()[:4], ref_s.flatten()[:4])
+            assert _same_fp8(q.cpu(), ref_q), (where, (q.cpu().view(torch.uint8) != ref_q.view(torch.uint8)).nonzero()[:4])
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
