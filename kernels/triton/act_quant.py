@@ -43,17 +43,15 @@ def _to_fp8(x, scale):
     quotient must be the IEEE one, so a division, not a multiplication by the reciprocal."""
     if not _INTERPRETED:
         # One division per scale (scale is broadcast: a row or group shares it), not per element:
-        # r = RN(1/scale), q0 = RN(x r), then FMA corrections (Markstein): a correction of a
-        # quotient within one ulp is the correctly rounded quotient. q0 can be off by up to two
-        # ulps (r's rounding and q0's add up), so one correction was not always enough: about one
-        # value in ten million came out one FP8 step off on the H200 (run 21); the first
-        # correction brings q within one ulp, the second rounds it correctly. The cast is
-        # cvt.rn.satfinite: nearest even, saturating at +-448 (the clamp of quant.to_fp8), one
-        # instruction per pair.
+        # r = RN(1/scale), q0 = RN(x r), then one FMA correction (Markstein) gives the correctly
+        # rounded quotient. An exact q0 (zero residual) is kept as it is: the correction would
+        # add +0 to a -0 quotient and lose the sign of x = -0 (on the H200, 91 of 1.6e9 values
+        # in run 21, all of them -0). The cast is cvt.rn.satfinite: nearest even, saturating at
+        # +-448 (the clamp of quant.to_fp8), one instruction per pair.
         r = tl.math.div_rn(1.0, scale)
         q0 = x * r
-        q1 = tl.math.fma(tl.math.fma(-q0, scale, x), r, q0)
-        return tl.math.fma(tl.math.fma(-q1, scale, x), r, q1).to(tl.float8e4nv)
+        residual = tl.math.fma(-q0, scale, x)
+        return tl.where(residual == 0, q0, tl.math.fma(residual, r, q0)).to(tl.float8e4nv)
     q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
     # The Triton 3.6 interpreter's cast does not round to nearest even (no ties-to-even, no carry
     # into the exponent), and CPU CI runs these kernels under it: round to the e4m3 grid in float32

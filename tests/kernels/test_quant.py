@@ -48,6 +48,7 @@ def _activations(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     x = torch.randn(m, k, device=DEVICE) * 3
     x[0, 128:256] = 0  # an all-zero group
     x[-1, :40] *= 1e-4  # values that quantize to e4m3 subnormals
+    x[-1, 40:48] = -0.0  # keeps its sign: FP8 0x80, not 0x00
     return x.to(dtype)
 
 
@@ -158,6 +159,7 @@ def test_cuda_quantizers_are_bit_exact_at_scale(seed, dtype):
     for m, k in ((257, 4096), (97, 14336), (1100, 20000)):
         x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
         x[0, :128] = x[0, 5]  # a group of equal values: every one of them is the group's amax
+        x[1, :64] = -0.0  # FP8 -0 (a reciprocal's correction step turned it into +0)
         cpu, static = x.cpu(), torch.tensor(0.02)
         for name, (q, s), (ref_q, ref_s) in (
             ("group", quantize_per_token_group(x, 128), quant.quantize_act_per_token_group(cpu, 128)),
