@@ -225,7 +225,7 @@ def _row_quant_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, sta
     m, k = x.shape
     stride_xm = x.stride(0)
     block = next_power_of_2(k) if k <= ROW_IN_REGISTERS else 4096
-    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static, block)
     _row_quant(key, (q.shape[0],), (x, q, scale, m, k, stride_xm, k),  # q: [Mp, K] contiguous
                STATIC=static, BLOCK=block, num_warps=4)
 
