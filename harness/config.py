@@ -648,6 +648,9 @@ class _Loader:
         for name in legacy_names(config.env):
             if name in translation.unresolved:
                 fix = translation.unresolved[name]
+            elif LEGACY_VARS[name].rewrite(config.env[name], config.env) == []:  # off: it chooses nothing
+                fix = (f"remove it: as set here ({name}={config.env[name]}) it turns no kernel on "
+                       "(`quantgate migrate --write` does it)")
             elif translation.flags:
                 fix = f"use `{' '.join(translation.flags)}` in server_args instead (`quantgate migrate --write` does it)"
             else:
@@ -1081,9 +1084,18 @@ def _parallel_sizes(args: Sequence[str]) -> dict[str, tuple[int, int]]:
     A value that is no positive integer counts as 1: the server refuses it."""
     sizes: dict[str, tuple[int, int]] = {}
     for use in option_uses(args, _PARALLEL_FLAGS):
-        text = use.value or ""
-        sizes[_PARALLEL_FLAGS[use.flag]] = (int(text) if text.strip().isdigit() and int(text) > 0 else 1, use.index)
+        sizes[_PARALLEL_FLAGS[use.flag]] = (_positive_int(use.value or ""), use.index)
     return sizes
+
+
+def _positive_int(text: str) -> int:
+    """`text` as the server's `type=int` reads it, or 1 when that is no positive integer. int()
+    itself decides: str.isdigit() also holds for digits int() refuses (`²`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        return 1
+    return value if value > 0 else 1
 
 
 def backend_flags_of(args: Sequence[str]) -> dict[str, str]:

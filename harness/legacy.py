@@ -132,6 +132,11 @@ def _deep_gemm(value: str, env: Mapping[str, str]) -> Rewrite:
 def _deep_gemm_moe(value: str, env: Mapping[str, str]) -> Rewrite:
     if not is_on(value):
         return Forbids(("--moe-backend",))
+    if not is_on(env.get("VLLM_USE_DEEP_GEMM", "1")):
+        # vLLM runs DeepGEMM MoE only while VLLM_USE_DEEP_GEMM is on too (`VLLM_USE_DEEP_GEMM and
+        # VLLM_MOE_USE_DEEP_GEMM`): under VLLM_USE_DEEP_GEMM=0 this switch turns nothing on, and
+        # --moe-backend deep_gemm would run a kernel the config never ran.
+        return []
     return ["--moe-backend", "deep_gemm"]
 
 
@@ -196,6 +201,7 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
     plain = {k: str(v) for k, v in env.items()}
     already = dict(chosen or {})
     picked: dict[str, str] = {}
+    picked_by: dict[str, str] = {}  # flag -> the variable whose rewrite picked it
     out = Translation()
     forbids: list[tuple[str, Forbids]] = []
     follows: list[tuple[str, Follows]] = []
@@ -212,13 +218,14 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
         elif isinstance(rewrite, Follows):
             follows.append((name, rewrite))
         else:
-            conflict = _conflict(rewrite, {**already, **picked})
+            conflict = _conflict(rewrite, {**already, **picked}, picked_by)
             if conflict:
                 out.unresolved[name] = conflict
                 continue
             for flag, value in zip(rewrite[::2], rewrite[1::2]):
                 if flag not in already and flag not in picked:
                     picked[flag] = value
+                    picked_by[flag] = name
                     out.flags += [flag, value]
             out.replaced.append(name)
             if rewrite:
@@ -236,9 +243,15 @@ def translate(env: Mapping[str, object], chosen: Mapping[str, str] | None = None
     return out
 
 
-def _conflict(flags: list[str], chosen: Mapping[str, str]) -> str | None:
+def _conflict(flags: list[str], chosen: Mapping[str, str], picked_by: Mapping[str, str]) -> str | None:
+    """Why `flags` contradict `chosen`: server_args' backend flags, or those another legacy
+    variable (`picked_by`) stands for."""
     for flag, value in zip(flags[::2], flags[1::2]):
         if flag in chosen and chosen[flag].replace("-", "_").lower() != value:
+            if flag in picked_by:  # not in server_args: the config chooses nothing there
+                return (f"it means `{flag} {value}` but {picked_by[flag]} here means `{flag} {chosen[flag]}`; the "
+                        f"two contradict: keep the variable whose {flag} the config meant, or name {flag} in "
+                        "server_args, and remove the other")
             return (f"it means `{flag} {value}` but the config already chooses `{flag} {chosen[flag]}`; "
                     f"keep one {flag} and remove the variable")
     return None

@@ -13,6 +13,7 @@ from quantgate.harness.config import (
     expand_paths,
     inspect_config,
     load_config,
+    parallel_gpus,
     read_list_file,
 )
 
@@ -382,6 +383,7 @@ def test_expand_paths_files_lists_directories(tmp_path: Path) -> None:
     ("alpha: 0.1\n", 3, "alpha: belongs under gate: (gate: {alpha: ...}); at the top level nothing reads it"),
     ("max_invalid_rate: 0.1\n", 3, "max_invalid_rate: belongs under gate:"),
     ("requires: {device: cpu}\n", 3, "requires.device: names a GPU model as nvidia-smi lists it"),
+    ("requires: {device: ' CPU '}\n", 3, "requires.device: names a GPU model as nvidia-smi lists it"),
 ])
 def test_keys_a_beginner_misplaces_are_errors_not_silently_ignored(tmp_path: Path, text: str, line: int,
                                                                     message: str) -> None:
@@ -720,3 +722,111 @@ def test_provenance_keys_close_to_other_provenance_keys_are_quiet(tmp_path: Path
     report = inspect_config(path)
     assert [(w.field, w.message.rsplit("; ", 1)[-1]) for w in report.warnings] == \
         [("reference.valu", "did you mean 'value'?")]
+
+
+# -- mutation-testing follow-ups: behaviour no test pinned ---------------------------------------
+
+
+def test_a_file_that_is_an_empty_mapping_is_reported_empty(tmp_path: Path) -> None:
+    # `{}` has no keys, as a file whose keys are all commented out (SPEC 2), not "model_name: required".
+    path = write(tmp_path, "{}\n")
+    assert errors_of(path) == [f"{path}:1: empty config: the file has no keys (all commented out?)"]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("reference: {value: 0.8}\nrtol: 1\n", "rtol"),
+    ("reference: {value: 0.8}\ngate: {mode: relative, rtol: 1}\n", "gate.rtol"),
+])
+def test_an_rtol_of_one_is_refused(tmp_path: Path, text: str, field: str) -> None:
+    # reference * (1 - 1) = 0: a relative gate that can never fail.
+    [error] = inspect_config(write(tmp_path, "model_name: m\n" + text)).errors
+    assert error.field == field and "less than 1" in error.message
+
+
+def test_gate_defaults_of_the_spec(tmp_path: Path) -> None:
+    write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\n", "base.yaml")
+    config = load_config(write(tmp_path, "model_name: m\nbaseline: base\ngate: recovery\n"))
+    assert (config.gate.mode, config.gate.recovery) == ("recovery", 0.95)  # SPEC 3: recovery default 0.95
+    assert (config.gate.alpha, config.gate.beta) == (0.05, 0.2)
+
+
+@pytest.mark.parametrize("value, normal", [("9", "9.0"), ("'8.9'", "8.9"), ("' 08.0 '", "8.0")])
+def test_min_compute_capability_is_written_as_major_dot_minor(tmp_path: Path, value: str, normal: str) -> None:
+    text = f"model_name: m\naccuracy_threshold: 0.5\nrequires: {{gpus: 1, min_compute_capability: {value}}}\n"
+    assert load_config(write(tmp_path, text)).requires.min_compute_capability == normal
+
+
+@pytest.mark.parametrize("text, line, field, words", [
+    # limit is gen-1's num_questions: both set, one would silently win
+    ("num_questions: 10\nlimit: 20\n", 4, "limit", "set either num_questions or limit"),
+    ("env: {HF_HUB_OFFLINE: '1'}\nenv_vars: {HF_HUB_OFFLINE: '0'}\n", 4, "env_vars",
+     "HF_HUB_OFFLINE set in both env and env_vars"),
+    ("task: gsm8k_cot\ntasks:\n- name: gsm8k\n  metrics: [{name: 'exact_match,strict-match', value: 0.5}]\n", 3, "task",
+     "task 'gsm8k_cot' contradicts tasks[0].name 'gsm8k'"),
+    ("metric: 'exact_match,flexible-extract'\ntasks:\n- name: gsm8k\n  metrics: [{name: 'exact_match,strict-match', "
+     "value: 0.5}]\n", 3, "metric", "'exact_match,flexible-extract' is not among tasks[0].metrics"),
+])
+def test_gen1_and_gen2_keys_that_contradict_each_other_are_refused(tmp_path: Path, text: str, line: int, field: str,
+                                                                   words: str) -> None:
+    base = "model_name: m\naccuracy_threshold: 0.5\n" if "tasks" not in text else "model_name: m\nrtol: 0.1\n"
+    [error] = inspect_config(write(tmp_path, base + text)).errors
+    assert (error.line, error.field) == (line, field), str(error)
+    assert words in error.message
+
+
+def test_a_backend_flag_given_twice_with_different_values_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: [--linear-backend, marlin, "
+                           "--linear-backend, emulation]\n")
+    [error] = inspect_config(path).errors
+    assert error.field == "server_args[2]" and "--linear-backend given twice (marlin, emulation)" in error.message
+
+
+def test_an_empty_inline_backend_value_needs_a_value(tmp_path: Path) -> None:
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: [--moe-backend=]\n")
+    [error] = inspect_config(path).errors
+    assert error.field == "server_args[0]" and error.message == "--moe-backend needs a value"
+
+
+def test_parallel_sizes_that_are_no_positive_integer_count_as_one() -> None:
+    # The server refuses them; the GPU count must not drop to 0 (or crash) because of them.
+    assert parallel_gpus(["-tp", "0", "-pp", "2"]) == 2
+    assert parallel_gpus(["-tp", "x", "--data-parallel-size", "3"]) == 3
+    # str.isdigit() holds for '²', which int() refuses: lint crashed with a ValueError traceback.
+    assert parallel_gpus(["-tp", "²", "-pp", "2"]) == 2
+
+
+def test_a_parallel_size_int_refuses_is_no_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "engine: vllm\nmodel_name: org/m\naccuracy_threshold: 0.5\nserver_args: -tp ² -pp 2\n")
+    report = inspect_config(path)
+    assert report.errors == [] and report.config is not None
+
+
+def test_recovery_needs_a_baseline(tmp_path: Path) -> None:
+    [error] = inspect_config(write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\ngate: recovery\n")).errors
+    assert error.field == "gate.mode" and "mode recovery needs baseline" in error.message
+
+
+def test_a_baseline_named_by_the_configs_own_stem_is_not_itself(tmp_path: Path) -> None:
+    # Compared with itself a paired or recovery gate always passes.
+    [error] = inspect_config(write(tmp_path, "model_name: m\nbaseline: cfg\ngate: paired\n")).errors
+    assert error.field == "baseline" and "no config named 'cfg'" in error.message
+
+
+def test_a_dataset_hash_in_upper_case_matches(tmp_path: Path) -> None:
+    data = write(tmp_path, '{"question": "1+1?", "answer": "#### 2"}\n', "test.jsonl")
+    digest = hashlib.sha256(data.read_bytes()).hexdigest().upper()
+    text = f"model_name: m\naccuracy_threshold: 0.5\nnum_fewshot: 0\ndataset: {{test: test.jsonl, sha256: {{test: {digest}}}}}\n"
+    assert errors_of(write(tmp_path, text)) == []
+
+
+def test_a_legacy_switch_that_is_off_is_removed_without_naming_server_args(tmp_path: Path) -> None:
+    # It turns nothing on; the message said "server_args already choose the backend" for a file
+    # whose server_args choose nothing.
+    path = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '0'\n")
+    [error] = inspect_config(path).errors
+    assert (error.line, error.field) == (4, "env.VLLM_TEST_FORCE_FP8_MARLIN")
+    assert "remove it: as set here (VLLM_TEST_FORCE_FP8_MARLIN=0) it turns no kernel on" in error.message
+    assert "server_args already choose" not in error.message
+    chosen = write(tmp_path, "model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend marlin "
+                             "--moe-backend marlin\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n", "chosen.yaml")
+    assert "remove it: server_args already choose the backend" in errors_of(chosen)[0]

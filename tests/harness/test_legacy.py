@@ -21,6 +21,8 @@ from quantgate.harness.legacy import LEGACY_VARS, translate
      ["--moe-backend", "flashinfer_cutedsl"]),
     ({"VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass"}, ["--linear-backend", "flashinfer_cutlass"]),
     ({"VLLM_MXFP4_USE_MARLIN": "1"}, ["--moe-backend", "marlin"]),
+    ({"VLLM_MOE_USE_DEEP_GEMM": "1"}, ["--moe-backend", "deep_gemm"]),  # vLLM's own name of the MoE switch
+    ({"VLLM_USE_DEEP_GEMM_MOE": "1"}, ["--moe-backend", "deep_gemm"]),
 ])
 def test_translation(env: dict[str, str], flags: list[str]) -> None:
     result = translate(env)
@@ -116,3 +118,33 @@ def test_an_unknown_flashinfer_flavour_is_never_read_as_the_default(flavour: str
 def test_a_known_flavour_in_another_case_still_translates() -> None:
     result = translate({"VLLM_USE_FLASHINFER_MOE_FP8": "1", "VLLM_FLASHINFER_MOE_BACKEND": " Throughput "})
     assert result.flags == ["--moe-backend", "flashinfer_cutlass"] and result.unresolved == {}
+
+
+def test_a_chosen_backend_in_another_spelling_is_no_conflict() -> None:
+    # Backend names are case-insensitive, `-` and `_` alike (SPEC 2): `Marlin` is marlin.
+    result = translate({"VLLM_TEST_FORCE_FP8_MARLIN": "1"}, {"--moe-backend": "Marlin"})
+    assert result.flags == ["--linear-backend", "marlin"] and result.unresolved == {}
+    result = translate({"VLLM_USE_FLASHINFER_MOE_FP8": "1"}, {"--moe-backend": "FlashInfer-TRTLLM"})
+    assert result.flags == [] and result.replaced == ["VLLM_USE_FLASHINFER_MOE_FP8"] and result.unresolved == {}
+
+
+@pytest.mark.parametrize("moe_switch", ["VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_MOE"])
+def test_the_deep_gemm_moe_switch_turns_nothing_on_while_deep_gemm_is_off(moe_switch: str) -> None:
+    """vLLM runs DeepGEMM MoE only when VLLM_USE_DEEP_GEMM is on as well: with =0 nothing ran
+    DeepGEMM, and `--moe-backend deep_gemm` (what migrate wrote) would run it."""
+    env = {"VLLM_USE_DEEP_GEMM": "0", moe_switch: "1"}
+    result = translate(env, {"--linear-backend": "cutlass"})
+    assert result.flags == [] and result.replaced == [moe_switch]
+    assert "--moe-backend" in result.unresolved["VLLM_USE_DEEP_GEMM"]  # still rules DeepGEMM out for MoE
+    assert translate(env, {"--linear-backend": "cutlass", "--moe-backend": "triton"}).unresolved == {}
+    assert translate({"VLLM_USE_DEEP_GEMM": "1", moe_switch: "1"}).flags == [
+        "--linear-backend", "deep_gemm", "--moe-backend", "deep_gemm"]
+
+
+def test_two_variables_that_contradict_each_other_are_named_as_such() -> None:
+    # The second one's conflict is with the first variable, not with a choice of the config.
+    result = translate({"VLLM_TEST_FORCE_FP8_MARLIN": "1", "VLLM_USE_DEEP_GEMM": "1"})
+    assert result.flags == ["--linear-backend", "marlin", "--moe-backend", "marlin"]
+    advice = result.unresolved["VLLM_USE_DEEP_GEMM"]
+    assert "but VLLM_TEST_FORCE_FP8_MARLIN here means `--linear-backend marlin`" in advice, advice
+    assert "the config already chooses" not in advice

@@ -97,6 +97,9 @@ def test_expect_names_are_checked_in_the_same_pass_as_schema_errors(tmp_path: Pa
      "tolerance: tolerance 0.08 >= accuracy_threshold 0.05: the threshold accuracy_threshold - tolerance is -0.03, "
      "so the gate can never fail"),
     ("model_name: m\naccuracy_threshold: 0.05\n", 2, "accuracy_threshold: tolerance 0.08 >= accuracy_threshold 0.05"),
+    # equal: the threshold is 0, which every measured value reaches
+    ("model_name: m\naccuracy_threshold: 0.08\n", 2, "accuracy_threshold: tolerance 0.08 >= accuracy_threshold 0.08: "
+     "the threshold accuracy_threshold - tolerance is 0, so the gate can never fail"),
     ("model_name: m\ngate: hypothesis\nreference:\n  n: 50\n  value: 1.0\n", 5,
      "reference.value: reference 1 with gate hypothesis has no spread (sigma = sqrt(p (1 - p)) = 0): the threshold "
      "is the reference itself, so any single miss fails"),
@@ -274,3 +277,23 @@ def test_a_builtin_model_folder_that_is_not_there_warns_on_its_line(tmp_path: Pa
     # Served token ids only: every text prompt of the evaluation would be a 400 (a retryable ERROR).
     assert f"{tmp_path / 'notok.yaml'}:2: warning: model_name: models/untokenized has no tokenizer.json" in out
     assert "make models" in out and "6 config(s): 0 error(s), 3 warning(s)" in err
+
+
+def test_a_paired_gate_whose_best_p_value_equals_alpha_cannot_fail(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # The gate fails iff p < alpha: 3 of 3 answers turning wrong give p = 0.5^3 = 0.125, not below alpha 0.125.
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\nbaseline: base\ngate: {mode: paired, alpha: 0.125}\nnum_questions: 3\n")
+    assert main(["lint", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"{config}:4: warning: num_questions: gate paired on 3 question(s) can never fail" in out, out
+
+
+def test_num_questions_equal_to_the_test_file_is_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "test.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n' * 3)
+    config = tmp_path / "g.yaml"
+    config.write_text("model_name: m\ndataset: {test: test.jsonl}\nnum_fewshot: 0\nnum_questions: 3\n"
+                      "accuracy_threshold: 0.5\n")
+    assert main(["lint", str(config)]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().err

@@ -321,3 +321,21 @@ def test_a_config_in_a_folder_it_cannot_write_or_bind_mounted_is_rewritten_in_pl
     assert main(["migrate", "--write", str(path)]) == 0, capsys.readouterr().err
     assert "--linear-backend marlin" in path.read_text() and "VLLM_TEST_FORCE_FP8_MARLIN" not in path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_flavour_values_yaml_reads_as_numbers_are_reported_not_a_traceback(tmp_path: Path) -> None:
+    # migrate passes env values as YAML read them (1, not "1"); a flavour is compared as text.
+    text = "model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_USE_FLASHINFER_MOE_FP8: 1\n  VLLM_FLASHINFER_MOE_BACKEND: 1\n"
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text == text
+    assert [e.field for e in result.unresolved] == ["env.VLLM_USE_FLASHINFER_MOE_FP8", "env.VLLM_FLASHINFER_MOE_BACKEND"]
+    assert "'1' is not a flavour vLLM knows" in result.unresolved[1].message
+
+
+def test_deep_gemm_off_is_never_migrated_to_a_deep_gemm_moe_backend(tmp_path: Path) -> None:
+    # VLLM_USE_DEEP_GEMM=0 rules DeepGEMM out for MoE too, whatever VLLM_MOE_USE_DEEP_GEMM says.
+    text = ("model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend cutlass\nenv:\n"
+            "  VLLM_USE_DEEP_GEMM: '0'\n  VLLM_MOE_USE_DEEP_GEMM: '1'\n")
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert "deep_gemm" not in result.text and "VLLM_USE_DEEP_GEMM: '0'" in result.text
+    assert [e.field for e in result.unresolved] == ["env.VLLM_USE_DEEP_GEMM"]
