@@ -46,3 +46,12 @@ def test_stop_strings_are_found_across_tokens_and_never_returned(tok: Tokenizer)
         if stopped:
             break
     assert stopped and streamed == "The answer is 72. "
+
+
+def test_of_several_stop_strings_the_text_ends_before_the_first_to_occur(tok: Tokenizer) -> None:
+    """Two stop strings that one token (":") completes: the text ends where the earlier one starts,
+    whatever their order in the list."""
+    generated = tok.encode("So 5 + 7 = 12.\n\nQuestion: and").ids
+    for stops in (["Question:", "\n\nQuestion:"], ["\n\nQuestion:", "Question:"]):
+        text, stopped = _run(IncrementalDetokenizer(tok, tok.encode("Q").ids, stops), generated)
+        assert stopped and text == "So 5 + 7 = 12.", stops

@@ -176,7 +176,7 @@ def test_requests_that_cannot_run_are_rejected(dense_engine, prompt, params, mes
 
 
 @pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("max_tokens", -1), ("logprobs", 21),
-                                         ("stop", [""])])
+                                         ("stop", [""]), ("temperature", float("nan")), ("top_p", float("nan"))])
 def test_sampling_params_validate_their_ranges(field, value):
     with pytest.raises(InvalidRequestError, match=field):
         SamplingParams(**{field: value})

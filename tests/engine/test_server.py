@@ -112,6 +112,10 @@ def test_neutral_extension_values_are_accepted(client: TestClient) -> None:
     body = complete(client, prompt="a", max_tokens=2, temperature=0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
                     min_tokens=0, user="ci", presence_penalty=0.0)
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    chat = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "echo": False, "tools": [],
+        "tool_choice": "none", "continue_final_message": False, "top_k": 0, "response_format": {"type": "text"}})
+    assert chat.status_code == 200, chat.text
 
 
 def test_alias_name_and_missing_model_are_accepted(client: TestClient) -> None:
@@ -311,6 +315,10 @@ def test_chat_content_parts_and_max_completion_tokens(client: TestClient) -> Non
     assert as_text.json()["choices"][0]["message"] == as_parts.json()["choices"][0]["message"]
     assert as_text.json()["usage"]["prompt_tokens"] == as_parts.json()["usage"]["prompt_tokens"]
     assert as_text.json()["usage"]["completion_tokens"] <= 3
+    both = client.post("/v1/chat/completions", json={  # as OpenAI and vLLM: max_completion_tokens wins
+        "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2, "max_tokens": 6,
+        "temperature": 0, "ignore_eos": True})
+    assert both.status_code == 200 and both.json()["usage"]["completion_tokens"] == 2
 
 
 # ---- streaming --------------------------------------------------------------------------------------
@@ -559,6 +567,8 @@ def test_stop_token_ids_are_honoured(client: TestClient) -> None:
     stopped = complete(client, prompt="Rosa", max_tokens=6, temperature=0, ignore_eos=True,
                        stop_token_ids=list(range(VOCAB_SIZE)))  # whatever comes first stops it
     assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] == 1
+    # As vLLM: the stop token counts as generated, and its text is not part of the answer
+    assert free["text"] and stopped["choices"][0]["text"] == ""
 
 
 def test_completion_top_logprobs_hold_the_chosen_token(client: TestClient) -> None:
@@ -651,6 +661,7 @@ def check_internal_error_is_contained(client: TestClient) -> None:
 LONG = " ".join(["7"] * (MAX_MODEL_LEN + 5))
 BAD_COMPLETIONS = [
     ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),  # one choice would come back for none asked
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
     ({"prompt": LONG}, 400, "prompt"),
@@ -662,8 +673,11 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "temperature": 2.5}, 400, "temperature"),  # OpenAI's range is 0..2
     ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, 400, "top_p"),
     ({"prompt": "x", "seed": 2**64}, 400, "seed"),
+    ({"prompt": "x", "seed": -(2**63) - 1}, 400, "seed"),  # a CUDA generator refuses it: a 500 there
     ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "x", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "x", "stop": [""]}, 400, "stop"),
@@ -673,10 +687,13 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "echo": "yes"}, 400, "echo"),
     ({"prompt": "x", "stream": 1}, 400, "stream"),
     ({"prompt": "x", "presence_penalty": 1.0}, 400, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -0.5}, 400, "frequency_penalty"),  # a negative one is no more neutral
     ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ({"prompt": "x", "suffix": "y"}, 400, "suffix"),
     ({"prompt": "x", "top_k": 40}, 400, "top_k"),
     ({"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ({"prompt": "x", "min_p": 0.1}, 400, "min_p"),
+    ({"prompt": "x", "min_tokens": 2}, 400, "min_tokens"),
     ({"prompt": ""}, 400, "prompt"),
     ({"prompt": []}, 400, "prompt"),
     ({"prompt": [[]]}, 400, "prompt"),
@@ -712,6 +729,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),  # no echo on chat
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, 400, "functions"),
     ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, 400, "continue_final_message"),

@@ -87,6 +87,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         "(vLLM logs some choices at the first forward)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
                    help="401 on /v1/* without 'Authorization: Bearer KEY', like vLLM (which reads VLLM_API_KEY too)")
+    p.add_argument("--log-requests", action="store_true",
+                   help="log each completion request's max_tokens, temperature, seed and stop (a test checks what "
+                        "the harness sent)")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--note-sigterm", action="store_true",
                    help="ignore SIGTERM, logging 'fake server: SIGTERM received' each time (a test sees teardown "
@@ -268,6 +271,10 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": {"message": f"model {body.get('model')!r} not served", "type": "not_found"}})
                 return
             args = engine.args
+            if args.log_requests:
+                sent = {key: body.get(key) for key in ("max_tokens", "temperature", "seed", "stop")}
+                sys.stdout.write(f"fake server: request {json.dumps(sent)}\n")  # one write: handlers run in threads
+                sys.stdout.flush()
             with engine.lock:
                 seen = engine.answered
                 if args.die_after is not None and seen >= args.die_after:

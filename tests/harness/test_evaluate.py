@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import re
 import subprocess
@@ -16,7 +17,8 @@ import pytest
 import yaml
 
 from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, compile_templates_once,
-                                        installed_task_yaml, per_question, run_eval, task_config, write_task_yaml)
+                                        installed_task_yaml, model_args, per_question, run_eval, task_config,
+                                        write_task_yaml)
 from quantgate.harness.server import LaunchedServer, build_command
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args, launch
@@ -218,6 +220,22 @@ def test_chat_completions(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
     assert outcome.metrics["value"] == pytest.approx(expected_accuracy(gsm8k_dir, 0.5, 6))
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_configs_max_tokens_temperature_and_seed_are_what_every_request_asks_for(
+        tmp_path: Path, gsm8k_dir: Path, serve, chat: bool) -> None:
+    """Without them, lm-eval sends its own (256 tokens, the task's temperature 0, seed 1234):
+    a sampled config would be evaluated greedily, and no one would see it in the scores."""
+    server = serve(log_requests=True)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=4, max_tokens=48, temperature=0.6,
+                                 seed=7, use_chat_completions=chat))
+    assert outcome.error is None and outcome.answered == 4
+    sent = [json.loads(line.split("fake server: request ", 1)[1])
+            for line in server.log_path.read_text().splitlines() if "fake server: request " in line]
+    assert len(sent) == 4
+    assert all((s["max_tokens"], s["temperature"], s["seed"]) == (48, 0.6, 7) for s in sent), sent
+    assert all("Question:" in s["stop"] for s in sent)  # the task's own stop sequences
+
+
 def test_http_errors_are_never_scored_and_answers_so_far_are_kept(tmp_path: Path, gsm8k_dir: Path,
                                                                   serve) -> None:
     server = serve(error_after=5)
@@ -261,6 +279,8 @@ def test_an_answer_from_another_model_stops_the_evaluation_unless_the_server_nam
     server = serve(answer_as="other-model")
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=4, max_concurrency=concurrency))
     assert outcome.error is not None and outcome.config_error and outcome.answered == 0
+    # nothing answered: no score and no invalid_rate (0.0 would read as "every answer parsed")
+    assert outcome.metrics["value"] is None and outcome.metrics["invalid_rate"] is None
     assert "answered as model 'other-model', but the requests asked for 'fake-model'" in outcome.error
     # vLLM and quantgate serve answer with their first --served-model-name whichever alias was asked for.
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=4, max_concurrency=concurrency,
@@ -268,12 +288,14 @@ def test_an_answer_from_another_model_stops_the_evaluation_unless_the_server_nam
     assert outcome.error is None and outcome.answered == 4 and not outcome.config_error
 
 
+@pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("reason, truncated", [("length", 6), ("stop", 0)])
 def test_answers_cut_at_max_tokens_are_counted_and_marked(tmp_path: Path, gsm8k_dir: Path, serve, reason: str,
-                                                           truncated: int) -> None:
+                                                           truncated: int, chat: bool) -> None:
     server = serve(finish_reason=reason)
     for concurrency in (1, 4):
-        outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, max_concurrency=concurrency))
+        outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, max_concurrency=concurrency,
+                                     use_chat_completions=chat))
         assert outcome.error is None and outcome.truncated == truncated
         assert outcome.finish_reasons == {reason: 6}
         assert [s["finish_reason"] for s in outcome.samples] == [reason] * 6
@@ -333,6 +355,9 @@ def test_retry_after_is_read_for_429_and_503_only_and_bounded() -> None:
 
 @pytest.mark.parametrize("body, chat", [({"choices": [{"index": 0, "message": "not an object"}]}, True),
                                         ({"choices": [{"index": 3, "text": "x"}]}, False),
+                                        ({"choices": [{"index": 1, "text": "x"}]}, False),
+                                        # two answers for prompt 0 and none for prompt 1, which was scored "None"
+                                        ({"choices": [{"index": 0, "text": " 4"}, {"index": 0, "text": " 5"}]}, False),
                                         (["a list"], False)])
 def test_a_body_of_the_wrong_shape_is_a_malformed_response_not_a_crash(body, chat) -> None:
     from quantgate.harness.evaluate import MalformedResponse, _choices
@@ -413,3 +438,18 @@ def test_importing_lm_eval_in_the_background_leaves_the_servers_environment_as_i
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_response_is_checked_against_the_model_asked_for_only_when_it_names_one() -> None:
+    """OpenAI's responses name their model, and one that names another is not the model under test's
+    answer; a body that names none (some OpenAI-compatible servers omit it) is an answer all the
+    same, not a wrong-model error that stops the run."""
+    from quantgate.harness.evaluate import WrongModelAnswered, _recording_model_class
+
+    lm = _recording_model_class(False)(on_progress=None, model_aliases=("alias",),
+                                       **model_args(_settings(Path("."), Path("."))))
+    choices = [{"index": 0, "text": " 4", "finish_reason": "stop"}]
+    for named in ({}, {"model": "fake-model"}, {"model": "alias"}):
+        assert lm.parse_generations(outputs={**named, "choices": choices}) == [" 4"]
+    with pytest.raises(WrongModelAnswered, match="other-model"):
+        lm.parse_generations(outputs={"model": "other-model", "choices": choices})
