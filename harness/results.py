@@ -479,7 +479,8 @@ def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# quantgate's own tree when it runs from a checkout (editable install); site-packages otherwise.
+# quantgate's own tree when it runs from a checkout (editable install); the installed package's
+# folder otherwise, which holds no configs.
 _SOURCE_TREE = Path(__file__).resolve().parents[1]
 
 
