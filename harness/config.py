@@ -163,7 +163,8 @@ class Requires(_Block):
             return None
         text = str(value).strip()
         major, dot, minor = text.partition(".")
-        if not (major.isdigit() and (not dot or minor.isdigit())):
+        # ASCII digits: str.isdigit() also holds for digits int() refuses ('9²').
+        if not (text.isascii() and major.isdigit() and (not dot or minor.isdigit())):
             raise ValueError(f"expected a compute capability like 8.0 or 9.0, got {value!r}")
         return f"{int(major)}.{int(minor or 0)}"
 

@@ -81,6 +81,10 @@ def test_validator_messages_say_what_they_got_once(tmp_path: Path, capsys: pytes
     out = capsys.readouterr().out
     assert "requires.min_compute_capability: expected a compute capability like 8.0 or 9.0, got 'x'\n" in out
     assert "server_args: expected a string of arguments (split like a shell) or a list, got int" in out
+    # A digit int() refuses gets the same message, not int()'s own.
+    config.write_text("model_name: m\naccuracy_threshold: 0.5\nrequires: {min_compute_capability: '9\u00b2'}\n")
+    assert main(["lint", str(config)]) == 3
+    assert "expected a compute capability like 8.0 or 9.0, got '9\u00b2'" in capsys.readouterr().out
 
 
 def test_expect_names_are_checked_in_the_same_pass_as_schema_errors(tmp_path: Path,
