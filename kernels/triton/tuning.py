@@ -15,11 +15,14 @@ key), never a decode step. It does not time, and takes the cached choice or else
   - on CPU (the interpreter has nothing to time),
   - while a CUDA graph is being captured (timing needs synchronization),
   - when QUANTGATE_AUTOTUNE=0 (debugging, or reproducing a run bit for bit).
-Candidates differ only in the order of float32 additions, so all meet the same accuracy.
+Candidates differ only in the order of float32 additions, so all meet the same accuracy. Each
+choice is logged (logger `quantgate.kernels`, INFO: the server's log), since two runs of one
+config that differ in a few answers may differ in what the tuner chose.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -36,6 +39,7 @@ from .switches import AUTOTUNE_ENV, switched_on
 _MARGIN = 0.97
 
 T = TypeVar("T")
+logger = logging.getLogger("quantgate.kernels")
 _TUNERS: list[Autotuner] = []
 
 
@@ -88,6 +92,8 @@ class Autotuner:
         for config, ms in timed[1:]:
             if ms < best_ms * _MARGIN:
                 best, best_ms = config, ms
+        logger.info("tuned %s for %s: %s (%s)", self.name, key, best,
+                    ", ".join(f"{ms * 1e3:.1f} us" if ms is not None else "failed" for _, ms, _ in results))
         return best
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
+from quantgate.kernels.triton import tuning
 from quantgate.kernels.triton.tuning import AUTOTUNE_ENV, Autotuner, graph_time_ms, m_bucket
 
 
@@ -18,6 +21,29 @@ def test_without_a_gpu_the_default_config_is_taken_untimed():
     tuner = Autotuner("test_default")
     chosen = tuner.pick(("key",), ["default", "other"], calls.append, torch.device("cpu"))
     assert chosen == "default" and calls == [] and tuner.timings == {}
+
+
+def test_a_choice_needs_a_clear_margin_and_is_logged_with_every_candidates_time(monkeypatch, caplog):
+    """Timing noise must not flip a tie between runs (the summation order would flip with it), and
+    the server's log must say what was chosen: two runs that differ in a few answers may differ
+    there."""
+    times = {"default": 0.0100, "tie": 0.0098, "faster": 0.0090, "broken": None}
+
+    def fake_graph_time_ms(fn):
+        name = fn()
+        if times[name] is None:
+            raise RuntimeError("out of resources: shared memory")
+        return times[name]
+
+    monkeypatch.setattr(tuning, "graph_time_ms", fake_graph_time_ms)
+    tuner = Autotuner("test_margin")
+    with caplog.at_level(logging.INFO, logger="quantgate.kernels"):
+        assert tuner._time(("tie",), ["default", "tie", "broken"], lambda name: name) == "default"
+        assert tuner._time(("faster",), ["default", "tie", "faster"], lambda name: name) == "faster"
+    assert [r.getMessage() for r in caplog.records] == [
+        "tuned test_margin for ('tie',): default (10.0 us, 9.8 us, failed)",
+        "tuned test_margin for ('faster',): faster (10.0 us, 9.8 us, 9.0 us)"]
+    assert tuner.timings[("tie",)][2] == ("broken", None, "RuntimeError: out of resources: shared memory")
 
 
 @pytest.mark.gpu
