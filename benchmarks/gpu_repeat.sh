@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Is a config reproducible run to run on this GPU, and if not, why? Runs each CONFIG RUNS times
-# in a row, alone on the GPU, with the tuner on (as CI runs it) and then RUNS times with
-# QUANTGATE_AUTOTUNE=0 (every GEMM takes its default launch configuration), and reports per config:
-# each run's score, the answers that differ between consecutive runs (`quantgate compare`), and
-# whether the tuner's choices (the server log's `tuned ...` lines) differed. Runs that still differ
-# with tuning off differ because of what the tuner cannot fix: which requests share a batch.
+# in a row, alone on the GPU, in three modes: `tune` (each run tunes afresh, as CI runs it),
+# `replay` (each run replays the first tune run's tuning.json: it must reproduce that run), and
+# `off` (QUANTGATE_AUTOTUNE=0: every GEMM takes its default launch configuration). Reports per
+# config: each run's score, the responses that differ between consecutive runs and the answers
+# that flip (`quantgate compare`), and whether the tuner's choices (the server log's `tuned ...`
+# lines) differed. Runs that still differ with tuning off differ because of what the tuner cannot
+# fix, such as which requests share a batch.
 #
-#   OUT=/tmp/out RUNS=2 [LIMIT=N] bash benchmarks/gpu_repeat.sh CONFIG...    # LIMIT: questions per run
+#   OUT=/tmp/out RUNS=2 [LIMIT=N] [MODES='tune replay'] bash benchmarks/gpu_repeat.sh CONFIG...
+#   (LIMIT: questions per run; MODES: default tune replay off; replay needs tune)
 #
 # Needs what gpu_tier.sh needs (carry .whl where the image lacks lm-eval and the server).
 set -uo pipefail
@@ -24,35 +27,43 @@ for config in "$@"; do
   name=$($PY -c 'import sys; from quantgate.harness.config import load_config; print(load_config(sys.argv[1]).name)' \
          "$config") || { echo "error: $config does not load (the message is above)" >&2; status=3; continue; }
   mkdir -p "$OUT/$name"
-  for tune in 1 0; do
+  for mode in ${MODES:-tune replay off}; do
     dirs=()
+    [[ $mode == replay ]] && dirs+=("$OUT/$name/tune-run1/$name")  # what the replays must reproduce
     for ((r = 1; r <= RUNS; r++)); do
-      dir="$OUT/$name/autotune$tune-run$r"
-      QUANTGATE_AUTOTUNE=$tune $PY -m quantgate.harness.cli run "$config" --output-dir "$dir" ${LIMIT:+--limit "$LIMIT"} > "$dir.log" 2>&1 || status=1
+      dir="$OUT/$name/$mode-run$r"
+      case $mode in
+        tune) env=(QUANTGATE_AUTOTUNE=1) ;;
+        replay) cp "$OUT/$name/tune-run1/$name/tuning.json" "$dir.tuning.json" 2>/dev/null
+                env=(QUANTGATE_AUTOTUNE=1 "QUANTGATE_TUNING_FILE=$(realpath -m "$dir.tuning.json")") ;;
+        off) env=(QUANTGATE_AUTOTUNE=0) ;;
+      esac
+      env "${env[@]}" $PY -m quantgate.harness.cli run "$config" --output-dir "$dir" ${LIMIT:+--limit "$LIMIT"} \
+        > "$dir.log" 2>&1 || status=1
       dirs+=("$dir/$name")
     done
-    echo "== $name, QUANTGATE_AUTOTUNE=$tune"
+    echo "== $name, $mode: ${env[*]}"
     for dir in "${dirs[@]}"; do
       $PY - "$dir/result.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"  {sys.argv[1].split('/')[-3]}: {r['verdict']} {(r.get('metrics') or {}).get('value')} {r.get('reason', '')[:120]}")
 PY
-      grep -o 'tuned .*' "$dir/server.log" | sort > "$dir/tuned.txt"
+      grep -o 'tuned .*' "$dir/server.log" | sed 's/ (replayed from .*)$//; s/ ([0-9.]* us.*)$//' | sort > "$dir/tuned.txt"
     done
-    for ((r = 1; r < RUNS; r++)); do
+    for ((r = 1; r < ${#dirs[@]}; r++)); do
       $PY -m quantgate.harness.cli compare "${dirs[r-1]}" "${dirs[r]}" > "${dirs[r]}/compare.txt" 2>&1
-      $PY - "${dirs[r-1]}/samples.jsonl" "${dirs[r]}/samples.jsonl" "$r" <<'PY'
+      $PY - "${dirs[r-1]}/samples.jsonl" "${dirs[r]}/samples.jsonl" "${dirs[r-1]}" "${dirs[r]}" <<'PY'
 import json, sys
 a, b = ({row["id"]: row["response"] for row in map(json.loads, open(path))} for path in sys.argv[1:3])
-r = int(sys.argv[3])
-print(f"  run {r} vs {r + 1}: {sum(a[q] != b.get(q) for q in a)} of {len(a)} responses differ")
+first, second = (path.split("/")[-2] for path in sys.argv[3:5])
+print(f"  {first} vs {second}: {sum(a[q] != b.get(q) for q in a)} of {len(a)} responses differ")
 PY
       grep -E '^(right|wrong) ->' "${dirs[r]}/compare.txt" | sed 's/^/    /'
       if cmp -s "${dirs[r-1]}/tuned.txt" "${dirs[r]}/tuned.txt"; then
-        echo "  tuner choices: the same ($(wc -l < "${dirs[r]}/tuned.txt") timed keys)"
+        echo "    tuner choices: the same ($(wc -l < "${dirs[r]}/tuned.txt") keys)"
       else
-        echo "  tuner choices differ:"; diff "${dirs[r-1]}/tuned.txt" "${dirs[r]}/tuned.txt" | grep '^[<>]' | cut -c1-200 | head -20
+        echo "    tuner choices differ:"; diff "${dirs[r-1]}/tuned.txt" "${dirs[r]}/tuned.txt" | grep '^[<>]' | cut -c1-160 | head -20
       fi
     done
   done
