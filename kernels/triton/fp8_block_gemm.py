@@ -38,7 +38,7 @@ from . import fp8_gemv
 from .fp8_gemv import GemvConfig, w8a8_gemv
 from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options
-from .gemm_epilogue import _bias_cast_store, bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
+from .gemm_epilogue import _bias_cast_store, automatic_split_k, bias_operand, split_k_buffers, store_tile
 from .tuning import Autotuner, m_bucket
 
 BLOCK_K = 128
@@ -366,10 +366,8 @@ def _small_m(x, weight, weight_scale, out_dtype, groupwise, scale_block_n, bias,
     def run(cfg: GemmConfig, split: int | None = None) -> None:
         n_tiles = cdiv(n, cfg.block_n)
         if split is None:
-            split = 1
-            if workspace is not None and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, cdiv(k, BLOCK_K),
-                                       target_programs(x.device, cfg.split_per_sm), m, n)
+            split = automatic_split_k(m, n, cdiv(k, BLOCK_K), cfg.block_m, n_tiles, cfg.split_per_sm, workspace,
+                                      x.device)
         partial, counters = split_k_buffers(split, m, n, n_tiles, workspace, x.device)
         stride_wsg = weight_scale.stride(1) if groupwise else 0
         _w8a8_small_m_kernel[(n_tiles, split)](
@@ -452,10 +450,8 @@ def w8a8_gemm(
     def run(cfg: GemmConfig, split: int | None = None) -> None:
         m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
         if split is None:
-            split = 1
-            if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-                split = choose_split_k(n_tiles, cdiv(k, BLOCK_K),
-                                       target_programs(a.device, cfg.split_per_sm), m, n)
+            split = automatic_split_k(m, n, cdiv(k, BLOCK_K), cfg.block_m, n_tiles, cfg.split_per_sm, workspace,
+                                      a.device)
         partial, counters = split_k_buffers(split, m, n, m_tiles * n_tiles, workspace, a.device)
         _tiled_launch(
             (cfg, split > 1, *spec, aligned(a.data_ptr()), a.stride(0), aligned(b.data_ptr()),

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .launch import cdiv
 from .scratch import device_buffer
+from .tuning import m_bucket
 
 SPLIT_K_MAX = 32  # split_k is a runtime kernel argument: one compilation serves every split
 # Partials live in one scratch buffer per device, shared by every layer (launches on one stream
@@ -98,6 +99,20 @@ def choose_split_k(tiles: int, k_tiles: int, target: int, m: int, n: int) -> int
     limit = min(SPLIT_K_MAX, k_tiles // 2, MAX_PARTIAL_BYTES // (4 * m * n))
     split = max(1, min(target // tiles, limit))
     return cdiv(k_tiles, cdiv(k_tiles, split))
+
+
+def automatic_split_k(m: int, n: int, k_tiles: int, block_m: int, n_tiles: int, split_per_sm: int,
+                      workspace: torch.Tensor | None, device: torch.device) -> int:
+    """The split-K of a launch of M rows in `block_m`-row tiles when the caller names none (1: no
+    split), the same for every M of M's tuning bucket: a row's summation order must not depend on
+    how many rows share its batch, or a request's answer would depend on which requests arrived
+    with it (a config of 32-row tiles for the 64-row bucket split at 32 rows and not at 33, and
+    two runs of one config replaying the same tuned choices differed in 7-12 of 1000 answers).
+    So a config splits only when one row tile holds every M of the bucket, and its split is
+    chosen for a full tile."""
+    if workspace is None or not split_per_sm or m_bucket(m) > block_m:
+        return 1
+    return choose_split_k(n_tiles, k_tiles, target_programs(device, split_per_sm), block_m, n)
 
 
 def split_k_buffers(split_k: int, m: int, n: int, tiles: int, workspace: torch.Tensor | None,

@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .launch import DirectLaunch, aligned, cdiv, tma_device
 from .pdl import await_inputs, launch_options, prefetch_l2
-from .gemm_epilogue import bias_operand, choose_split_k, split_k_buffers, store_tile, target_programs
+from .gemm_epilogue import automatic_split_k, bias_operand, split_k_buffers, store_tile
 from .tuning import Autotuner, m_bucket
 
 GROUP_K = 128  # K tile = scale group along K for block checkpoints
@@ -353,10 +353,8 @@ def _launch(x, packed, scale, out, bias, workspace, groupwise: bool, cfg: W8A16C
     n = packed.shape[1]
     m_tiles, n_tiles = cdiv(m, cfg.block_m), cdiv(n, cfg.block_n)
     if split_k is None:
-        split_k = 1
-        if workspace is not None and m_tiles == 1 and cfg.split_per_sm:
-            split_k = choose_split_k(n_tiles, cdiv(k, GROUP_K),
-                                     target_programs(x.device, cfg.split_per_sm), m, n)
+        split_k = automatic_split_k(m, n, cdiv(k, GROUP_K), cfg.block_m, n_tiles, cfg.split_per_sm, workspace,
+                                    x.device)
     partial, counters = split_k_buffers(split_k, m, n, n_tiles, workspace, x.device)
     shift = SCALE_SHIFT[x.dtype]
     bias_arg = bias if bias is not None else out
