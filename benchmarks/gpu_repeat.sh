@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Is a config reproducible run to run on this GPU, and if not, why? Runs each CONFIG RUNS times
-# in a row, alone on the GPU, in three modes: `tune` (each run tunes afresh, as CI runs it),
-# `replay` (each run replays the first tune run's tuning.json: it must reproduce that run), and
+# in a row, alone on the GPU, in two modes: `tune` (each run tunes afresh, as CI runs it) and
 # `off` (QUANTGATE_AUTOTUNE=0: every GEMM takes its default launch configuration). Reports per
 # config: each run's score, the responses that differ between consecutive runs and the answers
 # that flip (`quantgate compare`), and whether the tuner's choices (the server log's `tuned ...`
-# lines) differed. Runs that still differ with tuning off differ because of what the tuner cannot
-# fix, such as which requests share a batch.
+# lines) differed. Runs that still differ with tuning off differ for reasons besides the launch
+# configurations (per-tensor activation scales are computed over the whole batch, for one).
 #
-#   OUT=/tmp/out RUNS=2 [LIMIT=N] [MODES='tune replay'] bash benchmarks/gpu_repeat.sh CONFIG...
-#   (LIMIT: questions per run; MODES: default tune replay off; replay needs tune)
+#   OUT=/tmp/out RUNS=2 [LIMIT=N] [MODES=off] bash benchmarks/gpu_repeat.sh CONFIG...
+#   (LIMIT: questions per run; MODES: default tune off)
 #
 # Needs what gpu_tier.sh needs (carry .whl where the image lacks lm-eval and the server).
 set -uo pipefail
@@ -27,15 +26,12 @@ for config in "$@"; do
   name=$($PY -c 'import sys; from quantgate.harness.config import load_config; print(load_config(sys.argv[1]).name)' \
          "$config") || { echo "error: $config does not load (the message is above)" >&2; status=3; continue; }
   mkdir -p "$OUT/$name"
-  for mode in ${MODES:-tune replay off}; do
+  for mode in ${MODES:-tune off}; do
     dirs=()
-    [[ $mode == replay ]] && dirs+=("$OUT/$name/tune-run1/$name")  # what the replays must reproduce
     for ((r = 1; r <= RUNS; r++)); do
       dir="$OUT/$name/$mode-run$r"
       case $mode in
         tune) env=(QUANTGATE_AUTOTUNE=1) ;;
-        replay) cp "$OUT/$name/tune-run1/$name/tuning.json" "$dir.tuning.json" 2>/dev/null
-                env=(QUANTGATE_AUTOTUNE=1 "QUANTGATE_TUNING_FILE=$(realpath -m "$dir.tuning.json")") ;;
         off) env=(QUANTGATE_AUTOTUNE=0) ;;
       esac
       env "${env[@]}" $PY -m quantgate.harness.cli run "$config" --output-dir "$dir" ${LIMIT:+--limit "$LIMIT"} \
@@ -49,7 +45,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"  {sys.argv[1].split('/')[-3]}: {r['verdict']} {(r.get('metrics') or {}).get('value')} {r.get('reason', '')[:120]}")
 PY
-      grep -o 'tuned .*' "$dir/server.log" | sed 's/ (replayed from .*)$//; s/ ([0-9.]* us.*)$//' | sort > "$dir/tuned.txt"
+      grep -o 'tuned .*' "$dir/server.log" | sed 's/ ([0-9.]* us.*)$//' | sort > "$dir/tuned.txt"
     done
     for ((r = 1; r < ${#dirs[@]}; r++)); do
       $PY -m quantgate.harness.cli compare "${dirs[r-1]}" "${dirs[r]}" > "${dirs[r]}/compare.txt" 2>&1

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import errno
 import logging
-import os
 import signal
 import socket
 import sys
@@ -21,7 +20,7 @@ from typing import NoReturn
 
 import uvicorn
 
-from quantgate.kernels import TUNING_FILE_ENV, KernelSelectionError, Platform, switch_problem
+from quantgate.kernels import KernelSelectionError, Platform, switch_problem
 
 from . import AsyncEngine, LLMEngine, load_model
 from .kv_cache import KVCacheBudgetError
@@ -74,8 +73,6 @@ def configure_logging(level: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.tuning_file:  # the kernels read it from the environment, where they read the other switches
-        os.environ[TUNING_FILE_ENV] = args.tuning_file
     problem = static_problem(args) or _check_model_dir(args.model) or switch_problem()
     if problem:
         return _fail(problem, EXIT_USAGE)

@@ -138,10 +138,6 @@ def register(parser: argparse.ArgumentParser, fail: Callable[[str], None] | None
                         default=1, help="only 1: use `engine: vllm` for tensor parallelism")
     parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info",
                         help="server log verbosity (the `Selected <Kernel> for <module>` lines are info)")
-    parser.add_argument("--tuning-file", metavar="PATH",
-                        help="Triton GEMM launch configurations to replay (a run folder's tuning.json: the run's "
-                             "answers, bit for bit), and where those this server times are added (default: "
-                             "$QUANTGATE_TUNING_FILE, else kept in memory)")
     parser.error = _flag_error(parser, fail or parser.error)  # type: ignore[method-assign]
 
 

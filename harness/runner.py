@@ -23,7 +23,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,7 +45,6 @@ from .evaluate import (DatasetUnreachable, EvalOutcome, EvalSettings, EvalSetupE
 from .gates import (Baseline, GateInputError, GateInputMismatch, GateOutcome, check_same_metric, evaluate_gate,
                     shown)
 from .legacy import LEGACY_VARS, legacy_names
-from .options import option_uses
 from .results import (EXIT_ERROR, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, ERROR, FAIL, PASS, RESULT_FILE, SAMPLES_FILE, SERVER_LOG,
                       ArtifactsUnwritable,
                       RunRecord, Skipped, artifact_path_problems,
@@ -56,11 +55,9 @@ from .server import (INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S, AttachedServer, Laun
                      api_key_of, attach, auth_headers, build_command, redact_api_key, redact_env)
 
 DEFAULT_OUTPUT_DIR = Path("results")
-TUNING_FILE_FLAG = "--tuning-file"  # quantgate serve's
 DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_REQUEST_TIMEOUT_S = 300.0  # lm-eval's own default
-TUNING_FILE = "tuning.json"
-_STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log", TUNING_FILE)
+_STALE_ARTIFACTS = ("result.json", "samples.jsonl", SERVER_LOG, "lm_eval.log")
 
 
 LOCK_FILE = ".quantgate-run.lock"
@@ -802,9 +799,8 @@ def run_one(item: PlannedConfig, options: RunOptions, display: Display, guard: I
                              f"{server.served_model!r}, and does not say from which folder: evaluating that "
                              "(result.json server.served_model)")
         else:
-            command = _recording_tuning(item.command, config, run_dir)
-            display.note(f"  server: {command.shell(redact=True)}")  # CI logs are shared
-            server = LaunchedServer(command, run_dir / SERVER_LOG)
+            display.note(f"  server: {item.command.shell(redact=True)}")  # CI logs are shared
+            server = LaunchedServer(item.command, run_dir / SERVER_LOG)
             server.start(config.startup_max_wait_seconds, on_wait=display.waiting)
             wanted = item.command.preferred_port
             moved = f" (server_args' --port {wanted} was in use)" if wanted is not None and server.port != wanted else ""
@@ -877,20 +873,6 @@ def _run_file_error(exc: OSError, output_dir: Path) -> bool:
     with contextlib.suppress(OSError, ValueError):
         return Path(os.fsdecode(exc.filename)).resolve().is_relative_to(output_dir.resolve())
     return False
-
-
-def _recording_tuning(command: ServerCommand, config: EvalConfig, run_dir: Path) -> ServerCommand:
-    """The built-in server, told to record the GEMM launch configurations its tuner chooses in the
-    run folder: runs that tune afresh can differ in a few answers, and `quantgate serve
-    --tuning-file <run>/tuning.json` replays this one's. Not where server_args or the environment
-    already name a tuning file (the user's, to replay or to fill)."""
-    if config.engine != "builtin" or option_uses(command.argv, {TUNING_FILE_FLAG}):
-        return command
-    from quantgate.kernels import TUNING_FILE_ENV  # imports torch: only for the built-in engine's servers
-
-    if {**os.environ, **command.env}.get(TUNING_FILE_ENV, "").strip():
-        return command
-    return replace(command, argv=[*command.argv, TUNING_FILE_FLAG, str((run_dir / TUNING_FILE).resolve())])
 
 
 def _remove_stale_artifacts(run_dir: Path) -> None:

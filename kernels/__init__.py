@@ -13,11 +13,11 @@ from .registry import (
     select_moe_kernel,
 )
 from .schemes import LinearLayerConfig, MoELayerConfig, Scheme
-from .triton.switches import TUNING_FILE_ENV, switch_problem
+from .triton.switches import switch_problem
 
 __all__ = [
     "IncompatibleBufferError", "LinearKernel", "MoEKernel", "bind_processed", "Platform",
     "LINEAR_BACKENDS", "MOE_BACKENDS", "KernelSelectionError", "Selection", "UnknownBackendError",
     "normalize_backend", "select_linear_kernel", "select_moe_kernel",
-    "LinearLayerConfig", "MoELayerConfig", "Scheme", "TUNING_FILE_ENV", "switch_problem",
+    "LinearLayerConfig", "MoELayerConfig", "Scheme", "switch_problem",
 ]

@@ -104,12 +104,12 @@ def choose_split_k(tiles: int, k_tiles: int, target: int, m: int, n: int) -> int
 def automatic_split_k(m: int, n: int, k_tiles: int, block_m: int, n_tiles: int, split_per_sm: int,
                       workspace: torch.Tensor | None, device: torch.device) -> int:
     """The split-K of a launch of M rows in `block_m`-row tiles when the caller names none (1: no
-    split), the same for every M of M's tuning bucket: a row's summation order must not depend on
-    how many rows share its batch, or a request's answer would depend on which requests arrived
-    with it (a config of 32-row tiles for the 64-row bucket split at 32 rows and not at 33, and
-    two runs of one config replaying the same tuned choices differed in 7-12 of 1000 answers).
-    So a config splits only when one row tile holds every M of the bucket, and its split is
-    chosen for a full tile."""
+    split), the same for every M of M's tuning bucket: within a bucket a row's summation order
+    does not depend on how many rows share its batch (a config of 32-row tiles for the 64-row
+    bucket split K at 32 rows and not at 33, so a request's answer depended on which requests
+    arrived with it). Across buckets the tuned configs still differ (tuning.py). So a config
+    splits only when one row tile holds every M of the bucket, and its split is chosen for a
+    full tile."""
     if workspace is None or not split_per_sm or m_bucket(m) > block_m:
         return 1
     return choose_split_k(n_tiles, k_tiles, target_programs(device, split_per_sm), block_m, n)

@@ -1,17 +1,16 @@
-"""Environment switches of the Triton kernels.
+"""On/off environment switches of the Triton kernels.
 
 They exist for debugging and for reproducing a run bit for bit, so a value that is neither 0 nor
 1 is refused: `QUANTGATE_AUTOTUNE=false` that left tuning on would defeat the reproduction
-without a word. So is a tuning file that cannot be read or written (tuning.py).
+without a word.
 """
 
 from __future__ import annotations
 
 import os
 
-AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"  # 0: time nothing; a shape not in the tuning file launches its default
+AUTOTUNE_ENV = "QUANTGATE_AUTOTUNE"  # 0: launch each GEMM's default config, time nothing
 PDL_ENV = "QUANTGATE_PDL"  # 0: no programmatic dependent launch in CUDA graphs
-TUNING_FILE_ENV = "QUANTGATE_TUNING_FILE"  # launch configurations to replay, and where timed ones are added
 
 
 def switched_on(name: str) -> bool:
@@ -30,5 +29,4 @@ def switch_problem() -> str | None:
             switched_on(name)
         except ValueError as exc:
             return str(exc)
-    from .tuning import tuning_file_problem  # here: tuning imports this module
-    return tuning_file_problem()
+    return None

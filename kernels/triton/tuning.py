@@ -14,27 +14,20 @@ so tuning costs start-up time (compiling each candidate once, then tens of milli
 key), never a decode step. It does not time, and takes the cached choice or else the default:
   - on CPU (the interpreter has nothing to time),
   - while a CUDA graph is being captured (timing needs synchronization),
-  - when QUANTGATE_AUTOTUNE=0 (debugging).
+  - when QUANTGATE_AUTOTUNE=0 (debugging, or reproducing a run bit for bit).
 Candidates differ only in the order of float32 additions, so all meet the same accuracy, but not
-the same answers: two runs of one config on one H200, each tuning afresh, differed in 7 and 8 of
-1000 GSM8K answers, and in nothing with tuning off (benchmarks/results/h200-2026-12-01-run22):
-timings of a few microseconds vary by more than the margin below. So every choice is logged
-(logger `quantgate.kernels`, INFO: the server's log), and with QUANTGATE_TUNING_FILE=PATH the
-choices are replayed: a (GPU name, kernel, key) the file holds takes the file's configuration
-untimed (also while capturing, and with QUANTGATE_AUTOTUNE=0), and what this process times is
-added to the file. `quantgate run` points each built-in server at its run folder's tuning.json.
+always the same answers: a row's bits depend on its bucket's config, so which requests share a
+batch (timing) matters once the buckets' configs differ in their summation order. On the H200
+two runs of a tiny W8A8 config tuning afresh differed in 4-14 of 1000 GSM8K answers, as many
+when both replayed one run's choices, and in none with QUANTGATE_AUTOTUNE=0 (its defaults;
+benchmarks/results/h200-2026-12-01-run22). Each choice is logged (logger `quantgate.kernels`,
+INFO: the server's log).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
-import functools
-import json
 import logging
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -43,7 +36,7 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import await_inputs
-from .switches import AUTOTUNE_ENV, TUNING_FILE_ENV, switched_on
+from .switches import AUTOTUNE_ENV, switched_on
 
 # A candidate replaces an earlier one only when it is this much faster: timing noise must not
 # make the choice (and the summation order) flip between runs for configs that tie.
@@ -52,7 +45,6 @@ _MARGIN = 0.97
 T = TypeVar("T")
 logger = logging.getLogger("quantgate.kernels")
 _TUNERS: list[Autotuner] = []
-TUNING_FORMAT = "quantgate-tuning/1"
 
 
 def m_bucket(m: int) -> int:
@@ -82,19 +74,10 @@ class Autotuner:
         chosen = self.best.get(key)
         if chosen is not None:
             return chosen
-        if len(candidates) == 1 or device.type != "cuda":
-            return candidates[0]
-        file = tuning_file()
-        gpu = torch.cuda.get_device_name(device)
-        chosen = file.choice(gpu, self.name, key, candidates) if file is not None else None
-        if chosen is not None:
-            self.best[key] = chosen
-            return chosen
-        if not autotune_enabled() or torch.cuda.is_current_stream_capturing():
+        if (len(candidates) == 1 or device.type != "cuda" or not autotune_enabled()
+                or torch.cuda.is_current_stream_capturing()):
             return candidates[0]
         self.best[key] = chosen = self._time(key, candidates, run)
-        if file is not None:
-            file.add(gpu, self.name, key, chosen)
         return chosen
 
     def _time(self, key: tuple, candidates: Sequence[T], run: Callable[[T], None]) -> T:
@@ -116,100 +99,6 @@ class Autotuner:
         logger.info("tuned %s for %s: %s (%s)", self.name, key, best,
                     ", ".join(f"{ms * 1e3:.1f} us" if ms is not None else "failed" for _, ms, _ in results))
         return best
-
-
-class TuningFile:
-    """Launch configurations by GPU name, kernel and key, in a JSON file shared by the processes
-    that name it: {"format": TUNING_FORMAT, "choices": {gpu: {kernel: {str(key): config}}}}."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.choices = read_tuning_file(path)
-
-    def choice(self, gpu: str, kernel: str, key: tuple, candidates: Sequence[T]) -> T | None:
-        """The file's configuration for (gpu, kernel, key), None when it holds none. One that is
-        none of the candidates (written by another version) is reported and left to the tuner."""
-        fields = self.choices.get(gpu, {}).get(kernel, {}).get(str(key))
-        if fields is None:
-            return None
-        found = next((c for c in candidates if _as_json(c) == fields), None)
-        if found is None:
-            logger.warning("%s: %s for %s on %s is %s, none of this version's candidates: timing them instead",
-                           self.path, kernel, key, gpu, fields)
-        else:
-            logger.info("tuned %s for %s: %s (replayed from %s)", kernel, key, found, self.path)
-        return found
-
-    def add(self, gpu: str, kernel: str, key: tuple, config: Any) -> None:
-        """Add a timed choice: the file is re-read under a lock (other servers may share it) and
-        replaced whole. A failed write is logged; the choice stands for this process."""
-        try:
-            folder = os.open(self.path.parent, os.O_RDONLY)  # the lock: no lock file left beside the record
-            try:
-                fcntl.flock(folder, fcntl.LOCK_EX)
-                self.choices = read_tuning_file(self.path)
-                self.choices.setdefault(gpu, {}).setdefault(kernel, {})[str(key)] = _as_json(config)
-                body = json.dumps({"format": TUNING_FORMAT, "choices": self.choices}, indent=1, sort_keys=True)
-                partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-                try:
-                    partial.write_text(body + "\n")
-                    os.replace(partial, self.path)
-                finally:  # e.g. a full disk: no half-written copy left behind
-                    partial.unlink(missing_ok=True)
-            finally:
-                os.close(folder)
-        except (OSError, ValueError) as exc:
-            logger.warning("could not add %s for %s to %s: %s", kernel, key, self.path, exc)
-
-
-def read_tuning_file(path: Path) -> dict:
-    """A tuning file's choices ({} when it does not exist); ValueError saying what is wrong."""
-    try:
-        body = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot be read: {exc}") from None
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if (not isinstance(body, dict) or body.get("format") != TUNING_FORMAT or not isinstance(choices, dict)
-            or not all(isinstance(kernels, dict) and all(isinstance(keys, dict) for keys in kernels.values())
-                       for kernels in choices.values())):
-        raise ValueError(f"is not a tuning file (a JSON object with \"format\": \"{TUNING_FORMAT}\" and \"choices\": "
-                         "{GPU name: {kernel: {key: configuration}}})")
-    return choices
-
-
-@functools.cache
-def _open_tuning_file(path: str) -> TuningFile:
-    return TuningFile(Path(path))
-
-
-def tuning_file() -> TuningFile | None:
-    """The file QUANTGATE_TUNING_FILE names (set but empty counts as unset), read once per process."""
-    path = os.environ.get(TUNING_FILE_ENV, "").strip()
-    return _open_tuning_file(os.path.abspath(path)) if path else None
-
-
-def tuning_file_problem() -> str | None:
-    """Why QUANTGATE_TUNING_FILE cannot be used (before a server loads a model), None when it can."""
-    value = os.environ.get(TUNING_FILE_ENV, "").strip()
-    if not value:
-        return None
-    path = Path(value)
-    fix = f"point {TUNING_FILE_ENV} at a tuning file or at a new file in an existing folder, or unset it"
-    if path.is_dir():
-        return f"{TUNING_FILE_ENV}={value} is a folder: {fix}"
-    if not path.parent.is_dir():
-        return f"{TUNING_FILE_ENV}={value}: the folder {path.parent} does not exist: {fix}"
-    try:
-        read_tuning_file(path)
-    except ValueError as exc:
-        return f"{TUNING_FILE_ENV}={value} {exc}: {fix}"
-    return None
-
-
-def _as_json(config: Any) -> Any:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
 
 
 def time_ms(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2.0) -> float:

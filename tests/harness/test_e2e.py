@@ -56,9 +56,6 @@ def test_run_through_quantgate_serve_proves_the_kernel(tmp_path: Path, gsm8k_dir
     assert good["metrics"]["n"] == 6 and good["versions"]["engine"]
     assert good["server"]["exit_status"] is not None and not pid_alive(good["server"]["pid"])
     assert len((tmp_path / "out" / "fp8-emulation" / "samples.jsonl").read_text().splitlines()) == 6
-    # The server accepted the run folder's tuning record (on CPU nothing is timed, so nothing is recorded).
-    command = good["server"]["command"]
-    assert command[command.index("--tuning-file") + 1] == str((tmp_path / "out" / "fp8-emulation" / "tuning.json").resolve())
     bad = load_json(tmp_path / "out" / "fp8-claims-marlin" / "result.json")
     assert bad["verdict"] == "FAIL" and bad["gate"]["passed"] is True
     assert "expected 'marlin'" in bad["reason"] and "EmulationLinearKernel (backend emulation)" in bad["reason"]

@@ -113,38 +113,6 @@ def test_server_url_refuses_a_server_whose_model_folder_is_another(tmp_path: Pat
             and "quantgate repro" in result["reason"]), result["reason"]
 
 
-def test_a_builtin_server_records_its_tuning_in_the_run_folder_unless_told_where(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two runs of a Triton-backend config on one GPU differed in 7 of 1000 answers through the
-    tuner's choices alone: each run records them, for `quantgate serve --tuning-file` to replay.
-    A tuning file the config or the environment names is the user's: the run leaves it alone."""
-    from quantgate.harness.config import load_config
-    from quantgate.harness.runner import _recording_tuning
-
-    monkeypatch.delenv("QUANTGATE_TUNING_FILE", raising=False)
-    run_dir = tmp_path / "out" / "cfg"
-
-    def argv(text: str) -> list[str]:
-        path = tmp_path / "c.yaml"
-        path.write_text(f"model_name: {tmp_path}\naccuracy_threshold: 0.5\n{text}")
-        config = load_config(path)
-        command = build_command(config.engine, config.model_name, config.server_args, config.env,
-                                vllm_command=["vllm", "serve"], require_executable=False)
-        return _recording_tuning(command, config, run_dir).argv
-
-    recorded = argv("engine: builtin\nserver_args: --linear-backend triton\n")
-    assert recorded[-2:] == ["--tuning-file", str((run_dir / "tuning.json").resolve())]
-    assert recorded.count("--tuning-file") == 1
-    for own in ("server_args: --tuning-file=/pinned/h200.json\n", "server_args: [--tuning-file, /pinned/h200.json]\n",
-                "env: {QUANTGATE_TUNING_FILE: /pinned/h200.json}\n"):
-        assert str(run_dir) not in " ".join(argv(f"engine: builtin\n{own}")), own
-    assert "--tuning-file" not in argv("engine: vllm\n")  # vLLM has no such flag
-    monkeypatch.setenv("QUANTGATE_TUNING_FILE", "/pinned/h200.json")
-    assert "--tuning-file" not in argv("engine: builtin\n")
-    monkeypatch.setenv("QUANTGATE_TUNING_FILE", " ")  # set but empty: as unset
-    assert "--tuning-file" in argv("engine: builtin\n")
-
-
 def test_which_served_roots_are_the_configs_model(tmp_path: Path) -> None:
     from quantgate.harness.config import load_config
     from quantgate.harness.runner import other_model_served

@@ -25,9 +25,8 @@ def _bucket_configs() -> list[tuple[int, int, int]]:
 
 @pytest.mark.parametrize("bucket, block_m, split_per_sm", _bucket_configs())
 def test_every_m_of_a_bucket_gets_the_same_split(bucket, block_m, split_per_sm):
-    """A row's summation order must not depend on how many rows share its batch: two runs
-    replaying the same tuned configs differed in 7-12 of 1000 answers while a 32-row config of
-    the 64-row bucket split K at up to 32 rows and not above."""
+    """Within a bucket a row's summation order must not depend on how many rows share its batch
+    (a 32-row config of the 64-row bucket split K at up to 32 rows and not above)."""
     first = 1 if bucket == 1 else next(m for m in range(1, bucket + 1) if m_bucket(m) == bucket)
     for n, k_tiles in ((256, 6), (4096, 32), (14336, 112)):
         splits = {automatic_split_k(m, n, k_tiles, block_m, -(-n // 64), split_per_sm, WORKSPACE, CPU)

@@ -121,9 +121,8 @@ def test_split_k_sums_every_slice_once(seed, split_k):
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 def test_a_rows_output_does_not_depend_on_how_many_rows_share_its_batch(seed, scheme):
     """A config of 32-row tiles tuned for the 64-row bucket split K at 20 rows and not at 40, so a
-    request's answer changed with the requests batched beside it (two GPU runs replaying the same
-    tuned configs differed in 7-12 of 1000 answers). Within a bucket the split is now the same
-    for every M: rows computed at M = 20 and M = 40 are bit for bit equal."""
+    request's answer changed with the requests batched beside it. Within a bucket the split is
+    now the same for every M: rows computed at M = 20 and M = 40 are bit for bit equal."""
     from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_linear, workspace_size
 
     # 6 K tiles, the last partial: a split would run 3 slices of 2.
