@@ -42,16 +42,19 @@ for config in "$@"; do
     for dir in "${dirs[@]}"; do
       $PY - "$dir/result.json" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"  {sys.argv[1].split('/')[-3]}: {r['verdict']} {(r.get('metrics') or {}).get('value')} {r.get('reason', '')[:120]}")
+from pathlib import Path
+path = Path(sys.argv[1])
+r = json.loads(path.read_text()) if path.is_file() else {"verdict": "no result.json", "reason": f"see {path.parent}.log"}
+print(f"  {path.parts[-3]}: {r['verdict']} {(r.get('metrics') or {}).get('value')} {r.get('reason', '')[:120]}")
 PY
       grep -o 'tuned .*' "$dir/server.log" | sed 's/ ([0-9.]* us.*)$//' | sort > "$dir/tuned.txt"
     done
     for ((r = 1; r < ${#dirs[@]}; r++)); do
       $PY -m quantgate.harness.cli compare "${dirs[r-1]}" "${dirs[r]}" > "${dirs[r]}/compare.txt" 2>&1
       $PY - "${dirs[r-1]}/samples.jsonl" "${dirs[r]}/samples.jsonl" "${dirs[r-1]}" "${dirs[r]}" <<'PY'
-import json, sys
-a, b = ({row["id"]: row["response"] for row in map(json.loads, open(path))} for path in sys.argv[1:3])
+import json, os, sys
+a, b = ({row["id"]: row["response"] for row in map(json.loads, open(path))} if os.path.isfile(path) else {}
+        for path in sys.argv[1:3])
 first, second = (path.split("/")[-2] for path in sys.argv[3:5])
 print(f"  {first} vs {second}: {sum(a[q] != b.get(q) for q in a)} of {len(a)} responses differ")
 PY

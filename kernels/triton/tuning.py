@@ -14,14 +14,13 @@ so tuning costs start-up time (compiling each candidate once, then tens of milli
 key), never a decode step. It does not time, and takes the cached choice or else the default:
   - on CPU (the interpreter has nothing to time),
   - while a CUDA graph is being captured (timing needs synchronization),
-  - when QUANTGATE_AUTOTUNE=0 (debugging, or reproducing a run bit for bit).
+  - when QUANTGATE_AUTOTUNE=0 (debugging, or runs that must answer alike: below).
 Candidates differ only in the order of float32 additions, so all meet the same accuracy, but not
-always the same answers: a row's bits depend on its bucket's config, so which requests share a
-batch (timing) matters once the buckets' configs differ in their summation order. On the H200
-two runs of a tiny W8A8 config tuning afresh differed in 4-14 of 1000 GSM8K answers, as many
-when both replayed one run's choices, and in none with QUANTGATE_AUTOTUNE=0 (its defaults;
-benchmarks/results/h200-2026-12-01-run22). Each choice is logged (logger `quantgate.kernels`,
-INFO: the server's log).
+always the same answers. On the H200 two runs of a tiny W8A8 config tuning afresh differed in
+4-14 of 1000 GSM8K answers, as many when both replayed one run's choices, and in none with
+QUANTGATE_AUTOTUNE=0 (benchmarks/results/h200-2026-12-01-run22): likely because a row's bits
+depend on which M bucket's config computes it, and which requests share a batch depends on
+timing. Each choice is logged (logger `quantgate.kernels`, INFO: the server's log).
 """
 
 from __future__ import annotations
