@@ -16,11 +16,14 @@ key), never a decode step. It does not time, and takes the cached choice or else
   - while a CUDA graph is being captured (timing needs synchronization),
   - when QUANTGATE_AUTOTUNE=0 (debugging, or runs that must answer alike: below).
 Candidates differ only in the order of float32 additions, so all meet the same accuracy, but not
-always the same answers. On the H200 two runs of a tiny W8A8 config tuning afresh differed in
-4-14 of 1000 GSM8K answers, as many when both replayed one run's choices, and in none with
-QUANTGATE_AUTOTUNE=0 (benchmarks/results/h200-2026-12-01-run22): likely because a row's bits
-depend on which M bucket's config computes it, and which requests share a batch depends on
-timing. Each choice is logged (logger `quantgate.kernels`, INFO: the server's log).
+always the same answers: a row's bits can depend on which M bucket's config computes it, and
+which requests share a decode batch depends on timing. On the H200 two runs of a tiny W8A8
+config tuning afresh differed in 4-14 of 1000 GSM8K answers (as many when both replayed one
+run's choices; none with QUANTGATE_AUTOTUNE=0) until the 17-64-row bucket lost its 32-row tile
+(fp8_block_gemm.TILED_CANDIDATES); since, two fresh tunings answered alike
+(benchmarks/results/h200-2026-12-01-run22). Within a bucket the split-K is the same for every M
+(gemm_epilogue.automatic_split_k). Each choice is logged (logger `quantgate.kernels`, INFO: the
+server's log), to compare two runs' choices when their answers differ.
 """
 
 from __future__ import annotations
