@@ -51,6 +51,9 @@ class Checkpoint:
         if index.is_file():
             try:
                 self._map = dict(json.loads(index.read_text())["weight_map"])
+                entry = next(((name, file) for name, file in self._map.items() if not isinstance(file, str)), None)
+                if entry:  # caught below: the folder's path joined with it would fail outside this check
+                    raise TypeError(f"weight_map maps {entry[0]!r} to {entry[1]!r}, not a file name")
             except OSError as exc:
                 raise CheckpointError(unreadable(index, exc)) from None
             except (ValueError, KeyError, TypeError) as exc:
@@ -58,11 +61,13 @@ class Checkpoint:
             files = sorted({self.path / name for name in self._map.values()})
             missing = [f.name for f in files if not f.is_file()]
             if missing:
-                raise CheckpointError(f"{index} names files that are not there: {', '.join(missing)}")
+                raise CheckpointError(f"{index} names files that are not there: {', '.join(missing)}; copy them into "
+                                      f"{self.path} again (or re-download the checkpoint)")
         else:
             files = sorted(self.path.glob("*.safetensors"))
         if not files:
-            raise CheckpointError(f"{self.path} has no *.safetensors files (only safetensors checkpoints load)")
+            raise CheckpointError(f"{self.path} has no *.safetensors files (only safetensors checkpoints load): check the "
+                                  "path, or save the model with transformers' save_pretrained, which writes them")
         self._files = files
         self._stack: ExitStack | None = None
         self._where: dict[str, tuple[object, Path]] = {}

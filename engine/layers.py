@@ -106,7 +106,11 @@ class KernelLayer(nn.Module):
 
     def set_raw(self, name: str, tensor: torch.Tensor, source: str) -> None:
         dtype = self.raw_specs()[name][1]
-        tensor = self.check_raw(name, tensor, source).to(device=self.device, dtype=dtype)
+        # A copy even where device and dtype match: on the CPU safetensors hands out views of the
+        # memory-mapped file, which overwriting the file (before a reload) would change under the
+        # model. A parameter of the model itself (the embeddings a tied lm_head reads) stays shared.
+        tensor = self.check_raw(name, tensor, source).to(device=self.device, dtype=dtype,
+                                                         copy=not isinstance(tensor, nn.Parameter))
         current = getattr(self, name, None)
         if self._processed_once and name not in processed_names(self):
             current.copy_(tensor)

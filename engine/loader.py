@@ -438,7 +438,8 @@ def _stacked_experts(layer: FusedMoE, take) -> dict[str, torch.Tensor]:
     def one(scale: torch.Tensor, what: str) -> torch.Tensor:
         if scale.numel() != 1:
             raise CheckpointError(f"{prefix}.*.{what}: a per-tensor scale has one value, found shape "
-                                  f"{tuple(scale.shape)}")
+                                  f"{tuple(scale.shape)}; every expert stores one per projection: re-export the "
+                                  "checkpoint")
         return scale.reshape(())
 
     def per_expert(proj: str, attr: str,

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from quantgate.engine import load_model
-from quantgate.engine.checkpoint import CheckpointError
+from quantgate.engine.checkpoint import INDEX, CheckpointError
 from quantgate.engine.config import ModelConfigError
 from quantgate.engine.kv_cache import KVCache
+from quantgate.engine.loader import resolve_dtype
 from quantgate.kernels import KernelSelectionError, Scheme
 
 from .test_parity import _prefill_batch
@@ -111,6 +112,9 @@ def test_reload_reads_new_weights_into_the_same_storage(tmp_path, variant):
     before, prompt = _storage(loaded), [3, 1, 4, 1, 5, 9, 2, 6]
     first = _logits(loaded, prompt)
     shutil.copy(new / "model.safetensors", served / "model.safetensors")
+    # The file rewritten in place serves nothing until the reload (on the CPU the model held views of
+    # the memory-mapped file, and served its new bytes at once)
+    assert torch.equal(_logits(loaded, prompt), first)
     loaded.reload_weights()
     assert _storage(loaded) == before
     reloaded = _logits(loaded, prompt)
@@ -213,13 +217,15 @@ def _copy_layer(src: int, dst: int):
     return edit
 
 
+WIDE = dict(hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
 @pytest.fixture(scope="module")
 def wide_block_dir(tmp_path_factory):
     """Block FP8 with scales of two or more blocks per side (down_proj [2, 3]), so a transposed
     scale has the same size and another shape."""
     root = tmp_path_factory.mktemp("wide")
-    src = write_model(root / "src", seed=2, hidden_size=256, intermediate_size=384, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=64)
+    src = write_model(root / "src", seed=2, **WIDE)
     return quantize_folder(src, root / "q", Scheme.FP8_BLOCK, "fp8")
 
 
@@ -228,6 +234,11 @@ def wide_block_dir(tmp_path_factory):
      "scales are not finite and positive"),
     ("zero", _set(f"{DOWN}.weight_scale_inv", torch.zeros_like), "scales are not finite and positive"),
     ("negative", _set(f"{DOWN}.weight_scale_inv", lambda s: -s), "scales are not finite and positive"),
+    # the last of the 6 block scales: the message counts them and shows a bad one, not the first
+    ("inf", _set(f"{DOWN}.weight_scale_inv", lambda s: s.index_put((torch.tensor([1]), torch.tensor([2])),
+                                                                    torch.tensor(float("inf")))),
+     f"{DOWN}.weight_scale_inv: 1 of 6 scales are not finite and positive (e.g. inf); a scale must be > 0: "
+     "re-quantize the checkpoint"),
     ("transposed", _set(f"{DOWN}.weight_scale_inv", lambda s: s.t().contiguous()), "does not match"),
     ("fp8 scale", _set(f"{DOWN}.weight_scale_inv", lambda s: (s * 1e3).to(torch.float8_e4m3fn)), "scales must be stored"),
     ("merged part", _set("model.layers.0.self_attn.k_proj.weight_scale_inv", lambda s: s[:, :1].contiguous()),
@@ -235,7 +246,9 @@ def wide_block_dir(tmp_path_factory):
     ("scale name", _rename(f"{DOWN}.weight_scale_inv", f"{DOWN}.weight_scale"),
      f"it has {DOWN}.weight_scale instead. native FP8 names block scales `weight_scale_inv`"),
     ("both scale names", _add(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale_inv"] * 7),
-     f"{DOWN} has both weight_scale_inv and weight_scale"),
+     f"{DOWN} has both weight_scale_inv and weight_scale; native FP8 names block scales `weight_scale_inv` "
+     "(quant_method fp8 with weight_block_size) and per-tensor scales `weight_scale`; compressed-tensors always "
+     f"`weight_scale`. config.json reads weight_scale_inv: remove {DOWN}.weight_scale or re-export the checkpoint"),
     ("extra scale", _add(f"{DOWN}.input_scale", lambda t: torch.tensor(0.02)),
      f"1 tensors of this model's modules are not read by it: {DOWN}.input_scale"),
     ("extra layer", _copy_layer(1, 2), "the checkpoint has tensors of layers 2 (e.g. model.layers.2."),
@@ -263,6 +276,26 @@ def test_an_expert_tensor_unlike_the_others_is_named(moe_dir, tmp_path, case, ed
         load_model(_edited(moe_dir, tmp_path, case, edit), device="cpu")
 
 
+def test_a_per_tensor_expert_scale_of_two_values_is_named(tmp_path):
+    """It failed as a bare reshape error."""
+    key = "model.layers.0.mlp.experts.1.up_proj.weight_scale"
+    with pytest.raises(CheckpointError, match=re.escape(
+            "model.layers.0.mlp.experts.*.up_proj.weight_scale: a per-tensor scale has one value, found shape (2,); "
+            "every expert stores one per projection: re-export the checkpoint")):
+        load_model(_edited(SHIPPED_MODELS / "tiny-qwen3-moe-fp8-tensor-ct", tmp_path, "two",
+                           _set(key, lambda s: s.repeat(2))), device="cpu")
+
+
+def test_channel_scales_saved_as_n_serve_what_n_by_1_scales_serve(tmp_path):
+    """Exports save per-channel scales as [N] or [N, 1]: both load, into merged projections and
+    stacked experts alike, and serve the same logits."""
+    model = SHIPPED_MODELS / "tiny-qwen3-moe-fp8-channel-ct"
+    flat = _edited(model, tmp_path, "flat", lambda tensors: tensors.update(
+        {name: s.reshape(-1) for name, s in tensors.items() if name.endswith(".weight_scale")}))
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert torch.equal(_logits(load_model(flat, device="cpu"), prompt), _logits(load_model(model, device="cpu"), prompt))
+
+
 def test_a_config_with_fewer_layers_than_the_checkpoint_is_refused(wide_block_dir, tmp_path):
     fewer = tmp_path / "fewer"
     shutil.copytree(wide_block_dir, fewer)
@@ -277,17 +310,16 @@ def test_tensors_of_heads_this_architecture_lacks_only_warn(wide_block_dir, tmp_
     foreign = {"mtp.layers.0.eh_proj.weight": torch.zeros(4, 4), "model.visual.patch_embed.weight": torch.zeros(4),
                "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16),  # older exports saved this buffer
                "model.layers.0.self_attn.k_scale": torch.ones(()),  # an FP8 KV cache's: the cache stays bf16
+               "model.layers.0.self_attn.v_scale": torch.ones(()),
                "model.layers.0.self_attn.v_proj.output_scale": torch.ones(())}
     extra = _edited(wide_block_dir, tmp_path, "heads", lambda tensors: tensors.update(foreign))
     with caplog.at_level(logging.WARNING, logger="quantgate.engine"):
         load_model(extra, device="cpu")
-    assert "5 checkpoint tensors are not used (other heads, rotary buffers, FP8 KV-cache scales" in caplog.text
-    assert all(name in caplog.text for name in foreign)
+    assert "6 checkpoint tensors are not used (other heads, rotary buffers, FP8 KV-cache scales" in caplog.text
+    assert all(name in caplog.text for name in sorted(foreign)[:5])  # the first five, as examples
 
 
 def test_unreadable_checkpoint_files_are_named_with_their_cause(dense_dir, tmp_path, monkeypatch):
-    from quantgate.engine.checkpoint import INDEX
-
     from .test_config import deny_reading
 
     def folder(name: str) -> Path:
@@ -376,13 +408,16 @@ def test_asymmetric_compressed_tensors_weights_are_refused(dense_dir, tmp_path):
 
 
 def test_a_failed_reload_leaves_the_served_weights_as_they_were(wide_block_dir, tmp_path):
+    """New weights (another seed) with one bad scale: the check pass reads every tensor and writes
+    none, so the served logits stay exactly as they were, embeddings and norms included."""
     q_dir = tmp_path / "served"
     shutil.copytree(wide_block_dir, q_dir)
     loaded = load_model(q_dir, device="cpu", linear_backend="emulation")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     before = _logits(loaded, prompt)
     good = (q_dir / "model.safetensors").read_bytes()
-    _edited(q_dir, tmp_path, "later", _set(f"{DOWN}.weight_scale_inv", lambda s: s.t().contiguous()))
+    other = quantize_folder(write_model(tmp_path / "src", seed=7, **WIDE), tmp_path / "other", Scheme.FP8_BLOCK, "fp8")
+    _edited(other, tmp_path, "later", _set(f"{DOWN}.weight_scale_inv", lambda s: s.t().contiguous()))
     shutil.copy(tmp_path / "later" / "model.safetensors", q_dir / "model.safetensors")
     with pytest.raises(CheckpointError, match="does not match"):
         loaded.reload_weights()
@@ -575,6 +610,11 @@ STATIC_NO_SCALES = ("config.json's quantization_config has static activations ({
     ("index omits it", BLOCK_NATIVE, lambda src, dst: _sharded(src, dst, lambda wm: wm.pop(O_SCALE)),
      f"tensor '{O_SCALE}' is missing from the checkpoint; model.safetensors.index.json does not list it, though "
      f"{SHARD_1} holds it: add it to the index's weight_map (or regenerate the index)"),
+    ("index names a shard, none holds lm_head, config untied", BLOCK_NATIVE, lambda src, dst: _sharded(
+        _configured(src, dst.with_name("untied"), lambda c: c.update(tie_word_embeddings=False)), dst,
+        lambda wm: wm.update({"lm_head.weight": SHARD_1})),  # the files show the cause: re-tying would be wrong
+     f"tensor 'lm_head.weight' is missing from the checkpoint; model.safetensors.index.json maps it to {SHARD_1}, "
+     "which does not hold it; no file the index names holds it: copy that file again, or re-download the checkpoint"),
     ("untied without lm_head", BLOCK_NATIVE, lambda src, dst: _configured(
         src, dst, lambda c: c.update(tie_word_embeddings=False)),
      "tensor 'lm_head.weight' is missing from the checkpoint; config.json has tie_word_embeddings: false, so lm_head "
@@ -593,6 +633,45 @@ def test_a_missing_tensor_is_named_with_its_cause_and_fix(tmp_path, case, model,
         load_model(folder(SHIPPED_MODELS / model, tmp_path / "m"), device="cpu")
 
 
+def _with_index(src: Path, dst: Path, weight_map) -> Path:
+    shutil.copytree(src, dst)
+    (dst / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def _without(folder: Path, name: str) -> Path:
+    (folder / name).unlink()
+    return folder
+
+
+@pytest.mark.parametrize("case,folder,message", [
+    ("weight_map not an object", lambda src, dst: _with_index(src, dst, 5),
+     f"{INDEX}: not a safetensors index ('int' object is not iterable); fix or remove it"),
+    ("weight_map entry not a file name", lambda src, dst: _with_index(src, dst, {"lm_head.weight": None}),
+     f"{INDEX}: not a safetensors index (weight_map maps 'lm_head.weight' to None, not a file name); fix or remove it"),
+    ("index names a shard that is gone", lambda src, dst: _without(_sharded(src, dst, lambda wm: None), SHARD_2),
+     f"{INDEX} names files that are not there: {SHARD_2}; copy them into {{folder}} again (or re-download the "
+     "checkpoint)"),
+    ("no safetensors", lambda src, dst: _without(Path(shutil.copytree(src, dst)), "model.safetensors"),
+     "{folder} has no *.safetensors files (only safetensors checkpoints load): check the path, or save the model "
+     "with transformers' save_pretrained, which writes them"),
+])
+def test_a_folder_whose_index_or_files_cannot_serve_is_refused_with_the_fix(tmp_path, case, folder, message):
+    """A weight_map entry that is no file name crashed with a bare TypeError."""
+    with pytest.raises(CheckpointError, match=re.escape(message.format(folder=tmp_path / "m")) + "$"):
+        load_model(folder(SHIPPED_MODELS / BLOCK_NATIVE, tmp_path / "m"), device="cpu")
+
+
+def test_with_an_index_only_the_files_it_names_are_read(tmp_path):
+    """A leftover *.safetensors the index does not name (an older export, a partial download) is
+    never opened: the model serves what the indexed shards hold."""
+    sharded = _sharded(SHIPPED_MODELS / BLOCK_NATIVE, tmp_path / "m", lambda wm: None)
+    (sharded / "model.safetensors.partial.safetensors").write_bytes(b"\x08\x00")  # a torn download
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert torch.equal(_logits(load_model(sharded, device="cpu"), prompt),
+                       _logits(load_model(SHIPPED_MODELS / BLOCK_NATIVE, device="cpu"), prompt))
+
+
 def test_static_activations_with_some_input_scales_missing_say_which_is_missing(tmp_path):
     static = quantize_folder(SHIPPED_MODELS / "tiny-qwen3", tmp_path / "q", Scheme.FP8_TENSOR, "fp8", static_input=True)
     key = "model.layers.1.mlp.down_proj.input_scale"
@@ -601,3 +680,44 @@ def test_static_activations_with_some_input_scales_missing_say_which_is_missing(
             "(activation_scheme: static), which need an input_scale for every quantized linear, and other linears have "
             "one: re-export the checkpoint with all of them (or set activation_scheme: dynamic")):
         load_model(_edited(static, tmp_path, "partial", lambda t: t.pop(key)), device="cpu")
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan")])
+def test_a_static_input_scale_that_is_not_positive_is_refused_naming_it(tmp_path, value):
+    """Activations are divided by it: like a weight scale, a zero or NaN one would serve wrong numbers."""
+    static = quantize_folder(SHIPPED_MODELS / "tiny-qwen3", tmp_path / "q", Scheme.FP8_TENSOR, "fp8", static_input=True)
+    key = "model.layers.1.mlp.down_proj.input_scale"
+    with pytest.raises(CheckpointError, match=re.escape(f"{key}: 1 of 1 scales are not finite and positive (e.g. {value})")):
+        load_model(_edited(static, tmp_path, "bad", _set(key, lambda s: torch.full_like(s, value))), device="cpu")
+
+
+@pytest.mark.parametrize("requested, checkpoint, device, expected", [
+    ("auto", torch.float16, "cpu", torch.bfloat16),  # float16 matmuls are slow on CPU
+    ("auto", torch.bfloat16, "cpu", torch.bfloat16),
+    ("auto", torch.float32, "cpu", torch.float32),
+    ("auto", torch.float16, "cuda", torch.float16),
+    (" FP16 ", torch.bfloat16, "cpu", torch.float16),
+])
+def test_dtype_auto_is_the_checkpoints_except_float16_on_cpu(requested, checkpoint, device, expected):
+    assert resolve_dtype(requested, checkpoint, torch.device(device)) is expected
+
+
+def test_a_model_served_in_another_dtype_reloads(dense_dir, tmp_path):
+    """--dtype is chosen at start and new weights are cast to it as the first were: no config change."""
+    served = Path(shutil.copytree(dense_dir, tmp_path / "served"))
+    loaded = load_model(served, device="cpu", dtype="bfloat16")
+    new = write_model(tmp_path / "new", seed=5)
+    shutil.copy(new / "model.safetensors", served / "model.safetensors")
+    loaded.reload_weights()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert torch.equal(_logits(loaded, prompt), _logits(load_model(new, device="cpu", dtype="bfloat16"), prompt))
+
+
+def test_block_projections_merge_only_where_each_part_is_whole_row_blocks(dense_dir, tmp_path):
+    """The row side of a block (block_size[0]) decides: with 128x64 blocks the 64-row k and v
+    projections are not whole row blocks, so q/k/v keep their own GEMMs (merged, one scale row
+    would span two projections, and their scales do not concatenate to the merged shape)."""
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", Scheme.FP8_BLOCK, "fp8", block=(128, 64))
+    modules = load_model(q_dir, device="cpu", linear_backend="emulation").kernel_report()["modules"]
+    assert "model.layers.0.self_attn.qkv_proj" not in modules
+    assert modules["model.layers.0.self_attn.k_proj"]["scheme"] == "fp8-block"

@@ -67,7 +67,7 @@ def is_quantizable(name: str) -> bool:
 
 
 def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input: bool = False,
-                    ignore: str | None = None, targets: str | None = None) -> Path:
+                    ignore: str | None = None, targets: str | None = None, block: tuple[int, int] = (128, 128)) -> Path:
     """Write an FP8 copy of `src` in the native (`fmt="fp8"`) or compressed-tensors format.
 
     Regexes over module names, compressed-tensors only (its `ignore` and `targets` take "re:"
@@ -90,7 +90,7 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
             out[name] = w
             continue
         if scheme is Scheme.FP8_BLOCK:
-            q, s = quant.quantize_weight_block(w)
+            q, s = quant.quantize_weight_block(w, block)
         elif scheme is Scheme.FP8_CHANNEL:
             q, s = quant.quantize_weight_channel(w)
         else:
@@ -102,8 +102,8 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
             out[f"{prefix}.input_scale"] = torch.tensor([0.02], dtype=torch.float32)
     save_file(out, str(dst / "model.safetensors"))
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = _native_config(scheme, static_input) if fmt == "fp8" else _ct_config(
-        scheme, static_input)
+    config["quantization_config"] = _native_config(scheme, static_input, block) if fmt == "fp8" else _ct_config(
+        scheme, static_input, block)
     if ignore is not None:
         config["quantization_config"]["ignore"].append(f"re:{ignore}")
     if targets is not None:
@@ -112,23 +112,23 @@ def quantize_folder(src: Path, dst: Path, scheme: Scheme, fmt: str, static_input
     return dst
 
 
-def _native_config(scheme: Scheme, static_input: bool) -> dict:
+def _native_config(scheme: Scheme, static_input: bool, block: tuple[int, int]) -> dict:
     qc = {"quant_method": "fp8", "activation_scheme": "static" if static_input else "dynamic",
           "modules_to_not_convert": ["lm_head", "mlp.gate"]}
     if scheme is Scheme.FP8_BLOCK:
-        qc["weight_block_size"] = [128, 128]
+        qc["weight_block_size"] = list(block)
     elif scheme is Scheme.FP8_CHANNEL:
         raise ValueError("native FP8 has no per-channel format; use compressed-tensors")
     return qc
 
 
-def _ct_config(scheme: Scheme, static_input: bool) -> dict:
+def _ct_config(scheme: Scheme, static_input: bool, block: tuple[int, int]) -> dict:
     strategy = {Scheme.FP8_BLOCK: "block", Scheme.FP8_CHANNEL: "channel", Scheme.FP8_TENSOR: "tensor"}[scheme]
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy}
     if scheme is Scheme.FP8_BLOCK:
-        weights["block_structure"] = [128, 128]
+        weights["block_structure"] = list(block)
         acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "group",
-                "group_size": 128}
+                "group_size": block[1]}
     elif scheme is Scheme.FP8_CHANNEL:
         acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
     else:
