@@ -330,8 +330,9 @@ def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[
         "label": config.name,
         "key": _key(config.name),
         "command": shlex.join([RUN_EVAL, *options, path]),
-        "agents": agents_for(config),
-        "timeout_in_minutes": timeout_minutes(config),
+        # The baseline config runs first, on the same agent: the agent must serve both, in time for both.
+        "agents": agents_for(*runs),
+        "timeout_in_minutes": sum(timeout_minutes(c) for c in runs),
         "retry": {"automatic": [dict(rule) for rule in RETRY_RULES]},
         "artifact_paths": [*(f"{RESULTS_DIR}/{_artifact_name(c)}/**/*" for c in runs),
                            f"{RESULTS_DIR}/junit.xml", f"{RESULTS_DIR}/summary.md"],
@@ -342,23 +343,30 @@ def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[
     return step
 
 
-def agents_for(config: EvalConfig) -> dict[str, str]:
+def agents_for(config: EvalConfig, *others: EvalConfig) -> dict[str, str]:
     """Agent tags from `requires:` (Buildkite tag values are strings). Tags match by value, not
     by order, so a minimum compute capability X.Y is the tag `smXY: "true"`, which a GPU agent
     sets for every capability it reaches (an H100 agent: sm80, sm89 and sm90). Without it a
     triton config (8.9+) could land on an A100 agent and fail there with exit 3, never retried.
     The GPU count is at least the server's tensor x pipeline x data parallel size: a vLLM server
     of --tensor-parallel-size 8 on fewer GPUs (or on a CPU agent) cannot start. A config of an
-    engine in GPU_ENGINES gets a GPU agent without any `requires:`: its server needs one."""
-    requires = config.requires
-    gpus = max(requires.gpus, parallel_gpus(config.server_args))
-    floor = min_capability(config)
-    if (gpus <= 1 and requires.gpus == 0 and requires.device is None and floor is None
-            and config.engine not in GPU_ENGINES):
+    engine in GPU_ENGINES gets a GPU agent without any `requires:`: its server needs one.
+    `others`: configs the same step runs as well (a paired or recovery gate's baseline config),
+    whose needs the agent must meet too: the runner refuses a `requires:` it does not (exit 3)."""
+    runs = (config, *others)
+    gpus = max(max(c.requires.gpus, parallel_gpus(c.server_args)) for c in runs)
+    floor = max((f for f in map(min_capability, runs) if f is not None), default=None)
+    devices = list(dict.fromkeys(c.requires.device for c in runs if c.requires.device))
+    if (gpus <= 1 and not devices and floor is None
+            and all(c.requires.gpus == 0 and c.engine not in GPU_ENGINES for c in runs)):
         return {"queue": "cpu"}
+    if len(devices) > 1:
+        raise ConfigError(config.source, 0, "requires.device", f"{devices[0]!r}, but its baseline config "
+                          f"{others[0].source} requires device {devices[1]!r}; the baseline runs in this config's "
+                          "step, on one agent: give both the same requires.device")
     agents = {"queue": "gpu", "gpus": str(max(gpus, 1))}  # any requires: needs a GPU, as the runner
-    if requires.device:
-        agents["device"] = requires.device
+    if devices:
+        agents["device"] = devices[0]
     if floor is not None and floor > (0, 0):
         agents[f"sm{floor[0]}{floor[1]}"] = "true"
     return agents

@@ -49,3 +49,10 @@ def test_vllm_moe_log_names_map_to_flag_values() -> None:
     assert backends.log_name_to_backend("VLLM_CUTLASS") == "cutlass"
     for value in backends.VLLM_MOE_LOG_NAMES.values():
         assert value in backends.VLLM_MOE_BACKENDS
+
+
+def test_an_all_caps_typo_is_no_vllm_class_name() -> None:
+    """vLLM linear class names are accepted unchecked until run time; a shouted backend typo is
+    not one of them and gets its did-you-mean now."""
+    problem = backends.check_expected_kernel("vllm", "linear", "CUTLAS")
+    assert problem is not None and "did you mean 'cutlass'" in problem.message

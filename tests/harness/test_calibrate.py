@@ -205,3 +205,73 @@ def test_each_config_gets_its_own_default_output_folder(tmp_path: Path, gsm8k_di
     for name in ("a", "b"):
         proposal = json.loads((tmp_path / "results" / "calibrate" / name / "calibration.json").read_text())
         assert proposal["config"].endswith(f"{name}.yaml")
+
+
+def test_runs_of_different_sizes_propose_the_smallest_n_and_say_so(tmp_path: Path) -> None:
+    # The reference claims no more questions than every run evaluated.
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\nreference: {value: 0.8}\ngate: hypothesis\n")
+    records = [RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": 0.8, "n": n}) for n in (120, 100)]
+    proposal = propose(load_config(path), records)
+    assert proposal["reference"]["n"] == 100 and proposal["n_per_run"] == [100, 120]
+    assert "# WARNING: runs evaluated different numbers of questions" in format_proposal(proposal)
+    same_n = _proposal(tmp_path, "reference: {value: 0.8}\ngate: hypothesis\n", [0.8, 0.82], 100)
+    assert "different numbers" not in same_n
+
+
+def test_the_summary_line_has_the_spread_of_the_runs(tmp_path: Path) -> None:
+    text = _proposal(tmp_path, "accuracy_threshold: 0.5\n", [0.80, 0.77, 0.79], 1319)
+    assert "mean 0.7867, sample stdev 0.0153, min 0.7700, max 0.8000, n per run 1319" in text
+
+
+def test_a_recovery_gate_checks_no_run_against_a_reference(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    text = _proposal(tmp_path, "baseline: base\ngate: recovery\n", [0.10, 0.80], 1319)
+    assert "# note: gate recovery compares each run with its baseline, not with a reference" in text
+    assert "would fail" not in text
+
+
+def test_the_hypothesis_noise_warning_is_for_a_hypothesis_gate_only(tmp_path: Path) -> None:
+    # 3 * stdev 0.0826 exceeds the hypothesis margin 0.0262, but a relative gate has no such margin.
+    text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: {mode: relative, rtol: 0.1}\n", [0.80, 0.755, 0.805],
+                     1319)
+    assert "hypothesis margin" not in text
+
+
+def test_a_dirty_checkout_is_warned_about(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    records = [RunRecord(name="c", verdict="PASS", reason="", config={"engine": "builtin", "server_args": []},
+                         metrics={"value": v, "n": 100}) for v in (0.8, 0.82)]
+    proposal = propose(load_config(path), records)
+    proposal["reference"]["commit"] = "0123abcd-dirty"
+    assert "# WARNING: measured on a checkout with uncommitted changes" in format_proposal(proposal)
+
+
+def _run_records(monkeypatch: pytest.MonkeyPatch, records: list[RunRecord]) -> None:
+    """Each run of calibrate returns the next of `records`, no server started."""
+    from quantgate.harness.commands import calibrate
+
+    pending = iter(records)
+    monkeypatch.setattr(calibrate, "run_one", lambda *args: next(pending))
+
+
+def test_a_config_error_after_a_retryable_one_exits_3(tmp_path: Path, gsm8k_dir: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retry of the calibration repeats the config's own error: 3, as `quantgate run` exits."""
+    _run_records(monkeypatch, [RunRecord(name="c", verdict="ERROR", reason="server died", config={}),
+                               RunRecord(name="c", verdict="ERROR", reason="prompt too long", config={},
+                                         usage_error=True)])
+    config = write_config(tmp_path, "c", gsm8k_dir)
+    assert cli(["calibrate", str(config), "--runs", "3", "--output-dir", str(tmp_path / "cal")]) == 3
+
+
+def test_a_run_without_a_value_measured_nothing(tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _run_records(monkeypatch, [RunRecord(name="c", verdict="FAIL", reason="no answers", config={},
+                                         metrics={"value": None, "n": 0})] * 2)
+    config = write_config(tmp_path, "c", gsm8k_dir)
+    assert cli(["calibrate", str(config), "--runs", "2", "--output-dir", str(tmp_path / "cal")]) == 1
+    assert "error: 2 of 2 runs measured nothing (no answers)" in capsys.readouterr().err
+    assert not (tmp_path / "cal" / "calibration.json").exists()

@@ -24,6 +24,7 @@ from quantgate.harness.pipeline import (
     exercised_backends,
     glob_match,
     select_for_changes,
+    step_for,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +196,8 @@ def test_a_semicolon_in_a_name_is_refused_as_the_agents_artifact_path_separator(
     ("cfg[1].yaml", "", "the config file's path"),
     ("star.yaml", "name: fp8-*\n", "name 'fp8-*'"),
     ("brace.yaml", "num_fewshot: 0\ndataset: {test: 'q{1,2}.jsonl'}\n", "dataset"),
+    ("cfg?.yaml", "", "the config file's path"),
+    ("cfg\\1.yaml", "name: cfg-1\n", "the config file's path"),  # Buildkite's escape character
 ])
 def test_glob_syntax_in_names_and_paths_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                    file_name: str, body: str, what: str) -> None:
@@ -378,6 +381,8 @@ def test_kernel_dependencies_follow_imports(tiny_matrix: Path) -> None:
     ("models/tiny-qwen3/**", "models/tiny-qwen3-moe/config.json", False),
     ("kernels/triton/*marlin*", "kernels/triton/marlin_gemm.py", True),
     ("**.go", "a/b/c.go", True),
+    ("kernels/**/marlin.py", "kernels/marlin.py", True),  # `**/` spans no directory too
+    ("kernels/linear?marlin.py", "kernels/linear/marlin.py", False),
 ])
 def test_glob_semantics(pattern: str, path: str, hit: bool) -> None:
     assert glob_match(pattern, path) is hit
@@ -641,3 +646,117 @@ def test_a_results_file_baselines_answers_are_a_dependency(tmp_path: Path, monke
                                           "gate: {mode: paired}\n")
     globs = dependency_globs(load_config(tmp_path / "paired.yaml"))
     assert "baselines/demo/result.json" in globs and "baselines/demo/samples.jsonl" in globs
+
+
+def test_a_partial_minute_of_start_up_rounds_the_timeout_up(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # 1230 s start-up + 3600 s evaluation is 80.5 minutes: at 80 the job is stopped inside the time it was given.
+    (tmp_path / "slow.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\nstartup_max_wait_seconds: 1230\n")
+    assert emitted(capsys, "--tier", "nightly", str(tmp_path / "slow.yaml"))["steps"][0]["timeout_in_minutes"] == 81
+
+
+def test_a_vllm_config_depends_on_the_harness_not_on_this_repositorys_engine(tiny_matrix: Path) -> None:
+    globs = dependency_globs(load_config(tiny_matrix / "vllm-marlin.yaml"))
+    assert "harness/**" in globs
+    assert not [g for g in globs if g.startswith(("engine/", "kernels/", "models/"))]
+
+
+def test_no_step_is_soft_fail_or_optional(capsys: pytest.CaptureFixture[str]) -> None:
+    """An optional job let a crash reach main: every step gates its build. A negative check, built
+    to FAIL, passes through run-eval.sh --expect-fail, never through soft_fail."""
+    for step in _steps(emitted(capsys, "--tier", "nightly")):
+        assert not {"soft_fail", "skip", "allow_dependency_failure"} & step.keys(), step["label"]
+
+
+def test_every_step_carries_its_tier(capsys: pytest.CaptureFixture[str], tiny_matrix: Path) -> None:
+    for tier in ("pr", "nightly"):
+        pipeline = emitted(capsys, "--tier", tier, str(tiny_matrix))
+        assert pipeline["env"] == {"QUANTGATE_TIER": tier}
+        assert all(step["env"] == {"QUANTGATE_TIER": tier} for step in _steps(pipeline)), tier
+
+
+def test_requires_gpus_alone_sends_a_config_to_a_gpu_agent(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nrequires: {gpus: 1}\n")
+    assert agents_for(load_config(path)) == {"queue": "gpu", "gpus": "1"}
+
+
+def test_a_recovery_gates_baseline_config_runs_in_the_step_too(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    common = "model_name: models/tiny-qwen3-fp8-block-ct\nrequires: {gpus: 1, min_compute_capability: '8.9'}\n"
+    (tmp_path / "base.yaml").write_text(f"{common}accuracy_threshold: 0.5\nserver_args: --linear-backend triton\n")
+    (tmp_path / "cand.yaml").write_text(f"{common}gate: {{mode: recovery}}\nbaseline: base\n"
+                                        "server_args: --linear-backend marlin --moe-backend marlin\n")
+    pipeline = emitted(capsys, "--tier", "pr", str(tmp_path / "cand.yaml"))
+    assert pipeline["steps"][0]["artifact_paths"][:2] == ["results/cand/**/*", "results/base/**/*"]
+    assert select_for_changes(pipeline, ["kernels/linear/triton_block.py"]) == ["cand"]
+
+
+def test_configs_named_alike_in_two_folders_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "gsm8k.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    assert main(["pipeline", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
+    assert "'gsm8k' is also the name of" in capsys.readouterr().err
+
+
+def test_a_config_outside_the_repository_root_is_warned_about(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "away.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    assert main(["pipeline", str(tmp_path / "away.yaml")]) == 0
+    assert "warning: 1 step(s) name configs outside the current directory (away)" in capsys.readouterr().err
+
+
+def test_keys_stay_whole_up_to_the_limit_and_distinct_beyond_it(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    # Beyond 100 characters, names that differ only in a character no key holds ('.' and '-')
+    # must still get two keys: the hash is of the name, not of the key.
+    names = ["x" * 100, f"{'y' * 60}.{'y' * 60}", f"{'y' * 60}-{'y' * 60}"]
+    for index, name in enumerate(names):
+        (tmp_path / f"{index}.yaml").write_text(f"name: {name}\nmodel_name: m\naccuracy_threshold: 0.5\n")
+    pipeline = emitted(capsys, "--tier", "nightly", *(str(tmp_path / f"{index}.yaml") for index in range(3)))
+    validate(pipeline)
+    keys = [step["key"] for step in pipeline["steps"]]
+    assert keys[0] == names[0] and len(set(keys)) == 3
+
+
+def test_a_folder_and_its_config_of_the_same_name_get_different_keys(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "gsm8k.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    [group] = emitted(capsys, "--tier", "nightly", "gsm8k")["steps"]
+    assert group["key"] != group["steps"][0]["key"]  # Buildkite refuses a pipeline whose steps share a key
+
+
+def test_auto_is_no_exercised_backend(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nserver_args: --linear-backend auto --moe-backend marlin\n")
+    assert exercised_backends(load_config(path)) == {"marlin"}
+
+
+def test_a_module_imported_by_name_from_its_package_is_a_dependency(tmp_path: Path) -> None:
+    from quantgate.harness.pipeline import _kernel_imports
+
+    source = tmp_path / "kernel.py"
+    source.write_text("from . import experts\nfrom .. import quant\n")
+    imported = _kernel_imports("quantgate.kernels.moe.kernel", source)
+    assert {"quantgate.kernels.moe.experts", "quantgate.kernels.quant"} <= set(imported)
+
+
+def test_a_step_that_runs_a_baseline_config_has_an_agent_and_the_time_for_both(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The runner runs a paired gate's baseline config first, in the same step: a candidate that
+    runs on a CPU took its GPU baseline to a CPU agent, whose runner refused the baseline's
+    requires: (exit 3, never retried), and the step had the time of one run."""
+    model = "model_name: models/tiny-qwen3-fp8-block-ct\n"
+    (tmp_path / "base.yaml").write_text(f"{model}accuracy_threshold: 0.5\nrequires: {{device: h100}}\n"
+                                        "server_args: --linear-backend triton\nstartup_max_wait_seconds: 600\n")
+    (tmp_path / "cand.yaml").write_text(f"{model}gate: {{mode: paired}}\nbaseline: base\n")
+    step = step_for(load_config(tmp_path / "cand.yaml"), "nightly")
+    assert step["agents"] == {"queue": "gpu", "gpus": "1", "device": "h100", "sm89": "true"}
+    assert step["timeout_in_minutes"] == 80 + 70  # (1200 + 3600) / 60 the candidate's, (600 + 3600) / 60 the baseline's
+    (tmp_path / "cand.yaml").write_text(f"{model}gate: {{mode: paired}}\nbaseline: base\nrequires: {{device: a100}}\n")
+    assert main(["pipeline", "--tier", "nightly", str(tmp_path / "cand.yaml")]) == 3
+    err = capsys.readouterr().err
+    assert "requires.device: 'a100', but its baseline config" in err and "give both the same requires.device" in err
