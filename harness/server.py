@@ -195,7 +195,11 @@ def http_url(host: str, port: int) -> str:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server can listen on `port`, probed as servers bind it (SO_REUSEADDR: uvicorn,
+    vLLM, quantgate serve): the connections of the port's last server, left in TIME_WAIT for a
+    minute, do not keep the next one off it. A listener does."""
     with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

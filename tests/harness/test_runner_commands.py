@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
+import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -13,7 +16,7 @@ from quantgate.harness.cli import main as cli
 from quantgate.harness.runner import LOCK_FILE
 from quantgate.harness.server import quantgate_executable
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import expected_accuracy, load_json, write_config
+from tests.harness.runner_fixtures import expected_accuracy, load_json, pid_alive, write_config
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 # The printed `quantgate run` is this installation's, as the printed server and lm-eval commands are:
@@ -293,3 +296,67 @@ def test_repro_help_names_every_input_it_takes(capsys: pytest.CaptureFixture[str
     assert cli(["repro", "--help"]) == 0
     usage = " ".join(capsys.readouterr().out.split())
     assert "an eval config file, or a run's result.json or run folder" in usage
+
+
+@pytest.mark.parametrize("port_taken, eval_status, code", [(True, 0, 0), (False, 1, 2)],
+                         ids=["printed-port-taken", "lm-eval-fails"])
+def test_repro_run_evaluates_the_server_it_started_and_stops_it(tmp_path: Path, gsm8k_dir: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch, port_taken: bool,
+                                                                 eval_status: int, code: int) -> None:
+    """lm-eval (stood in for here) is sent to the port the server got, with the key and offline
+    settings printed; the server is stopped after; lm-eval's failure is the exit status."""
+    real_run = subprocess.run
+    evaluated = {}
+
+    def lm_eval(argv: list[str], **kwargs):
+        if Path(argv[0]).name != "lm_eval":
+            return real_run(argv, **kwargs)
+        url = dict(kv.split("=", 1) for kv in argv[argv.index("--model_args") + 1].split(","))["base_url"]
+        evaluated.update(url=url, env=kwargs["env"],
+                         health=httpx.get(url.removesuffix("/v1/completions") + "/health", timeout=5).status_code)
+        return subprocess.CompletedProcess(argv, eval_status)
+
+    monkeypatch.setattr(subprocess, "run", lm_eval)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        flags = {"api_key": "s3cret-key", **({"port": busy.getsockname()[1]} if port_taken else {})}
+        config = write_config(tmp_path, "rr", gsm8k_dir, flags)
+        assert cli(["repro", str(config), "--run", "--output-dir", str(tmp_path / "r")]) == code
+    port = capsys.readouterr().out.split("# server ready on port ")[1].split(";")[0]
+    assert evaluated["url"] == f"http://127.0.0.1:{port}/v1/completions" and evaluated["health"] == 200
+    assert evaluated["env"]["OPENAI_API_KEY"] == "s3cret-key" and evaluated["env"]["HF_HUB_OFFLINE"] == "1"
+    pid = int((tmp_path / "r" / "rr" / "server.log").read_text().split("# quantgate: pid ")[1].split()[0])
+    assert not pid_alive(pid)
+
+
+def test_repro_run_of_a_server_that_does_not_start_exits_2_with_its_logs_tail(
+        tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "nostart", gsm8k_dir, {"exit_during_startup": 0.1})
+    assert cli(["repro", str(config), "--run", "--output-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "error: server did not start: server exited with status 1 during start-up" in err
+    assert "fake server failed to load the model" in err
+
+
+def test_repro_run_into_an_output_directory_another_run_holds_is_a_usage_error(
+        tmp_path: Path, gsm8k_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import fcntl
+
+    config = write_config(tmp_path, "held", gsm8k_dir)
+    out_dir = tmp_path / "o"
+    out_dir.mkdir()
+    with open(out_dir / LOCK_FILE, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert cli(["repro", str(config), "--run", "--output-dir", str(out_dir)]) == 3
+    assert "another quantgate run" in capsys.readouterr().err
+    assert not (out_dir / "held" / "server.log").exists()
+
+
+def test_repro_says_a_secret_of_the_configs_env_alone_is_shown_as_redacted(tmp_path: Path, gsm8k_dir: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "tok", gsm8k_dir, env={"HF_TOKEN": "hf-s3cret"})
+    assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "hf-s3cret" not in output and "# secrets are shown as <redacted>" in output

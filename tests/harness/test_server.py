@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from quantgate.harness import server as server_mod
 from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command, descendants,
                                       env_diff, free_port, group_members, listening_sockets)
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import FAKE_SERVER, fake_args, launch, pid_alive
+from tests.harness.runner_fixtures import FAKE_SERVER, REPO, fake_args, launch, pid_alive
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
@@ -519,3 +520,382 @@ def test_a_server_has_a_watchdog_while_up_and_none_after_its_stop(tmp_path: Path
     finally:
         server.stop(grace_s=1.0)
     assert _watchdogs_of(server.pgid) == [] and server.to_dict()["killed_outside_group"] == []
+
+
+def test_quantgate_serves_own_address_in_use_wording_is_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`quantgate serve` says "port N on HOST is already in use", with no errno: an address in use
+    all the same (a lost race, relaunched), not an unexplained exit."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        monkeypatch.setattr(server_mod, "free_port", lambda host="127.0.0.1": busy.getsockname()[1])
+        monkeypatch.setattr(server_mod, "PORT_ATTEMPTS", 1)  # each launch pays for a Python start
+        command = build_command("builtin", str(REPO / "models" / "tiny-qwen3"), ["--device", "cpu"], {})
+        with pytest.raises(ServerStartError) as info:
+            launch(command, tmp_path / "server.log", startup_timeout_s=60)
+    assert "an address was in use on each of the 1 launches" in str(info.value), info.value.log_tail
+
+
+def test_a_quantgate_beside_the_interpreter_is_run_only_when_executable(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / "bin" / "python"
+    script = python.with_name("quantgate")
+    python.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    monkeypatch.setattr(sys, "executable", str(python))
+    assert server_mod.quantgate_executable() == [str(python), "-m", "quantgate.harness.cli"]
+    script.chmod(0o755)
+    assert server_mod.quantgate_executable() == [str(script)]
+
+
+def test_the_last_of_a_repeated_server_option_wins_as_in_argparse() -> None:
+    command = build_command("builtin", "m", ["--served-model-name", "a", "--port", "9001", "--served-model-name=b",
+                                             "--port", "9002"], {})
+    assert command.served_model == "b" and command.preferred_port == 9002
+
+
+def test_port_0_in_server_args_asks_for_any_free_port() -> None:
+    assert build_command("builtin", "m", ["--port", "0"], {}).preferred_port is None
+
+
+def test_the_runners_vllm_api_key_guards_a_vllm_server_under_the_configs_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "runner-key")
+
+    def vllm_key(env: dict[str, str]) -> str | None:
+        return build_command("vllm", "m", [], env, ["vllm", "serve"], require_executable=False).api_key
+
+    assert vllm_key({}) == "runner-key" and vllm_key({"VLLM_API_KEY": "config-key"}) == "config-key"
+    assert build_command("vllm", "m", ["--api-key", "flag-key"], {}, ["vllm", "serve"],
+                         require_executable=False).api_key == "flag-key"  # vLLM's --api-key wins over the variable
+    assert build_command("builtin", "m", [], {}).api_key is None  # quantgate serve reads no VLLM_API_KEY
+
+
+_LISTENER = ("import socket, sys, time\n"
+             "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+             "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', flush=True); time.sleep(60)\n")
+
+
+def test_another_quantgate_run_is_a_listener_on_the_port_carrying_another_runners_pid() -> None:
+    """Neither a process of another run that does not listen on the port, nor a listener of this
+    run's own (a wrapper's), is another run's server."""
+    import subprocess
+
+    port = free_port("127.0.0.1")
+    started: list[subprocess.Popen] = []
+
+    def process(runner: str, *argv: str) -> subprocess.Popen:
+        started.append(subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, server_mod.RUNNER_ENV: runner}))
+        return started[-1]
+
+    try:
+        process("1", "print('idle', flush=True); import time; time.sleep(60)").stdout.readline()
+        process(str(os.getpid()), _LISTENER, str(port)).stdout.readline()
+        assert server_mod.other_run_listening(port) is None
+        process("1", _LISTENER, str(port)).stdout.readline()
+        assert server_mod.other_run_listening(port) == 1
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_teardown_never_kills_a_process_that_only_reuses_a_descendants_pid(tmp_path: Path) -> None:
+    """A descendant is recorded with its start time: a pid the kernel gave to another process
+    since is not it."""
+    import subprocess
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server = server_mod.LaunchedServer(_fake(tmp_path), tmp_path / "server.log")
+        server._kill_strays({other.pid: "1"}, set())  # a process of that pid started at tick 1
+        assert other.poll() is None and server.killed_outside_group == []
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stopping_a_server_leaves_the_runners_other_processes_running(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """Teardown kills orphans re-parented to the runner, not its own children: another config's
+    server and watchdog, or a process it started itself."""
+    import subprocess
+
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    first = launch(_fake(gsm8k_dir), tmp_path / "first.log", startup_timeout_s=30)
+    try:
+        second = launch(_fake(gsm8k_dir), tmp_path / "second.log", startup_timeout_s=30)
+        try:
+            first.stop(grace_s=1.0)
+            assert httpx.get(second.base_url + "/health", timeout=5).status_code == 200
+            assert len(_watchdogs_of(second.pgid)) == 1 and helper.poll() is None
+            assert first.killed_outside_group == []
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        helper.kill()
+        helper.wait()
+
+
+_UNWATCHED_RUNNER_SCRIPT = """
+import sys, time
+from pathlib import Path
+from quantgate.harness import server as server_mod
+from tests.harness.runner_fixtures import launch
+from tests.harness.test_server import _fake
+server_mod._start_watchdog = lambda pgid, server_id: None
+server = launch(_fake(Path(sys.argv[1]), "--note-sigterm"), Path(sys.argv[2]), startup_timeout_s=30)
+print(server.pgid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_sigkilled_runners_server_is_sent_sigterm_by_the_kernel(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """PR_SET_PDEATHSIG, before the watchdog: SIGTERM, which lets vLLM's API server stop its engine
+    and workers (a SIGKILL would reach it alone, leaving them on the GPU)."""
+    import subprocess
+
+    log = tmp_path / "server.log"
+    runner = subprocess.Popen([sys.executable, "-c", _UNWATCHED_RUNNER_SCRIPT, str(gsm8k_dir), str(log)],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    pgid = int(runner.stdout.readline())
+    try:
+        runner.kill()
+        runner.wait()
+        deadline = time.monotonic() + 15.0
+        while "fake server: SIGTERM received" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "fake server: SIGTERM received" in log.read_text()
+        assert group_members(pgid) == [pgid]  # not SIGKILLed: this server only notes the SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_an_api_key_longer_than_its_placeholder_leaves_nothing_of_the_old_log(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    key = "a-key-longer-than-the-placeholder-0123456789"
+    log.write_text(f"INFO non-default args: {{'api_key': '{key}'}}\nready\n")
+    server_mod._redact_in_place(log, key)
+    assert log.read_text() == "INFO non-default args: {'api_key': '<redacted>'}\nready\n"
+
+
+def test_the_server_gets_the_runners_environment_under_the_configs_env_and_the_runners_pid(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QG_SET_BY_BOTH", "runner")
+    monkeypatch.setenv("QG_SET_BY_THE_RUNNER", "kept")
+    server = launch(_fake(gsm8k_dir, env={"QG_SET_BY_BOTH": "config"}), tmp_path / "server.log", startup_timeout_s=30)
+    try:
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{server.pgid}/environ").read_text().split("\0") if "=" in item)
+    finally:
+        server.stop()
+    assert environ["QG_SET_BY_BOTH"] == "config" and environ["QG_SET_BY_THE_RUNNER"] == "kept"
+    assert environ[server_mod.RUNNER_ENV] == str(os.getpid())  # how another run knows this one's server
+
+
+def test_each_relaunch_after_an_address_in_use_is_on_a_new_port_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    dies = [sys.executable, "-c", (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print('child pid', child.pid, flush=True)\n"
+        "print('OSError: [Errno 98] Address already in use')\n"
+        "raise SystemExit(1)\n")]
+    log = tmp_path / "server.log"
+    server = server_mod.LaunchedServer(ServerCommand(argv=dies, env={}, served_model="m",
+                                                     preferred_port=free_port("127.0.0.1")), log)
+    with pytest.raises(ServerStartError):
+        server.start(startup_timeout_s=30)
+    children = [int(line.split()[-1]) for line in log.read_text().splitlines() if line.startswith("child pid")]
+    try:
+        assert len(children) == server_mod.PORT_ATTEMPTS and not any(pid_alive(pid) for pid in children)
+        assert len(set(server.ports_tried)) == len(server.ports_tried) == server_mod.PORT_ATTEMPTS
+        assert server.killed_outside_group == []  # killed with their groups: none had left them
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_startup_gives_up_at_its_bound_with_the_logs_tail(tmp_path: Path, gsm8k_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock of the test's: each poll interval slept advances it exactly."""
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+        time.sleep(0.01)  # real processes still need real time
+
+    monkeypatch.setattr(server_mod, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep))
+    with pytest.raises(ServerStartError, match="within 10 s") as info:
+        launch(_fake(gsm8k_dir, "--startup-delay", "60"), tmp_path / "server.log", startup_timeout_s=10)
+    assert 10 <= info.value.startup_s <= 10 + server_mod.POLL_INTERVAL_S + 1e-6
+    assert "fake server: starting" in info.value.log_tail
+
+
+def test_a_health_answer_other_than_200_is_not_ready(tmp_path: Path) -> None:
+    """A proxy in front of a loading server, or a server still loading, answers /health 503."""
+    loading = [sys.executable, "-c", (
+        "import http.server, sys\n"
+        "class Loading(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(503)\n"
+        "        self.end_headers()\n"
+        "print('answering 503', flush=True)\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[-1])), Loading).serve_forever()\n")]
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerStartError, match="did not answer /health within 2 s"):
+        launch(ServerCommand(argv=loading, env={}, served_model="m"), log, startup_timeout_s=2)
+    assert "GET /health HTTP/1.1\" 503" in log.read_text()  # it answered, and was not taken for ready
+
+
+def test_teardown_sends_sigterm_then_sigkill_after_the_grace(tmp_path: Path, gsm8k_dir: Path) -> None:
+    log = tmp_path / "server.log"
+    server = launch(_fake(gsm8k_dir, "--note-sigterm", "--spawn-child"), log, startup_timeout_s=30)
+    assert server.stop(grace_s=0.5) == -signal.SIGKILL  # it only notes the SIGTERM
+    assert "fake server: SIGTERM received" in log.read_text()
+    assert server.killed_outside_group == []  # its child died with the group: nothing escaped it
+
+
+def test_a_usage_line_is_a_refusal_only_with_argparses_exit_and_a_typed_field_error_is_one() -> None:
+    from quantgate.harness.server import refused_arguments
+
+    usage = "usage: vllm serve [-h] [--port PORT]\nvllm serve: error: unrecognized arguments: --x\n"
+    assert refused_arguments(usage, 2) == "vllm serve: error: unrecognized arguments: --x"
+    assert refused_arguments(usage, 1) is None  # a usage printed, then a failure of another kind
+    mixed = ("ValidationError: 2 validation errors for ModelConfig\n"
+             "  hub: Value error, connection reset [type=value_error, input_value=None]\n"
+             "  max_model_len: Input should be a valid integer [type=int_parsing, input_value='many']\n")
+    assert refused_arguments(mixed, 1).startswith("ValidationError: 2 validation errors for ModelConfig")
+
+
+def test_the_ports_of_an_ipv6_host_are_probed_with_ipv6_sockets() -> None:
+    """Its own check for an IPv6 loopback: the launch test's skips when port_is_free fails on one."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = free_port("::1")
+    assert server_mod.port_is_free(port, "::1")
+    with socket.socket(socket.AF_INET6) as busy:
+        busy.bind(("::1", port))
+        busy.listen()
+        assert not server_mod.port_is_free(port, "::1")
+
+
+def test_a_started_server_records_how_long_it_took_to_start(tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(_fake(gsm8k_dir, "--startup-delay", "0.5"), tmp_path / "server.log", startup_timeout_s=30)
+    server.stop()
+    assert server.to_dict()["startup_s"] >= 0.5  # result.json's server.startup_s and timings.server_start_s
+
+
+def test_teardown_returns_once_the_group_is_gone_not_when_the_grace_is_over(tmp_path: Path, gsm8k_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock of the test's: each wait slept advances it exactly."""
+    server = launch(_fake(gsm8k_dir), tmp_path / "server.log", startup_timeout_s=30)
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+        time.sleep(0.01)  # the server still needs real time to exit
+
+    monkeypatch.setattr(server_mod, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep))
+    assert server.stop(grace_s=10) == -signal.SIGTERM  # it exits at SIGTERM
+    assert clock[0] < 10
+
+
+def test_a_server_exiting_for_a_reason_other_than_an_address_in_use_is_launched_once(tmp_path: Path,
+                                                                                    gsm8k_dir: Path) -> None:
+    log = tmp_path / "server.log"
+    server = server_mod.LaunchedServer(_fake(gsm8k_dir, "--exit-during-startup", "0.1"), log)
+    with pytest.raises(ServerStartError, match="exited with status 1"):
+        server.start(startup_timeout_s=30)
+    assert len(server.ports_tried) == 1 and "launch attempt 2" not in log.read_text()
+
+
+def test_the_logs_tail_is_its_last_lines_and_what_is_read_of_it_carries_no_api_key(tmp_path: Path) -> None:
+    """The key is redacted from the file only at stop(): read while the server runs (an error's
+    tail, the kernel report), the log must not carry it either."""
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"line {i} key=abcdef\n" for i in range(100)))
+    server = server_mod.LaunchedServer(_fake(tmp_path, "--api-key", "abcdef"), log)
+    assert server.log_tail(2) == "line 98 key=<redacted>\nline 99 key=<redacted>"
+    lines = list(server.log_lines())
+    assert len(lines) == 100 and lines[-1] == "line 99 key=<redacted>\n"
+    assert not any("abcdef" in line for line in lines)
+
+
+def test_what_a_launched_server_records_carries_no_api_key(tmp_path: Path) -> None:
+    server = server_mod.LaunchedServer(_fake(tmp_path, "--api-key", "abcdef"), tmp_path / "server.log")
+    server.port = 8123
+    recorded = server.to_dict()
+    assert "abcdef" not in str(recorded)  # result.json is shared
+    assert "<redacted>" in recorded["command"] and recorded["command"][-2:] == ["--port", "8123"]
+
+
+@contextlib.contextmanager
+def _models_endpoint(status: int, models: list[dict]) -> Iterator[str]:
+    """The URL of a server answering every GET with `status` and `models` as /v1/models' data."""
+    import http.server
+    import json
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"object": "list", "data": models}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_attach_to_a_server_refusing_the_request_says_whether_a_key_is_missing_or_wrong(status: int) -> None:
+    with _models_endpoint(status, []) as url:
+        with pytest.raises(ServerStartError, match=rf"refused the request \({status}\): it needs an API key") as info:
+            attach(url, "m")
+        assert info.value.refused_config
+        with pytest.raises(ServerStartError, match=rf"refused the request \({status}\): the API key is wrong"):
+            attach(url, "m", api_key="k")
+
+
+def test_attach_takes_the_named_model_else_the_only_one_with_the_root_it_is_served_from() -> None:
+    two = [{"id": "a", "root": "/models/a"}, {"id": "b", "root": "/models/b"}]
+    with _models_endpoint(200, two) as url:
+        named = attach(url, "b")
+        assert (named.served_model, named.served_root) == ("b", "/models/b")
+        with pytest.raises(ServerStartError, match="serves a, b, none of them 'c'; set --served-model-name"):
+            attach(url, "c")
+    with _models_endpoint(200, two[:1]) as url:
+        only = attach(url, "c")
+        assert (only.served_model, only.served_root) == ("a", "/models/a")
+    with _models_endpoint(200, []) as url:  # names nothing: the config's name is taken at its word
+        unnamed = attach(url, "c")
+        assert (unnamed.served_model, unnamed.served_root) == ("c", None)
+
+
+def test_a_fixed_port_is_taken_again_while_its_last_servers_connections_linger(tmp_path: Path,
+                                                                               gsm8k_dir: Path) -> None:
+    """A server stopped with connections open (or closing idle keep-alive ones itself) leaves them
+    in TIME_WAIT on its port for a minute. The next server binds it all the same (SO_REUSEADDR):
+    it is not in use, and configs sharing a fixed --port moved, each after the first, to another."""
+    port = free_port("127.0.0.1")
+    first = launch(_fake(gsm8k_dir, port=port), tmp_path / "first.log", startup_timeout_s=30)
+    with socket.create_connection(("127.0.0.1", port)):  # open while the server stops
+        first.stop()
+    second = launch(_fake(gsm8k_dir, port=port), tmp_path / "second.log", startup_timeout_s=30)
+    second.stop()
+    assert second.ports_tried == [port]
