@@ -158,10 +158,18 @@ def in_tier(config: EvalConfig, tier: Tier) -> bool:
 def dependency_globs(config: EvalConfig, engine: str | None = None) -> list[str]:
     """Repository-relative globs of the files whose change can change this config's verdict,
     its baseline config's included; `engine` as in `step_for`."""
-    return _unique(_dependency_globs(config, engine, frozenset()))
+    return _unique(_dependency_globs(config, engine, frozenset(), step_runs(config, engine)))
 
 
-def _dependency_globs(config: EvalConfig, engine: str | None, seen: frozenset[Path]) -> list[str]:
+def step_runs(config: EvalConfig, engine: str | None = None) -> list[EvalConfig]:
+    """The configs a config's step runs, on one agent: the config, and its paired or recovery
+    gate's baseline config (which the runner runs first)."""
+    base = baseline_config(config, engine)
+    return [config] if base is None else [config, base]
+
+
+def _dependency_globs(config: EvalConfig, engine: str | None, seen: frozenset[Path],
+                      runs: Sequence[EvalConfig]) -> list[str]:
     globs = [_literal(config, "the config file's path", _relative(config.source))]
     if config.dataset is not None:
         globs += [_literal(config, "dataset", _relative(p)) for p in (config.dataset.train, config.dataset.test)
@@ -172,12 +180,12 @@ def _dependency_globs(config: EvalConfig, engine: str | None, seen: frozenset[Pa
             globs.append(_literal(config, "baseline", _relative(config.baseline_path.with_name(SAMPLES_FILE))))
     base = baseline_config(config, engine)
     if base is not None and base.source not in seen:  # a baseline cycle is the runner's error to report
-        globs += _dependency_globs(base, engine, seen | {config.source})
+        globs += _dependency_globs(base, engine, seen | {config.source}, runs)
     if config.engine == "vllm":
         return globs + list(VLLM_SHARED_GLOBS)
     globs += _model_globs(config)
     globs += list(BUILTIN_SHARED_GLOBS)
-    globs += kernel_files(config)
+    globs += kernel_files(config, runs)
     return globs
 
 
@@ -202,11 +210,13 @@ def exercised_backends(config: EvalConfig) -> set[str]:
     return {n for n in names if n in known and n != "auto"}
 
 
-def kernel_files(config: EvalConfig) -> list[str]:
+def kernel_files(config: EvalConfig, runs: Sequence[EvalConfig]) -> list[str]:
     """Kernel source files the config exercises: the modules of the kernels of its named
     backends and of those `auto` can pick on the agents it runs on, their packages, and
     everything of quantgate.kernels they import (lazy imports inside functions too). Kernels it
-    cannot reach stay out, so a change to one backend re-runs only the configs that use it."""
+    cannot reach stay out, so a change to one backend re-runs only the configs that use it.
+    `runs`: the configs of the step it runs in (`step_runs`), whose agent serves them all: a CPU
+    config whose baseline needs a GPU runs on the GPU agent, where `auto` picks GPU kernels."""
     from quantgate.kernels.registry import ALL_LINEAR_KERNELS, ALL_MOE_KERNELS
 
     from .backends import canonical
@@ -214,9 +224,8 @@ def kernel_files(config: EvalConfig) -> list[str]:
     backends = exercised_backends(config)
     kernels = [k for k in (*ALL_LINEAR_KERNELS, *ALL_MOE_KERNELS) if k.backend in backends]
     named = frozenset(flag for flag, value in config.backend_flags().items() if canonical(value) != "auto")
-    on_cpu = agents_for(config)["queue"] == "cpu"
-    floor = min_capability(config) or (0, 0)
-    kernels += _auto_kernels(None if on_cpu else floor, named)
+    on_cpu = agents_for(*runs)["queue"] == "cpu"
+    kernels += _auto_kernels(None if on_cpu else _step_floor(runs) or (0, 0), named)
     files: set[str] = set()
     for kernel in kernels:
         files |= _module_closure(kernel.__module__)
@@ -324,8 +333,7 @@ def step_for(config: EvalConfig, tier: Tier, engine: str | None = None) -> dict[
     # Computed in every tier, so a path Buildkite would misread fails the nightly generation too,
     # not only a pull request's.
     dependencies = dependency_globs(config, engine)
-    base = baseline_config(config, engine)
-    runs = [config] if base is None else [config, base]
+    runs = step_runs(config, engine)
     step: dict[str, Any] = {
         "label": config.name,
         "key": _key(config.name),
@@ -355,7 +363,7 @@ def agents_for(config: EvalConfig, *others: EvalConfig) -> dict[str, str]:
     whose needs the agent must meet too: the runner refuses a `requires:` it does not (exit 3)."""
     runs = (config, *others)
     gpus = max(max(c.requires.gpus, parallel_gpus(c.server_args)) for c in runs)
-    floor = max((f for f in map(min_capability, runs) if f is not None), default=None)
+    floor = _step_floor(runs)
     devices = list(dict.fromkeys(c.requires.device for c in runs if c.requires.device))
     if (gpus <= 1 and not devices and floor is None
             and all(c.requires.gpus == 0 and c.engine not in GPU_ENGINES for c in runs)):
@@ -370,6 +378,11 @@ def agents_for(config: EvalConfig, *others: EvalConfig) -> dict[str, str]:
     if floor is not None and floor > (0, 0):
         agents[f"sm{floor[0]}{floor[1]}"] = "true"
     return agents
+
+
+def _step_floor(runs: Sequence[EvalConfig]) -> tuple[int, int] | None:
+    """The compute capability an agent needs to run all of `runs` (None: any)."""
+    return max((f for f in map(min_capability, runs) if f is not None), default=None)
 
 
 def min_capability(config: EvalConfig) -> tuple[int, int] | None:

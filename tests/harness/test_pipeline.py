@@ -760,3 +760,16 @@ def test_a_step_that_runs_a_baseline_config_has_an_agent_and_the_time_for_both(
     assert main(["pipeline", "--tier", "nightly", str(tmp_path / "cand.yaml")]) == 3
     err = capsys.readouterr().err
     assert "requires.device: 'a100', but its baseline config" in err and "give both the same requires.device" in err
+
+
+def test_a_cpu_config_whose_baseline_needs_a_gpu_depends_on_what_auto_picks_on_the_gpu(tmp_path: Path) -> None:
+    """Its step runs on the baseline's GPU agent, where `auto` picks GPU kernels for it: a change to
+    one of them must re-run it in a pull request (its globs held only the CPU agent's picks)."""
+    model = "model_name: models/tiny-qwen3-fp8-block-ct\n"
+    (tmp_path / "base.yaml").write_text(f"{model}accuracy_threshold: 0.5\nserver_args: --linear-backend triton\n")
+    (tmp_path / "cand.yaml").write_text(f"{model}gate: {{mode: paired}}\nbaseline: base\n")
+    (tmp_path / "alone.yaml").write_text(f"{model}accuracy_threshold: 0.5\n")
+    on_cpu = set(dependency_globs(load_config(tmp_path / "alone.yaml")))
+    assert "kernels/linear/marlin.py" not in on_cpu  # auto on a CPU agent: emulation
+    globs = set(dependency_globs(load_config(tmp_path / "cand.yaml")))
+    assert {"kernels/linear/marlin.py", "kernels/linear/torch_scaled_mm.py"} <= globs  # auto's on 8.9+ GPUs
