@@ -59,7 +59,7 @@ class Checkpoint:
             except (ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"{index}: not a safetensors index ({exc}); fix or remove it") from None
             files = sorted({self.path / name for name in self._map.values()})
-            missing = [f.name for f in files if not f.is_file()]
+            missing = [str(f.relative_to(self.path)) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{index} names files that are not there: {', '.join(missing)}; copy them into "
                                       f"{self.path} again (or re-download the checkpoint)")
@@ -83,10 +83,11 @@ class Checkpoint:
                 raise CheckpointError(_unopenable(file, exc)) from None
             for name in handle.keys():
                 if self._map is not None:
-                    if self._map.get(name) == file.name:
+                    # Index entries are paths relative to the folder (a shard may sit in a subfolder).
+                    if name in self._map and self.path / self._map[name] == file:
                         self._where[name] = (handle, file)
                     else:  # not read, but the cause when the tensor is missing where the index says
-                        self._unindexed.setdefault(name, []).append(file.name)
+                        self._unindexed.setdefault(name, []).append(str(file.relative_to(self.path)))
                 elif name in self._where:
                     self._stack.close()
                     raise CheckpointError(f"{self.path}: tensor {name!r} is in both {self._where[name][1].name} and "

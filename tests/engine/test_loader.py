@@ -662,6 +662,21 @@ def test_a_folder_whose_index_or_files_cannot_serve_is_refused_with_the_fix(tmp_
         load_model(folder(SHIPPED_MODELS / BLOCK_NATIVE, tmp_path / "m"), device="cpu")
 
 
+def test_an_index_may_place_a_shard_in_a_subfolder(tmp_path):
+    """Index entries are paths relative to the folder: a shard in a subfolder loaded as "missing",
+    blamed on the index mapping it to a file that does not hold it."""
+    sharded = _sharded(SHIPPED_MODELS / BLOCK_NATIVE, tmp_path / "m",
+                       lambda wm: wm.update({name: f"shards/{file}" for name, file in wm.items() if file == SHARD_2}))
+    (sharded / "shards").mkdir()
+    (sharded / SHARD_2).rename(sharded / "shards" / SHARD_2)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert torch.equal(_logits(load_model(sharded, device="cpu"), prompt),
+                       _logits(load_model(SHIPPED_MODELS / BLOCK_NATIVE, device="cpu"), prompt))
+    (sharded / "shards" / SHARD_2).unlink()
+    with pytest.raises(CheckpointError, match=re.escape(f"names files that are not there: shards/{SHARD_2}; ")):
+        load_model(sharded, device="cpu")
+
+
 def test_with_an_index_only_the_files_it_names_are_read(tmp_path):
     """A leftover *.safetensors the index does not name (an older export, a partial download) is
     never opened: the model serves what the indexed shards hold."""
