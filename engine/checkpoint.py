@@ -12,6 +12,7 @@ one of them silently picked.
 from __future__ import annotations
 
 import json
+import os
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class Checkpoint:
             except (ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"{index}: not a safetensors index ({exc}); fix or remove it") from None
             files = sorted({self.path / name for name in self._map.values()})
-            missing = [str(f.relative_to(self.path)) for f in files if not f.is_file()]
+            missing = [os.path.relpath(f, self.path) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{index} names files that are not there: {', '.join(missing)}; copy them into "
                                       f"{self.path} again (or re-download the checkpoint)")
@@ -87,7 +88,7 @@ class Checkpoint:
                     if name in self._map and self.path / self._map[name] == file:
                         self._where[name] = (handle, file)
                     else:  # not read, but the cause when the tensor is missing where the index says
-                        self._unindexed.setdefault(name, []).append(str(file.relative_to(self.path)))
+                        self._unindexed.setdefault(name, []).append(os.path.relpath(file, self.path))
                 elif name in self._where:
                     self._stack.close()
                     raise CheckpointError(f"{self.path}: tensor {name!r} is in both {self._where[name][1].name} and "
