@@ -3,8 +3,11 @@
 For each dense FP8 GEMM (triton W8A8 block and channel, marlin W8A16 block and channel), each
 launch path and each candidate configuration the tuner may pick, compute the first rows of
 x[:M] @ W^T for M across the decode and prefill buckets, and sort the results for row 0 into
-classes of equal bits (A = the class of the small-M default at M = 2). Shapes: the tiny model's
-four projections and one 4096 x 4096. Writes row_bits.txt (tables) and row_bits.json.
+classes of equal bits (A = the class of the small-M default at M = 2), with the number of its N
+values that differ from class A. W8A8 rows are compared in float32 (the GEMM's accumulator),
+W8A16 rows in bf16 (its only output). The 32-row tile that run 22 removed from the 17-64-row
+bucket is timed as "removed". Shapes: the tiny model's four projections and one 4096 x 4096.
+Writes row_bits.txt (tables) and row_bits.json.
 
     python benchmarks/results/h200-2026-12-01-run23/row_bits.py OUTDIR
 """
@@ -38,6 +41,7 @@ def w8a8_launches(groupwise: bool, scale_block_n: int):
     for bucket, cfgs in w8a8.TILED_CANDIDATES.items():
         for cfg in cfgs:
             yield "tiled", cfg, in_bucket(bucket, w8a8.SMALL_M + 1)
+    yield "removed", w8a8.GemmConfig(32, 64, 4, 4, group_m=1, split_per_sm=2), in_bucket(64, w8a8.SMALL_M + 1)
     for cfg in w8a8.TILED_LARGE:
         yield "tiled", cfg, [m for m in MS if m > 256]
     for cfg in w8a8.TMA_CANDIDATES:
@@ -68,6 +72,11 @@ def classes(rows: dict[tuple, torch.Tensor]) -> dict[tuple, str]:
     return out
 
 
+def differing(row: torch.Tensor, reference: torch.Tensor) -> str:
+    count = int((row != reference).sum())
+    return f"({count})" if count else ""
+
+
 def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -92,8 +101,9 @@ def main(out_dir: Path) -> None:
                     for path, cfg, ms in w8a8_launches(groupwise, sbn):
                         for m in ms:
                             out = w8a8.w8a8_linear(x[:m], wq, lin_scale, torch.float32, groupwise=groupwise,
-                                                   scale_block_n=sbn, workspace=workspace, path=path, config=cfg)
-                            results[(path, str(cfg), m)] = out[0].to(torch.bfloat16).cpu()
+                                                   scale_block_n=sbn, workspace=workspace,
+                                                   path="tiled" if path == "removed" else path, config=cfg)
+                            results[(path, str(cfg), m)] = out[0].cpu()
                     reference = ("small_m", str(w8a8.SMALL_M_CANDIDATES[0]), 2)
                 else:
                     packed = w8a16.pack_weight(wq)
@@ -108,14 +118,16 @@ def main(out_dir: Path) -> None:
                 # reference first so that it is class A
                 ordered = {reference: results[reference], **results}
                 cls = classes(ordered)
-                lines.append(f"== {kernel} {scheme} K={k} N={n}: row 0's bits (bf16) by launch and M; "
+                lines.append(f"== {kernel} {scheme} K={k} N={n}: row 0's bits by launch and M (values differing from A); "
                              f"A = {reference[0]} {reference[1]} at M = {reference[2]}")
                 configs = list(dict.fromkeys((p, c) for p, c, _ in results))
                 for p, c in configs:
-                    cells = " ".join(f"{m}:{cls[(p, c, m)]}" for (pp, cc, m) in results if (pp, cc) == (p, c))
+                    cells = " ".join(f"{m}:{cls[(p, c, m)]}{differing(results[(p, c, m)], results[reference])}"
+                                     for (pp, cc, m) in results if (pp, cc) == (p, c))
                     lines.append(f"  {p:7s} {c:90s} {cells}")
                 records.append({"kernel": kernel, "scheme": scheme, "k": k, "n": n,
-                                "classes": [[p, c, m, cls[(p, c, m)]] for (p, c, m) in results]})
+                                "classes": [[p, c, m, cls[(p, c, m)], int((row != results[reference]).sum())]
+                                            for (p, c, m), row in results.items()]})
     (out_dir / "row_bits.txt").write_text("\n".join(lines) + "\n")
     (out_dir / "row_bits.json").write_text(json.dumps(records, indent=1))
     print("\n".join(lines))
