@@ -62,11 +62,11 @@ SMALL_M_CANDIDATES = (
     GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=4), GemmConfig(SMALL_M, 64, 4, 4, split_per_sm=8),
     GemmConfig(SMALL_M, 256, 8, 3, split_per_sm=2),
 )
-# 17-64 rows: 64-row tiles only. With a 32-row tile in the list, the tuner's pick for a layer
-# computed a row to other bits than the small-M kernel does at 16 rows (likely mma.sync against
-# wgmma), so an answer depended on how many requests shared its decode batch: two runs of a tiny
-# W8A8 config differed in 4-14 of 1000 answers; without it, two fresh tunings answered alike
-# (benchmarks/results/h200-2026-12-01-run22).
+# 17-64 rows: 64-row tiles only. A 32-row tile runs on mma.sync where the 64-row tile and the
+# small-M kernel (16 rows on the MMA's narrow side) take wgmma, and computed 511 of 512 values of
+# a row to other float32 bits (run 23): once the tuner picked it, an answer depended on how many
+# requests shared its decode batch, and two runs of a tiny W8A8 config differed in 4-14 of 1000
+# answers; without it, fresh tunings answered alike (benchmarks/results/h200-2026-12-01-run22, 23).
 TILED_CANDIDATES: dict[int, tuple[GemmConfig, ...]] = {
     64: (GemmConfig(64, 64, 4, 4, group_m=1, split_per_sm=2),),
     256: (GemmConfig(64, 128, 4, 4), GemmConfig(64, 64, 4, 4)),

@@ -20,9 +20,11 @@ always the same answers: a row's bits can depend on which M bucket's config comp
 which requests share a decode batch depends on timing. On the H200 two runs of a tiny W8A8
 config tuning afresh differed in 4-14 of 1000 GSM8K answers (as many when both replayed one
 run's choices; none with QUANTGATE_AUTOTUNE=0) until the 17-64-row bucket lost its 32-row tile
-(fp8_block_gemm.TILED_CANDIDATES); since, two fresh tunings answered alike
-(benchmarks/results/h200-2026-12-01-run22). Within a bucket the split-K is the same for every M
-(gemm_epilogue.automatic_split_k). Each choice is logged (logger `quantgate.kernels`, INFO: the
+(fp8_block_gemm.TILED_CANDIDATES, mma.sync among wgmma tiles); since, fresh tunings of the
+channel and block configs answered alike (benchmarks/results/h200-2026-12-01-run22, 23). Within
+a bucket the split-K is the same for every M (gemm_epilogue.automatic_split_k); at the tiny
+model's shapes every decode candidate also computes a row to the same bits, at K = 4096 those
+that split K differently do not (run 23). Each choice is logged (logger `quantgate.kernels`, INFO: the
 server's log), to compare two runs' choices when their answers differ.
 """
 

@@ -226,3 +226,30 @@ def test_cuda_launches_by_handle_follow_each_call(seed, scheme, path):
                           groupwise=groupwise, bias=bias, path=path)
         ref = reference_w8a8(case, x) - (0 if bias is not None else case.bias.double())
         assert rel_error(out, ref) < 1e-3, (m, bias is not None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(CUDA_CAPABILITY < (8, 9), reason="needs FP8 tensor cores (8.9+)")
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+def test_cuda_decode_candidates_compute_a_row_to_the_same_bits(seed, scheme):
+    """At the tiny model's shapes, neither the tuner's pick in a decode bucket nor the rows
+    sharing the batch may change a row's bits, or two runs that tune afresh answer differently.
+    A 32-row tile (mma.sync) computed 511 of 512 values of a row to other float32 bits than the
+    small-M kernel and the 64-row tile (wgmma) on the H200 (run 23). At K = 4096 candidates split
+    K differently and do differ; the tiny configs never reach that."""
+    from quantgate.kernels.triton.fp8_block_gemm import SMALL_M_CANDIDATES, TILED_CANDIDATES, w8a8_linear, workspace_size
+
+    for n, k in ((512, 256), (256, 768)):
+        case = make_case(n, k, scheme, device="cuda")
+        scale = getattr(case.layer, case.config.scale_name)
+        groupwise = scheme is B
+        workspace = torch.zeros(workspace_size(n), dtype=torch.int32, device="cuda")
+        x = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+        for path, candidates, ms in (("small_m", SMALL_M_CANDIDATES, (2, 9, 16)),
+                                     ("tiled", TILED_CANDIDATES[64], (17, 40, 64))):
+            rows = [w8a8_linear(x[:m], case.weight, scale if groupwise else scale.reshape(-1), torch.float32,
+                                groupwise=groupwise, scale_block_n=128 if groupwise else 1, workspace=workspace,
+                                path=path, config=config)[:2]
+                    for config in candidates for m in ms]
+            assert all(torch.equal(row, rows[0]) for row in rows), (n, k, path)
+            assert rel_error(rows[0], reference_w8a8(case, x[:2])) < 1e-3
