@@ -11,7 +11,8 @@ Four measurements, one command each:
 
   # CUDA: decode tokens/s at batch 1, CUDA graphs vs --enforce-eager, bf16 vs FP8 block (one run
   # per FP8 backend), with a per-step breakdown: host ms, GPU ms, kernels per step, graph captures,
-  # and the graphs' tokens/s without overlapped decode (the host reads each step before the next)
+  # and the graphs' tokens/s without overlapped decode (the host reads each step before the next);
+  # --batch 1 32 adds graph runs of 32 sequences decoding together (tokens/s over all of them)
   python benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
       --linear-backend marlin triton --out $OUT
 
@@ -209,13 +210,18 @@ class TimedForward:
         return out
 
 
-def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int) -> dict:
-    """Decode of one sequence (batch 1), best of `repeats`: the prefill step is not timed."""
+def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: int, batch: int = 1) -> dict:
+    """Decode of `batch` sequences together, best of `repeats`: the prefill steps are not timed."""
     best: dict = {}
     for r in range(repeats):
-        engine.add_request(f"d{r}", list(range(1, prompt_len + 1)),
-                           SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True))
-        engine.step()  # prefill and the first token; step() ends by reading the sampled token on the host
+        for i in range(batch):
+            engine.add_request(f"d{r}-{i}", list(range(1, prompt_len + 1)),
+                               SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True))
+        # Prefills and the first tokens (over several steps if the prompts exceed a step's token
+        # budget); step() ends by reading the sampled tokens on the host.
+        engine.step()
+        while engine.scheduler.waiting:
+            engine.step()
         captures = engine.graphs.num_captures if engine.graphs else 0
         forward = engine.model
         if engine.graphs is None:
@@ -234,10 +240,10 @@ def decode_speed(engine: LLMEngine, prompt_len: int, gen_tokens: int, repeats: i
     return best
 
 
-def graph_gpu_ms(engine: LLMEngine, context: int, replays: int = 50) -> float:
-    """GPU time of one batch-1 decode graph: back-to-back replays between CUDA events (the host
-    launches run ahead, so this is what a step would cost with no host time at all)."""
-    graph = engine.graphs.graphs[engine.graphs.buckets(1, context)][0]
+def graph_gpu_ms(engine: LLMEngine, context: int, batch: int = 1, replays: int = 50) -> float:
+    """GPU time of one decode graph of `batch` sequences: back-to-back replays between CUDA events
+    (the host launches run ahead, so this is what a step would cost with no host time at all)."""
+    graph = engine.graphs.graphs[engine.graphs.buckets(batch, context)][0]
     graph.replay()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
@@ -338,32 +344,32 @@ def prefill(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def decode_runs(device: str, batches: list[int]) -> list[tuple[int, bool]]:
+    """(batch, eager) runs per model: graphs at every batch on CUDA, and eager at batch 1, which
+    only checks the graphs' gain; eager at every batch elsewhere."""
+    if device != "cuda":
+        return [(batch, True) for batch in batches]
+    return [(batch, False) for batch in batches] + [(1, True)] * (1 in batches)
+
+
 def decode(args: argparse.Namespace) -> list[dict]:
     rows = []
     for device, variant, backend, loaded, kernels in loaded_models(args):
-        for eager in (False, True) if device == "cuda" else (True,):
+        for batch, eager in decode_runs(device, args.batch):
             # Eager decode is slow and only checks the graphs' gain: fewer tokens, one timed run.
             gen_tokens, repeats = (args.eager_tokens, 1) if eager else (args.gen_tokens, args.repeats)
-            engine = LLMEngine(loaded, max_num_seqs=1, max_model_len=args.prompt_len + args.gen_tokens + 1,
+            engine = LLMEngine(loaded, max_num_seqs=batch, max_model_len=args.prompt_len + args.gen_tokens + 1,
                                enforce_eager=eager, kv_cache_memory=2**30)
-            decode_speed(engine, args.prompt_len, gen_tokens, 1)  # warm-up (tuners, Triton compilation)
-            row = {"variant": variant, "linear_backend": backend, "graphs": not eager,
-                   **decode_speed(engine, args.prompt_len, gen_tokens, repeats), "kernels": kernels,
+            decode_speed(engine, args.prompt_len, gen_tokens, 1, batch)  # warm-up (tuners, Triton compilation)
+            row = {"variant": variant, "linear_backend": backend, "graphs": not eager, "batch": batch,
+                   **decode_speed(engine, args.prompt_len, gen_tokens, repeats, batch), "kernels": kernels,
                    "shape": args.shape, "device": loaded.platform.name, "gen_tokens": gen_tokens}
             if device == "cuda":
                 if not eager:
-                    row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2)
+                    row["gpu_ms"] = graph_gpu_ms(engine, args.prompt_len + args.gen_tokens // 2, batch)
                     row["overlapped_steps"] = engine.num_overlapped_steps
-                    # The same graphs with the host reading each step before launching the next:
-                    # what overlapped decode gains. Kernels are then profiled one step at a time.
-                    engine.overlap_decode = False
-                    row["sync_tokens_per_s"] = decode_speed(engine, args.prompt_len, gen_tokens,
-                                                            repeats)["decode_tokens_per_s"]
-                try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
-                    (row["kernels_per_step"], row["kernel_ms_per_step"],
-                     row["kernel_breakdown"]) = kernels_per_step(engine, args.prompt_len)
-                except Exception as err:  # noqa: BLE001
-                    print(f"kernel profile of {variant}/{backend} failed: {err!r}", file=sys.stderr)
+                if batch == 1:
+                    explain_batch_one(engine, row, args, gen_tokens, repeats)
             # Host time per step: what the GPU waits for (graphs), or step minus forward (eager).
             busy = row.get("gpu_ms") or row["forward_ms"]
             row["host_ms"] = row["step_ms"] - busy if busy is not None else None
@@ -374,6 +380,20 @@ def decode(args: argparse.Namespace) -> list[dict]:
     tuned = tuned_shapes()
     print_tuned(tuned)
     return rows + [{"ratios": decode_ratios(rows)}, {"tuned": tuned}]
+
+
+def explain_batch_one(engine: LLMEngine, row: dict, args: argparse.Namespace, gen_tokens: int, repeats: int) -> None:
+    """Adds to a batch-1 CUDA row what overlapped decode gains and the kernels of one step."""
+    if row["graphs"]:
+        # The same graphs with the host reading each step before launching the next: what
+        # overlapped decode gains. Kernels are then profiled one step at a time.
+        engine.overlap_decode = False
+        row["sync_tokens_per_s"] = decode_speed(engine, args.prompt_len, gen_tokens, repeats)["decode_tokens_per_s"]
+    try:  # the profiler (CUPTI) only explains the numbers: its failure must not lose them
+        row["kernels_per_step"], row["kernel_ms_per_step"], row["kernel_breakdown"] = kernels_per_step(
+            engine, args.prompt_len)
+    except Exception as err:  # noqa: BLE001
+        print(f"kernel profile of {row['variant']}/{row['linear_backend']} failed: {err!r}", file=sys.stderr)
 
 
 def tuned_shapes() -> list[dict]:
@@ -402,22 +422,25 @@ def print_tuned(tuned: list[dict]) -> None:
 
 
 def decode_ratios(rows: list[dict]) -> dict[str, float]:
-    """Speed-ups in tokens/s (the bars), and with graphs also in GPU time per step (`..._gpu_time`:
-    what the ratio would be without the host's part of a step)."""
-    by = {(r["variant"], r["linear_backend"], r["graphs"]): r for r in rows}
+    """Speed-ups in tokens/s (the bars, at batch 1), and with graphs also in GPU time per step
+    (`..._gpu_time`: what the ratio would be without the host's part of a step). Ratios at a
+    larger batch end in `_batchN`."""
+    by = {(r["variant"], r["linear_backend"], r["graphs"], r.get("batch", 1)): r for r in rows}
     ratios = {}
-    for (variant, backend, graphs), row in by.items():
+    for (variant, backend, graphs, batch), row in by.items():
         if variant != "fp8-block" or not graphs:
             continue
-        bf16 = by.get(("bf16", "auto", True))
+        suffix = "" if batch == 1 else f"_batch{batch}"
+        bf16 = by.get(("bf16", "auto", True, batch))
         if bf16 is not None:
-            ratios[f"fp8_{backend}_graphs_vs_bf16_graphs"] = row["decode_tokens_per_s"] / bf16["decode_tokens_per_s"]
+            ratios[f"fp8_{backend}_graphs_vs_bf16_graphs{suffix}"] = (row["decode_tokens_per_s"]
+                                                                      / bf16["decode_tokens_per_s"])
             if row.get("gpu_ms") and bf16.get("gpu_ms"):
-                ratios[f"fp8_{backend}_graphs_vs_bf16_graphs_gpu_time"] = bf16["gpu_ms"] / row["gpu_ms"]
-        eager = by.get((variant, backend, False))
+                ratios[f"fp8_{backend}_graphs_vs_bf16_graphs{suffix}_gpu_time"] = bf16["gpu_ms"] / row["gpu_ms"]
+        eager = by.get((variant, backend, False, batch))
         if eager is not None:
-            ratios[f"fp8_{backend}_graphs_vs_fp8_{backend}_eager"] = (row["decode_tokens_per_s"]
-                                                                      / eager["decode_tokens_per_s"])
+            ratios[f"fp8_{backend}_graphs_vs_fp8_{backend}_eager{suffix}"] = (row["decode_tokens_per_s"]
+                                                                              / eager["decode_tokens_per_s"])
     return ratios
 
 
@@ -430,21 +453,26 @@ def print_decode_table(args: argparse.Namespace, rows: list[dict]) -> None:
             print(f"\nkernels of one step, {r['variant']}/{r['linear_backend']} graphs={r['graphs']}: calls, us")
             for k in r["kernel_breakdown"][:12]:
                 print(f"  {k['calls']:>4} {k['us']:>8.1f}  {k['kernel']}")
-    print(f"\ndecode at batch 1, {args.shape}, {args.gen_tokens} tokens after a {args.prompt_len}-token prompt "
-          f"(eager: {args.eager_tokens}); ms per step: step = host + GPU")
+    print(f"\ndecode at batch {', '.join(map(str, args.batch))}, {args.shape}, {args.gen_tokens} tokens after a "
+          f"{args.prompt_len}-token prompt (eager: {args.eager_tokens}); ms per step: step = host + GPU; "
+          "tok/s over the batch")
     print("(graphs: host = step - GPU, below 0 while overlapped decode hides the host's part; sync = tokens/s "
           "with the host reading each step before launching the next)")
-    print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'tok/s':>7} {'sync':>7} {'step':>6} {'GPU':>6} {'host':>6} "
+    print(f"{'variant':>10} {'backend':>8} {'graphs':>6} {'batch':>5} {'tok/s':>7} {'sync':>7} {'step':>6} {'GPU':>6} {'host':>6} "
           f"{'kernels':>7} {'kern ms':>7} {'captures':>8}  linear kernels")
     for r in rows:
         sync = f"{r['sync_tokens_per_s']:.1f}" if r.get("sync_tokens_per_s") else "-"
-        print(f"{r['variant']:>10} {r['linear_backend']:>8} {str(r['graphs']):>6} {r['decode_tokens_per_s']:>7.1f} "
+        print(f"{r['variant']:>10} {r['linear_backend']:>8} {str(r['graphs']):>6} {r.get('batch', 1):>5} "
+              f"{r['decode_tokens_per_s']:>7.1f} "
               f"{sync:>7} {ms(r['step_ms']):>6} {ms(r.get('gpu_ms') or r['forward_ms']):>6} {ms(r['host_ms']):>6} "
               f"{r.get('kernels_per_step') or '-':>7} {ms(r.get('kernel_ms_per_step')):>7} "
               f"{r['captures_during_timing']:>8}  {', '.join(r['kernels'])}")
     for name, value in decode_ratios(rows).items():
         if name.endswith("_gpu_time"):
             print(f"{name}: {value:.2f}x (GPU time per step, without the host's part; the target is on tokens/s)")
+            continue
+        if "_batch" in name:
+            print(f"{name}: {value:.2f}x (information: the targets are at batch 1)")
             continue
         target = 1.2 if "bf16" in name else 3.0
         print(f"{name}: {value:.2f}x (target >= {target}x: {'met' if value >= target else 'NOT met'})")
@@ -459,12 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--prompt-len", type=int, default=700)
     t.add_argument("--gen-tokens", type=int, default=80)
     t.add_argument("--variant", choices=["bf16", "fp8-block"], default="bf16")
-    d = sub.add_parser("decode", help="decode tokens/s at batch 1, CUDA graphs vs eager")
+    d = sub.add_parser("decode", help="decode tokens/s at batch 1 (and --batch N), CUDA graphs vs eager")
     d.add_argument("--variants", nargs="+", choices=["bf16", "fp8-block"], default=["bf16", "fp8-block"])
     d.add_argument("--prompt-len", type=int, default=64)
     d.add_argument("--gen-tokens", type=int, default=256)
     d.add_argument("--repeats", type=int, default=3)
     d.add_argument("--eager-tokens", type=int, default=64, help="tokens generated in the eager runs")
+    d.add_argument("--batch", type=int, nargs="+", default=[1],
+                   help="sequences decoding together, one graph run each (eager runs only at batch 1 on CUDA)")
     d.add_argument("--linear-backend", nargs="+", default=["auto"],
                    help="backends for the FP8 layers, one run each (e.g. marlin triton)")
     t.add_argument("--linear-backend", default="auto", help="backend for the FP8 layers (e.g. triton, torch, marlin)")

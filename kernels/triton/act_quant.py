@@ -25,6 +25,7 @@ from triton import knobs
 from ..quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
 from .gemm_epilogue import target_programs
 from .launch import DirectLaunch, aligned, cdiv, next_power_of_2
+from .pdl import await_inputs, launch_options
 from .scratch import device_buffer
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -73,8 +74,9 @@ def _to_fp8(x, scale):
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
 def _group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
-    GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -88,11 +90,12 @@ def _group_quant_kernel(
 @triton.jit(do_not_specialize=["M"])
 def _row_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm,
-    STATIC: tl.constexpr, BLOCK: tl.constexpr,
+    STATIC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row per program. STATIC: the scale is given (per tensor); else it is the row's amax.
     A row of at most BLOCK values is read once and kept in registers; a longer one is read twice
     (its amax, then its values)."""
+    await_inputs(PDL)
     row = tl.program_id(0)
     live = row < M
     offs = tl.arange(0, BLOCK)
@@ -120,12 +123,14 @@ def _row_quant_kernel(
 
 
 @triton.jit(do_not_specialize=["M"])
-def _tensor_scale_kernel(x_ptr, s_ptr, amax_ptr, counter_ptr, M, K, stride_xm, BLOCK: tl.constexpr):
+def _tensor_scale_kernel(x_ptr, s_ptr, amax_ptr, counter_ptr, M, K, stride_xm, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     """The dynamic per-tensor scale in one launch: programs take rows in turn and join their amax
     by an atomic max; the last to finish writes the scale and zeroes the amax and the counter
     for the next call (the device scratch starts at zero). The amax is kept as its int32 bits,
     which order as the non-negative floats do (integer atomics run everywhere, the interpreter
     included)."""
+    await_inputs(PDL)
     programs = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     amax = tl.zeros((BLOCK,), tl.float32)
@@ -215,9 +220,10 @@ def quantize_per_token_group(
     # q and scale are fresh or scratch views at offset 0: aligned, with the strides below.
     stride_xm = x.stride(0)
     scale_strides = (1, mp) if column_major_scales else (groups, 1)
-    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, group, per_program)
+    options = launch_options(x.device)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, group, per_program, options["PDL"])
     _group_quant(key, (mp, cdiv(groups, per_program)), (x, q, scale, m, k, stride_xm, k, *scale_strides),
-                 GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4)
+                 GROUP=group, GROUPS_PER_PROGRAM=per_program, num_warps=4, **options)
     return q, scale
 
 
@@ -225,9 +231,10 @@ def _row_quant_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, sta
     m, k = x.shape
     stride_xm = x.stride(0)
     block = next_power_of_2(k) if k <= ROW_IN_REGISTERS else 4096
-    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static, block)
+    options = launch_options(x.device)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), static, block, options["PDL"])
     _row_quant(key, (q.shape[0],), (x, q, scale, m, k, stride_xm, k),  # q: [Mp, K] contiguous
-               STATIC=static, BLOCK=block, num_warps=4)
+               STATIC=static, BLOCK=block, num_warps=4, **options)
 
 
 def _tensor_scale_launch(x: torch.Tensor, scale: torch.Tensor) -> None:
@@ -236,10 +243,11 @@ def _tensor_scale_launch(x: torch.Tensor, scale: torch.Tensor) -> None:
     amax = device_buffer(x.device, "act_quant_amax_bits", 1, torch.int32)
     counter = device_buffer(x.device, "act_quant_amax_counter", 1, torch.int32)
     block = min(4096, next_power_of_2(k))
-    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()))
+    options = launch_options(x.device)
+    key = (x.dtype, aligned(x.data_ptr()), stride_xm, k, aligned(scale.data_ptr()), options["PDL"])
     # Programs read rows in turn: a fixed grid keeps the atomics few (one per program).
     _tensor_scale(key, (min(m, target_programs(x.device, TENSOR_SCALE_PER_SM)),),
-                  (x, scale, amax, counter, m, k, stride_xm), BLOCK=block, num_warps=4)
+                  (x, scale, amax, counter, m, k, stride_xm), BLOCK=block, num_warps=4, **options)
 
 
 def quantize_per_token(

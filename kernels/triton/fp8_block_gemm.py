@@ -178,7 +178,9 @@ def _w8a8_gemm_kernel(
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     STAGES: tl.constexpr,  # the launch's num_stages
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -240,8 +242,10 @@ def _w8a8_tma_kernel(
     SCALE_BLOCK_N: tl.constexpr, GROUPWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop (see _w8a8_gemm_kernel)
+    PDL: tl.constexpr,
 ):
     """a_desc: [M, K] fp8 blocks [BLOCK_M, BLOCK_K]; b_desc: [N, K] fp8 blocks [BLOCK_N, BLOCK_K]."""
+    await_inputs(PDL)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
@@ -425,9 +429,10 @@ def w8a8_gemm(
         scale_strides = (a_scale.stride(0), 0, b_scale.stride(0), 0)
         scale_block_n = 1
     key = (m_bucket(m), n, k, out_dtype, groupwise, scale_block_n)
+    options = launch_options(a.device)
     # What the launches specialize on besides the config; M and the M-dependent scale stride are
     # not specialized, out is fresh (aligned) and its row stride is N.
-    spec = (out_dtype, groupwise, scale_block_n, n, k, scale_strides[0], scale_strides[3],
+    spec = (out_dtype, groupwise, scale_block_n, n, k, scale_strides[0], scale_strides[3], options["PDL"],
             aligned(a_scale.data_ptr()), aligned(b_scale.data_ptr()),
             None if bias is None else (bias.dtype, aligned(bias.data_ptr())))
     if tma:
@@ -447,7 +452,7 @@ def w8a8_gemm(
                  m, n, k, out.stride(0), *scale_strides),
                 SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages, STAGES=cfg.num_stages)
+                num_stages=cfg.num_stages, STAGES=cfg.num_stages, **options)
 
         run_tma(config or _TMA_TUNER.pick(key, TMA_CANDIDATES, run_tma, a.device))
         return out
@@ -466,7 +471,8 @@ def w8a8_gemm(
              m, n, k, split, a.stride(0), b.stride(0), out.stride(0), *scale_strides),
             SCALE_BLOCK_N=scale_block_n, GROUPWISE=groupwise, HAS_BIAS=bias is not None, SPLIT=split > 1,
             EVEN_K=k % BLOCK_K == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K,
-            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages, STAGES=cfg.num_stages)
+            GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages, STAGES=cfg.num_stages,
+            **options)
 
     if config is None:
         config = _TILED_TUNER.pick(key, TILED_CANDIDATES.get(m_bucket(m), TILED_LARGE), run, a.device)

@@ -8,6 +8,8 @@ import torch
 
 from quantgate.kernels import Scheme
 from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
+from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
+from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
 from quantgate.kernels.triton import pdl
 
 from .linear_cases import make_case
@@ -35,23 +37,32 @@ def test_capture_flag_nests_and_resets_after_an_error():
     assert pdl._capturing == 0
 
 
+# (kernel, scheme, rows): the marlin GEMV; W8A8 batches above 16 rows, where the activations are
+# quantized by their own launch before the GEMM (pointer tiles, TMA tiles, cuBLAS), and dynamic
+# per-tensor scales (a scale launch, then the quantization).
+CHAINS = [(MarlinFp8LinearKernel, Scheme.FP8_BLOCK, 1), (TritonBlockFp8LinearKernel, Scheme.FP8_BLOCK, 32),
+          (TritonBlockFp8LinearKernel, Scheme.FP8_CHANNEL, 300), (TorchBlockScaledMMLinearKernel, Scheme.FP8_BLOCK, 32),
+          (TorchScaledMMLinearKernel, Scheme.FP8_TENSOR, 32)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="PDL needs sm_90")
-def test_captured_pdl_chain_equals_eager_chain(seed):
-    # Square layers so each GEMV reads the previous one's output: a wait placed after an
+@pytest.mark.parametrize("kernel_cls, scheme, m", CHAINS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_captured_pdl_chain_equals_eager_chain(seed, kernel_cls, scheme, m):
+    # Square layers so each layer reads the previous one's output: a wait placed after an
     # activation load, or a store before the wait, would read stale or racing data.
     from quantgate.engine.triton_ops import rms_norm
 
     kernels, layers = [], []
     for _ in range(3):
-        case = make_case(2048, 2048, Scheme.FP8_BLOCK, act_dtype=torch.bfloat16, device="cuda")
-        kernel = MarlinFp8LinearKernel(case.config)
+        case = make_case(2048, 2048, scheme, act_dtype=torch.bfloat16, device="cuda")
+        kernel = kernel_cls(case.config)
         kernel.process_weights_after_loading(case.layer)
         kernels.append(kernel)
         layers.append(case.layer)
     norm_weight = torch.rand(2048, device="cuda", dtype=torch.bfloat16) + 0.5
-    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
 
     def chain(inp: torch.Tensor) -> torch.Tensor:
         h = inp
