@@ -358,8 +358,11 @@ def decode(args: argparse.Namespace) -> list[dict]:
         for batch, eager in decode_runs(device, args.batch):
             # Eager decode is slow and only checks the graphs' gain: fewer tokens, one timed run.
             gen_tokens, repeats = (args.eager_tokens, 1) if eager else (args.gen_tokens, args.repeats)
-            engine = LLMEngine(loaded, max_num_seqs=batch, max_model_len=args.prompt_len + args.gen_tokens + 1,
-                               enforce_eager=eager, kv_cache_memory=2**30)
+            max_model_len = args.prompt_len + args.gen_tokens + 1
+            # Room for the batch and the cache's scratch slot, at least 1 GiB.
+            kv_bytes = (batch + 1) * max_model_len * loaded.model_config.kv_bytes_per_token(loaded.dtype)
+            engine = LLMEngine(loaded, max_num_seqs=batch, max_model_len=max_model_len, enforce_eager=eager,
+                               kv_cache_memory=max(2**30, kv_bytes))
             decode_speed(engine, args.prompt_len, gen_tokens, 1, batch)  # warm-up (tuners, Triton compilation)
             row = {"variant": variant, "linear_backend": backend, "graphs": not eager, "batch": batch,
                    **decode_speed(engine, args.prompt_len, gen_tokens, repeats, batch), "kernels": kernels,
