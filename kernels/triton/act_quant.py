@@ -2,7 +2,9 @@
 
 One launch per call (two for dynamic per-tensor), writing the FP8 values and float32 scales in
 the layout the GEMM that follows reads. Divisions are IEEE-rounded (`div_rn`) so every FP8 value
-and scale equals the torch reference's; tests compare them bit for bit.
+and scale equals the torch reference's; tests compare them bit for bit. In CUDA graphs they
+launch with PDL (pdl.py): batched W8A8 decode runs one before every GEMM (run 23: 3-8% of a
+Qwen3-1.7B-shaped step at 32-128 sequences, with the tiled GEMMs').
 
 `row_multiple` pads the row count with all-zero rows (scale = MIN_SCALE): cuBLAS block scaling
 reads the 1x128 scales column-major with a leading dimension that must be 16-byte aligned.
