@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One-shot GPU job for the engine (issues 2 and 5), about 2 minutes on an H200:
+# One-shot GPU job for the engine (issues 2 and 5), about 3 minutes on an H200:
 #   1. the GPU-marked engine tests (CUDA graph replay equals eager; reload under captured graphs;
 #      overlapped decode equals reading every step first;
 #      the Triton norm/RoPE/attention kernels on the device),
 #   2. bench_engine.py decode: Qwen3-1.7B-shaped random model, batch 1, bf16 and FP8 block (one run
 #      per backend in LINEAR_BACKENDS), CUDA graphs vs --enforce-eager, with a per-step breakdown
 #      (host ms, GPU ms, kernels per step, graph captures while timing). Targets: FP8+graphs >= 1.2x
-#      bf16+graphs, >= 3x FP8 eager.
+#      bf16+graphs, >= 3x FP8 eager. Also batch 32 with graphs (information: batched decode).
 # Each step has its own time limit and a failing step does not stop the others. Full logs and
 # results go to $OUT; a short summary is printed at the end, the decode table last. The job exits
 # 1 when a step failed or ran out of time (named last, on stderr), else 0.
@@ -44,8 +44,8 @@ FAILED=()
 step engine_tests 110 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_graphs.py \
   tests/engine/test_triton_ops.py --junitxml "$OUT/engine_tests.xml"
 # shellcheck disable=SC2086  # one argument per backend
-step bench_decode 120 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
-  --linear-backend $BACKENDS --repeats 2 --eager-tokens 32 --out "$OUT"
+step bench_decode 180 $PY benchmarks/bench_engine.py decode --shape qwen3-1.7b --variants bf16 fp8-block \
+  --linear-backend $BACKENDS --batch 1 32 --repeats 2 --eager-tokens 32 --out "$OUT"
 
 echo "===================== gpu_engine summary ($(date -u +%FT%TZ), commit $QUANTGATE_COMMIT)"
 echo "== steps"; cat "$OUT/steps.txt"
