@@ -616,7 +616,7 @@ def _compile_variants() -> list:
     out = [Variant("align", moe_align._moe_align_kernel, dict(
         topk_ids_ptr=i32, sorted_slots_ptr=i32, block_expert_ptr=i32, num_padded_ptr=i32, cursor_ptr=i32,
         num_slots="i32", num_experts="i32", max_rows="i32", max_blocks="i32", BLOCK_M=16, EXPERTS_POW2=128,
-        CHUNK=4096, BLOCK_CHUNK=64), 80, {"num_warps": 8})]
+        CHUNK=4096, BLOCK_CHUNK=64, PDL=False), 80, {"num_warps": 8})]
 
     def gemm(kernel, name, cap, a, w, o, cfg, tile, **constexprs):
         args = {n: v for n, v in {**index, **aligned}.items() if n in kernel.arg_names}
@@ -624,7 +624,8 @@ def _compile_variants() -> list:
         args.update({n: p for n, p in dict(a_ptr=a, x_ptr=a, a_scale_ptr=f32, w_ptr=w, w_scale_ptr=f32, s_ptr=a,
                                             out_ptr=o, out_scale_ptr=f32, topk_weights_ptr=f32).items()
                      if n in kernel.arg_names})
-        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, **constexprs)
+        args.update(EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, GROUP_M=tile.group_m, PDL=False,
+                    **constexprs)
         if "BLOCK_K" in kernel.arg_names:
             args["BLOCK_K"] = tile.block_k
         return Variant(name, kernel, args, cap, {"num_warps": tile.num_warps, "num_stages": tile.num_stages})

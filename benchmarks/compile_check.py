@@ -98,11 +98,12 @@ def variants() -> list[Variant]:
         out.append(Variant(f"act_quant.group128.{tag}", act_quant._group_quant_kernel, {
             "x_ptr": dtype, "q_ptr": torch.float8_e4m3fn, "s_ptr": torch.float32, "M": "i32", "K": "i32/16",
             "stride_xm": "i32/16", "stride_qm": "i32/16", "stride_sm": "i32", "stride_sg": "i32",
-            "GROUP": 128, "GROUPS_PER_PROGRAM": 8}, 89, {"num_warps": 4}))
+            "GROUP": 128, "GROUPS_PER_PROGRAM": 8, "PDL": False}, 89, {"num_warps": 4}))
         for static in (False, True):
             out.append(Variant(f"act_quant.row.{'static' if static else 'dynamic'}.{tag}", act_quant._row_quant_kernel, {
                 "x_ptr": dtype, "q_ptr": torch.float8_e4m3fn, "s_ptr": torch.float32, "M": "i32", "K": "i32/16",
-                "stride_xm": "i32/16", "stride_qm": "i32/16", "STATIC": static, "BLOCK": 4096}, 89, {"num_warps": 4}))
+                "stride_xm": "i32/16", "stride_qm": "i32/16", "STATIC": static, "BLOCK": 4096, "PDL": False}, 89,
+                {"num_warps": 4}))
 
     def scales(groupwise: bool) -> dict:
         return {"SCALE_BLOCK_N": 128 if groupwise else 1, "GROUPWISE": groupwise}
@@ -134,7 +135,8 @@ def variants() -> list[Variant]:
                 "K": "i32/16", "split_k": "i32", "stride_am": "i32/16", "stride_bn": "i32/16", "stride_cm": "i32/16",
                 "stride_asm": "i32", "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
                 "HAS_BIAS": False, "SPLIT": bool(cfg.split_per_sm), "EVEN_K": True, "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages}, 89,
+                "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K, "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages,
+                "PDL": False}, 89,
                 {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
     for cfg in g.TMA_CANDIDATES:
         for groupwise in (True, False):
@@ -145,7 +147,7 @@ def variants() -> list[Variant]:
                 "M": "i32", "N": "i32/16", "K": "i32/16", "stride_cm": "i32/16", "stride_asm": "i32",
                 "stride_asg": "i32", "stride_bsn": "i32", "stride_bsg": "i32", **scales(groupwise),
                 "HAS_BIAS": False, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": g.BLOCK_K,
-                "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages}, 90,
+                "GROUP_M": cfg.group_m, "STAGES": cfg.num_stages, "PDL": False}, 90,
                 {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}))
 
     w = w8a16_gemm

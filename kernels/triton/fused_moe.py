@@ -49,6 +49,7 @@ from . import act_quant
 from .act_quant import _scale_from_amax, _to_fp8
 from .launch import DirectLaunch, aligned, cdiv
 from .moe_align import moe_align_block_size
+from .pdl import await_inputs, launch_options
 
 GROUP = 128  # activation group and weight block edge of block checkpoints
 
@@ -162,7 +163,9 @@ def _gate_up_kernel(
     QUANT_OUT: tl.constexpr,  # write FP8 + 1x128 scales (BLOCK_N == 128), else the out dtype
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -239,7 +242,9 @@ def _down_kernel(
     stride_om,
     A_SCALES: tl.constexpr, W_ROWS_PER_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -305,9 +310,10 @@ def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, o
     out_scale_arg = out_scale if out_scale is not None else out
     grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(inter, tile.block_n),)
     specialized = (k, inter, top_k, a.stride(0), w13.stride(0), w13.stride(1), out.stride(0))
+    options = launch_options(a.device)
     _gate_up(
         (a_mode, s.rows_per_scale, out_scale is not None, cfg.block_m, tile, out.dtype, out_scale_arg.dtype,
-         *_operands_key(a, a_scale_arg, w13, s.tensor), *specialized),
+         *_operands_key(a, a_scale_arg, w13, s.tensor), *specialized, options["PDL"]),
         grid,
         (a, a_scale_arg, w13, s.tensor, out, out_scale_arg, sorted_slots, block_expert, num_padded,
          num_slots, sorted_slots.numel(), k, inter, top_k,
@@ -318,7 +324,7 @@ def _launch_gate_up(a, a_scale, a_mode, w13, scales: ExpertScales | None, out, o
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, QUANT_OUT=out_scale is not None,
         EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **options,
     )
 
 
@@ -331,9 +337,10 @@ def _launch_down(a, a_scale, a_mode, w2, scales: ExpertScales | None, out, topk_
     a_scale_arg = a_scale if a_scale is not None else a
     grid = (cdiv(sorted_slots.numel(), cfg.block_m) * cdiv(n, tile.block_n),)
     specialized = (n, k, a.stride(0), w2.stride(0), w2.stride(1), out.stride(0))
+    options = launch_options(a.device)
     _down(
         (a_mode, s.rows_per_scale, cfg.block_m, tile, out.dtype, topk_weights.dtype,
-         aligned(topk_weights.data_ptr()), *_operands_key(a, a_scale_arg, w2, s.tensor), *specialized),
+         aligned(topk_weights.data_ptr()), *_operands_key(a, a_scale_arg, w2, s.tensor), *specialized, options["PDL"]),
         grid,
         (a, a_scale_arg, w2, s.tensor, out, topk_weights, sorted_slots, block_expert, num_padded,
          num_slots, sorted_slots.numel(), n, k,
@@ -343,7 +350,7 @@ def _launch_down(a, a_scale, a_mode, w2, scales: ExpertScales | None, out, topk_
          out.stride(0)),
         A_SCALES=a_mode, W_ROWS_PER_SCALE=s.rows_per_scale, EVEN_K=k % tile.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **options,
     )
 
 

@@ -22,6 +22,7 @@ import triton.language as tl
 from .fused_moe import FusedMoEConfig, GemmTile, program_tile, sum_slots
 from .launch import DirectLaunch, aligned, cdiv
 from .moe_align import moe_align_block_size
+from .pdl import await_inputs, launch_options
 from .w8a16_gemm import _X_EXP, GROUP_K, SCALE_SHIFT, _plane, pack_weight
 
 # (largest token count, config); block_k is the packed layout's 128 and not a choice here. H200
@@ -65,7 +66,9 @@ def _w8a16_gate_up_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     pid_m, pid_n = program_tile(max_rows, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -125,7 +128,9 @@ def _w8a16_down_kernel(
     X_MUL: tl.constexpr, S_MUL: tl.constexpr, GROUPWISE: tl.constexpr, OUT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     STAGES: tl.constexpr,  # the launch's num_stages, named in the K loop: scale loads pipelined too
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     pid_m, pid_n = program_tile(max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
@@ -188,14 +193,15 @@ def fused_moe_w8a16(
     num_slots = topk_ids.numel()
     sorted_slots, block_expert, num_padded = moe_align_block_size(topk_ids, num_experts, config.block_m, cursor)
     rows = sorted_slots.numel()
-    common = dict(X_MUL=x_mul, S_MUL=s_mul, OUT=out_kind, BLOCK_M=config.block_m)
+    options = launch_options(x.device)
+    common = dict(X_MUL=x_mul, S_MUL=s_mul, OUT=out_kind, BLOCK_M=config.block_m, **options)
 
     # By handle (launch.py; fused_moe.py says why): keyed on the caller's operands' alignment and
     # the integers specialized on (layer constants); outputs and alignment tensors are fresh.
     operands = tuple(aligned(t.data_ptr()) for t in (x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights))
     key = (config, x.dtype, topk_weights.dtype, w13_scale.shape[1] > 1, w2_scale.shape[1] > 1, *operands,
            hidden, intermediate, top_k, x.stride(0), w13_packed.stride(0), w13_scale.stride(0), w13_scale.stride(1),
-           w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1))
+           w2_packed.stride(0), w2_scale.stride(0), w2_scale.stride(1), options["PDL"])
 
     h = torch.empty((rows, intermediate), dtype=x.dtype, device=x.device)
     tile = config.gate_up

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .launch import DirectLaunch, aligned, cdiv, next_power_of_2
+from .pdl import await_inputs, launch_options
 
 
 def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
@@ -32,7 +33,9 @@ def _moe_align_kernel(
     topk_ids_ptr, sorted_slots_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr,
     num_slots, num_experts, max_rows, max_blocks,
     BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_inputs(PDL)
     offs = tl.arange(0, CHUNK)
     counts = tl.zeros((EXPERTS_POW2,), dtype=tl.int32)
     for start in range(0, num_slots, CHUNK):
@@ -90,12 +93,13 @@ def moe_align_block_size(
     chunk = 4096 if num_slots > 4096 else 1024
     # By handle (launch.py): eager MoE calls are bound by host time. The outputs are fresh, so
     # aligned; num_experts is the one specialized integer.
-    key = (block_m, num_experts, chunk, aligned(topk_ids.data_ptr()), aligned(cursor.data_ptr()))
+    options = launch_options(device)
+    key = (block_m, num_experts, chunk, aligned(topk_ids.data_ptr()), aligned(cursor.data_ptr()), options["PDL"])
     _moe_align(
         key, (1,),
         (topk_ids, sorted_slots, block_expert, num_padded, cursor, num_slots, num_experts, rows, blocks),
         BLOCK_M=block_m, EXPERTS_POW2=next_power_of_2(num_experts), CHUNK=chunk,
         BLOCK_CHUNK=max(16, 8192 // next_power_of_2(num_experts)),
-        num_warps=8 if num_slots > 4096 else 4,
+        num_warps=8 if num_slots > 4096 else 4, **options,
     )
     return sorted_slots, block_expert, num_padded

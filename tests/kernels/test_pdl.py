@@ -1,5 +1,6 @@
 """Programmatic dependent launch: when it is on, and that a captured chain of PDL launches, each
-reading the output of the one before, computes what the same chain computes eagerly."""
+reading the output of the one before, computes what the same chain computes eagerly (dense
+linears of every backend and path, and MoE layers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from quantgate.kernels import Scheme
 from quantgate.kernels.linear.marlin import MarlinFp8LinearKernel
 from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
 from quantgate.kernels.linear.triton_block import TritonBlockFp8LinearKernel
+from quantgate.kernels.moe.marlin import MarlinMoEKernel
+from quantgate.kernels.moe.triton import TritonFusedMoEKernel, TritonUnquantizedMoEKernel
 from quantgate.kernels.triton import pdl
 
 from .linear_cases import make_case
@@ -74,6 +77,55 @@ def test_captured_pdl_chain_equals_eager_chain(seed, kernel_cls, scheme, m):
     static = x.clone()
     with pdl.for_graph_capture():
         assert pdl.enabled(static.device)
+        chain(static)  # compiles the PDL variants outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(static)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+    static.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, chain(static))
+
+
+MOE_CHAINS = [(TritonFusedMoEKernel, Scheme.FP8_BLOCK), (TritonFusedMoEKernel, Scheme.FP8_TENSOR),
+              (MarlinMoEKernel, Scheme.FP8_BLOCK), (TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="PDL needs sm_90")
+@pytest.mark.parametrize("kernel_cls, scheme", MOE_CHAINS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_captured_pdl_moe_chain_equals_eager_chain(seed, kernel_cls, scheme):
+    """Three MoE layers, each routed on and fed the previous one's output (alignment, activation
+    quantization, gate/up and down launches): captured with PDL, the same bits as run eagerly."""
+    from quantgate.kernels.moe.routing import select_experts
+
+    from .test_moe_reference import moe_config, moe_layer
+
+    cfg = moe_config(scheme, experts_=16, top_k=4, hidden=256, inter=256, act_dtype=torch.bfloat16)
+    kernels, layers, routers = [], [], []
+    for _ in range(3):
+        layer = moe_layer(cfg, "cuda")
+        kernel = kernel_cls(cfg)
+        kernel.process_weights_after_loading(layer)
+        kernels.append(kernel)
+        layers.append(layer)
+        routers.append(torch.randn(cfg.hidden_size, cfg.num_experts, device="cuda", dtype=torch.bfloat16))
+    x = torch.randn(24, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+
+    def chain(inp: torch.Tensor) -> torch.Tensor:
+        h = inp
+        for kernel, layer, router in zip(kernels, layers, routers):
+            weights, ids = select_experts(h @ router, cfg.top_k, renormalize=True)
+            h = kernel.apply(layer, h, weights, ids)
+        return h
+
+    expected = chain(x)
+    static = x.clone()
+    with pdl.for_graph_capture():
         chain(static)  # compiles the PDL variants outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
