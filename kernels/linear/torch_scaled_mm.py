@@ -57,7 +57,8 @@ class TorchScaledMMLinearKernel(LinearKernel):
     def is_supported(cls, platform: Platform) -> Verdict:
         if platform.device == "cpu":
             return True, None
-        return cuda_verdict(platform, (8, 9), "FP8 tensor cores")
+        # On CUDA `apply` quantizes activations with Triton kernels (act_quant.py).
+        return cuda_verdict(platform, (8, 9), "FP8 tensor cores", triton=True)
 
     @classmethod
     def can_implement(cls, config: LinearLayerConfig) -> Verdict:
@@ -103,7 +104,8 @@ class TorchBlockScaledMMLinearKernel(LinearKernel):
 
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
-        ok, reason = cuda_verdict(platform, (9, 0), "cuBLASLt 1x128/128x128 block scaling", maximum_major=9)
+        ok, reason = cuda_verdict(platform, (9, 0), "cuBLASLt 1x128/128x128 block scaling", triton=True,
+                                  maximum_major=9)
         if not ok and platform.has_capability((10, 0)):  # refused by maximum_major alone
             # torch runs 1x128/128x128 block scaling only through cuBLASLt on sm_90 (its own tests
             # exercise it only on major 9; newer GPUs get MXFP8 1x32 block scaling instead).

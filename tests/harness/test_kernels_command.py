@@ -204,3 +204,37 @@ def test_model_plan_is_what_loading_the_model_selects(model):
     planned = {name: sel.kernel.kernel_name() for name, sel in plan_kernels(REPO / "models" / model,
                                                                             Platform.detect("cpu"))}
     assert planned == bound
+
+
+def test_model_text_groups_the_modules_and_marks_the_selected_kernel_ok(capsys):
+    assert main(["kernels", "--capability", "9.0", "--model", str(BLOCK_MODEL)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("  4 module(s): model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, "
+            "model.layers.2.mlp.down_proj and 1 more") in lines
+    selected = [line.split() for line in lines if line.startswith("  * ")]
+    assert selected == 4 * [["*", "TritonBlockFp8LinearKernel", "triton", "ok"]] + [
+        ["*", "UnquantizedLinearKernel", "torch", "ok"]]
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda", "cuda:1"])
+def test_a_described_gpu_combines_with_any_cuda_device(capsys, device):
+    code, report = _json(capsys, "--device", device, "--capability", "8.0", "--scheme", "fp8-block")
+    assert code == 0 and report["platform"]["capability"] == "8.0"
+
+
+def test_cuda_without_a_gpu_is_a_usage_error_naming_both_fixes(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["kernels", "--device", "cuda"]) == 3
+    err = capsys.readouterr().err
+    assert "use --device cpu or install a CUDA build of torch; or describe a GPU with --capability X.Y" in err
+
+
+def test_a_model_folder_the_user_cannot_read_is_a_usage_error(capsys, monkeypatch, tmp_path):
+    """As a user without search permission on the folder: Path.is_file raises EACCES (root never sees it)."""
+    def is_file(path: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    assert main(["kernels", "--capability", "9.0", "--model", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {tmp_path}: ") and "Permission denied" in err and "Traceback" not in err

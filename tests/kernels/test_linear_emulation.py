@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantgate.kernels import Scheme
+from quantgate.kernels import LinearLayerConfig, Scheme
 from quantgate.kernels.linear.emulation import EmulationLinearKernel
 from quantgate.kernels.schemes import SCALE_NAMES
 
@@ -69,3 +69,14 @@ def test_bf16_single_row(seed, scheme):
     kernel.process_weights_after_loading(case.layer)
     x = torch.randn(1, 256).bfloat16()
     assert rel_error(kernel.apply(case.layer, x), reference_w8a8(case, x), round_ref=True) < 1e-3
+
+
+def test_an_unquantized_layer_is_a_float32_matmul(seed):
+    """`--linear-backend emulation` on a bf16 checkpoint: the weight kept in float32, as FP8 ones."""
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(72, 200).bfloat16(), requires_grad=False)
+    weight = layer.weight.detach().double()
+    kernel = EmulationLinearKernel(LinearLayerConfig(200, 72, Scheme.UNQUANTIZED, act_dtype=torch.bfloat16))
+    kernel.process_weights_after_loading(layer)
+    x = torch.randn(3, 200).bfloat16()
+    assert rel_error(kernel.apply(layer, x), x.double() @ weight.t(), round_ref=True) < 1e-3

@@ -58,6 +58,23 @@ def test_a_strided_bias_view_is_read_as_its_values(seed):
         kernel.apply(case.layer, x, every_other)
 
 
+def test_an_activation_view_with_a_k_stride_is_read_as_its_values(seed):
+    case = make_case(200, 300, Scheme.FP8_CHANNEL, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(3, 600, device=DEVICE).half()[:, ::2]
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a16(case, x, torch.float16)) < 1e-3
+
+
+def test_weight_blocks_narrower_than_128_rows(seed):
+    # 64-row blocks: each block scale covers 64 output columns, not 128.
+    case = make_case(200, 300, Scheme.FP8_BLOCK, block=(64, 128), device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(3, 300, device=DEVICE).half()
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a16(case, x, torch.float16)) < 1e-3
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 @pytest.mark.parametrize("scale_name", SCALE_NAMES)
 @pytest.mark.parametrize("m", [1, 20])

@@ -100,3 +100,17 @@ def test_cuda_matches_float64_reference(seed, scheme, m):
     # Correct outputs sit ~1.3e-4 from the rounded reference; a bias added after rounding the
     # GEMM to bf16 (a second rounding) sat at 1.0-1.1e-3.
     assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 5e-4
+
+
+def test_a_static_input_scale_is_checked_and_bound_as_apply_reads_it():
+    """compressed-tensors stores the static scale as [1] in the checkpoint dtype: processing binds it
+    as the 0-d float32 the quantization launch takes (no conversion per call), and refuses a
+    declared one that is missing, as the emulation backend does, instead of failing in `apply`."""
+    case = make_case(72, 208, Scheme.FP8_TENSOR, act_dtype=torch.bfloat16, static_input_scale=True)
+    case.layer.input_scale = torch.tensor([0.02], dtype=torch.bfloat16)
+    TorchScaledMMLinearKernel(case.config).process_weights_after_loading(case.layer)
+    assert (case.layer.input_scale.shape, case.layer.input_scale.dtype) == ((), torch.float32)
+    missing = make_case(72, 208, Scheme.FP8_TENSOR, static_input_scale=True)
+    del missing.layer.input_scale
+    with pytest.raises(ValueError, match="declares a static activation scale"):
+        TorchScaledMMLinearKernel(missing.config).process_weights_after_loading(missing.layer)

@@ -33,6 +33,15 @@ def test_a_strided_bias_view_is_read_as_its_values(seed):
         kernel.apply(case.layer, x, every_other)
 
 
+@pytest.mark.usefixtures("untuned")
+def test_an_activation_view_with_a_k_stride_is_read_as_its_values(seed):
+    case = make_case(200, 300, Scheme.FP8_BLOCK, device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(3, 600, device=DEVICE).half()[:, ::2]
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a8(case, x)) < 1e-3
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
 @pytest.mark.parametrize("scale_name", SCALE_NAMES)
 @pytest.mark.parametrize("m", [1, 20])

@@ -62,7 +62,15 @@ def test_float32_activations_fall_back_to_emulation_on_gpu() -> None:
     selection = select_moe_kernel(PLATFORMS["9.0"], cfg)
     assert selection.kernel.kernel_name() == "EmulationMoEKernel"
     assert [c.kernel for c in selection.rejected] == ["TritonFusedMoEKernel", "MarlinMoEKernel"]
-    assert all("bfloat16 or float16" in c.reason for c in selection.rejected)
+    assert {c.reason for c in selection.rejected} == {
+        "activations must be bfloat16 or float16, not torch.float32 (use --dtype bfloat16)"}
+
+
+def test_blocks_other_than_128x128_run_on_emulation_only() -> None:
+    cfg = MoELayerConfig(scheme=B, block_size=(64, 128), **QWEN3_30B)
+    selection = select_moe_kernel(PLATFORMS["9.0"], cfg)
+    assert selection.kernel.kernel_name() == "EmulationMoEKernel"
+    assert {c.reason for c in selection.rejected} == {"block size (64, 128) not handled (handles: 128x128)"}
 
 
 def test_block_layout_that_cannot_be_stacked_is_refused_everywhere() -> None:

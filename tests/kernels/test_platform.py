@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+import torch
+
 from quantgate.kernels.platform import Platform
 
 
@@ -16,3 +19,52 @@ def test_a_detected_cpu_names_its_model_and_the_cores_it_may_use() -> None:
 
 def test_a_described_cpu_is_named_cpu() -> None:
     assert Platform.hypothetical("cpu").name == "cpu"
+
+
+_GPUS = [((9, 0), "NVIDIA H200"), ((8, 0), "NVIDIA A100")]
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch seeing an H200 as cuda:0 and an A100 as cuda:1."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(_GPUS))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: _GPUS[index][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: _GPUS[index][1])
+
+
+@pytest.mark.parametrize("device", [None, "auto", "cuda", "cuda:0"])
+@pytest.mark.usefixtures("two_gpus")
+def test_auto_and_an_unindexed_cuda_detect_the_first_gpu(device) -> None:
+    platform = Platform.detect(device)
+    assert (platform.device, platform.capability, platform.name) == ("cuda", (9, 0), "NVIDIA H200")
+    assert platform.libraries == {"cuda", "triton"}  # triton is installed here (the CPU runs its interpreter)
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_an_indexed_device_is_that_gpu() -> None:
+    platform = Platform.detect("cuda:1")
+    assert (platform.capability, platform.name) == ((8, 0), "NVIDIA A100")
+
+
+@pytest.mark.parametrize("count, device, says", [(2, "cuda:2", "this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+                                                 (1, "cuda:1", "this machine has 1 CUDA device(s), cuda:0")])
+@pytest.mark.usefixtures("two_gpus")
+def test_a_gpu_index_the_machine_does_not_have_is_refused_naming_the_ones_it_has(monkeypatch, count, device, says):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(RuntimeError) as err:
+        Platform.detect(device)
+    assert str(err.value) == f"--device {device}: {says}"
+
+
+def test_cuda_without_a_gpu_says_what_to_do_instead(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="; use --device cpu or install a CUDA build of torch$"):
+        Platform.detect("cuda")
+
+
+@pytest.mark.parametrize("args, says", [(("tpu",), "unknown device 'tpu': expected 'cpu' or 'cuda'"),
+                                        (("cuda",), "needs a compute capability, e.g. 8.0 or 9.0")])
+def test_a_described_platform_must_be_one_selection_knows(args, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        Platform.hypothetical(*args)

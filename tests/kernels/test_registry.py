@@ -175,7 +175,11 @@ def test_refusals_name_what_is_missing_and_what_is_there():
     (_config(B, k=4000), "torch", "K a multiple of 512"),
     (_config(C, k=100), "torch", "multiples of 16"),
     (_config(C, dtype=torch.float16), "torch", "row-wise"),
-    (_config(B, dtype=torch.float32), "marlin", "float32"),
+    (_config(B, dtype=torch.float32), "marlin",
+     "activation dtype float32 not handled (W8A16 computes in: bfloat16, float16)"),
+    (_config(C, n=100), "torch", "this layer is K=4096, N=100"),
+    (_config(B, n=4000), "torch", "N a multiple of 128 (cuBLASLt block-scale layout); this layer is K=4096, N=4000"),
+    (LinearLayerConfig(4096, 4096, B, block_size=(128, 64)), "torch", "takes 128x128 weight blocks"),
     (LinearLayerConfig(4096, 4096, B, block_size=(128, 64)), "triton", "128 wide along K"),
     (LinearLayerConfig(4096, 4096, B, block_size=(128, 64)), "marlin", "128 wide along K"),
 ])
@@ -283,3 +287,83 @@ def test_only_an_explicit_backend_is_told_to_choose_another():
     assert "Choose another" not in auto.error
     strict = select_linear_kernel(platform, config, "marlin")
     assert strict.error.endswith(". Choose another --linear-backend (see `quantgate kernels`) or 'auto'")
+
+
+# platform -> scheme -> the candidates auto lists, in order: the priority row (benchmark order,
+# kernels/registry.py), then the scheme's other kernels. Written out, not read from LINEAR_PRIORITY.
+_LINEAR_CANDIDATES = {
+    A100: {B: ["MarlinFp8", "Emulation", "TorchBlockScaledMM", "TritonBlockFp8"],
+           C: ["MarlinFp8", "Emulation", "TorchScaledMM", "TritonBlockFp8"],
+           T: ["MarlinFp8", "Emulation", "TorchScaledMM"]},
+    L40S: {B: ["TritonBlockFp8", "MarlinFp8", "Emulation", "TorchBlockScaledMM"],
+           C: ["TorchScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"],
+           T: ["TorchScaledMM", "MarlinFp8", "Emulation"]},
+    H200: {B: ["TorchBlockScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"],
+           C: ["TorchScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"],
+           T: ["TorchScaledMM", "MarlinFp8", "Emulation"]},
+    CPU: {B: ["Emulation", "TorchBlockScaledMM", "TritonBlockFp8", "MarlinFp8"],
+          C: ["Emulation", "TorchScaledMM", "TritonBlockFp8", "MarlinFp8"],
+          T: ["Emulation", "TorchScaledMM", "MarlinFp8"]},
+}
+
+
+@pytest.mark.parametrize("spec", list(_LINEAR_CANDIDATES))
+@pytest.mark.parametrize("scheme", [B, C, T])
+def test_auto_lists_the_candidates_in_the_registrys_documented_order(spec, scheme):
+    """The order decides what runs when the first kernel is refused (a disabled or unservable
+    one): on 8.9 a block layer with TritonBlockFp8LinearKernel disabled takes marlin, not emulation."""
+    sel = select_linear_kernel(_platform(spec), _config(scheme))
+    assert [c.kernel for c in sel.candidates] == [f"{name}LinearKernel" for name in _LINEAR_CANDIDATES[spec][scheme]]
+
+
+@pytest.mark.parametrize("spec", [CPU, A100, L40S, H200, B200, ("cuda", "7.5")])
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_falls_back_to_emulation_when_every_other_kernel_is_disabled(spec, scheme):
+    """Emulation runs anywhere, so every priority row ends in it: auto never fails for want of it."""
+    others = frozenset(k.kernel_name() for k in ALL_LINEAR_KERNELS) - {"EmulationLinearKernel"}
+    sel = select_linear_kernel(_platform(spec), _config(scheme), disabled=others)
+    assert sel.require().kernel_name() == "EmulationLinearKernel"
+
+
+def test_an_explicit_backend_lists_the_kernel_of_the_platforms_row_first():
+    """A strict error or `quantgate kernels --linear-backend torch` leads with the backend's kernel
+    for this scheme, then the backend's other kernels."""
+    sel = select_linear_kernel(_platform(H200), _config(B), "torch")
+    assert [c.kernel for c in sel.candidates] == ["TorchBlockScaledMMLinearKernel", "UnquantizedLinearKernel",
+                                                  "TorchScaledMMLinearKernel"]
+
+
+def test_a_given_disabled_set_replaces_the_environment(monkeypatch):
+    """`disabled=` is the whole answer, the empty set included: the variable is read only without it."""
+    monkeypatch.setenv(DISABLED_ENV, "MarlinFp8LinearKernel")
+    assert select_linear_kernel(_platform(A100), _config(B)).require().kernel_name() == "EmulationLinearKernel"
+    sel = select_linear_kernel(_platform(A100), _config(B), disabled=frozenset())
+    assert sel.require().kernel_name() == "MarlinFp8LinearKernel"
+
+
+def test_a_scheme_refusal_names_the_schemes_the_kernel_handles():
+    sel = select_linear_kernel(_platform(H200), _config(U), "marlin")
+    assert sel.candidates[0].reason == "scheme unquantized not handled (handles: fp8-block, fp8-channel, fp8-tensor)"
+
+
+def test_a_cuda_machine_without_triton_refuses_every_kernel_that_launches_triton():
+    """The torch backend quantizes activations with Triton kernels on CUDA, as triton and marlin
+    compute with them: without triton they would fail at the first forward, not at selection."""
+    no_triton = Platform("cuda", (9, 0), "H100", frozenset({"cuda"}))
+    missing = "triton is not installed (pip install triton)"
+    for scheme in (B, C, T):
+        sel = select_linear_kernel(no_triton, _config(scheme))
+        assert sel.require().kernel_name() == "EmulationLinearKernel"
+        assert {c.reason for c in sel.rejected} == {missing}
+    moe = MoELayerConfig(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768, scheme=B)
+    sel = select_moe_kernel(no_triton, moe)
+    assert sel.require().kernel_name() == "EmulationMoEKernel"
+    assert {c.reason for c in sel.rejected} == {missing}
+    assert select_linear_kernel(no_triton, _config(U)).require().kernel_name() == "UnquantizedLinearKernel"
+
+
+@pytest.mark.parametrize("scheme", [B, C])
+def test_float32_activations_run_on_triton_where_it_runs(scheme):
+    """Triton's W8A8 GEMM writes float32 outputs; cuBLASLt's and marlin's do not."""
+    sel = select_linear_kernel(_platform(H200), _config(scheme, dtype=torch.float32))
+    assert sel.require().kernel_name() == "TritonBlockFp8LinearKernel"
