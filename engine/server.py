@@ -273,6 +273,15 @@ class OpenAIServer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def stop_strings(self, req: CompletionRequest) -> list[str]:
+        """`stop`, refused here rather than by the engine, so a stream is refused before it starts (a
+        chat request is text, so it never reaches here without a tokenizer)."""
+        stop = list(req.stop or [])
+        if stop and self.tokenizer is None:
+            raise APIError(400, "stop strings need a tokenizer, and this model folder has none; send "
+                           "stop_token_ids instead", param="stop")
+        return stop
+
     def stop_token_ids(self, req: CompletionRequest | ChatCompletionRequest) -> list[int]:
         """vLLM's `stop_token_ids`, checked against the vocabulary."""
         ids = list(req.stop_token_ids or [])
@@ -296,12 +305,12 @@ class OpenAIServer:
         base = f"cmpl-{uuid.uuid4().hex}"
         prompts = req.prompts()
 
-        stop_ids = self.stop_token_ids(req)
+        stop, stop_ids = self.stop_strings(req), self.stop_token_ids(req)
 
         def params(max_tokens: int) -> SamplingParams:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
-                seed=req.seed, stop=list(req.stop or []), stop_token_ids=stop_ids, logprobs=req.logprobs,
+                seed=req.seed, stop=stop, stop_token_ids=stop_ids, logprobs=req.logprobs,
                 prompt_logprobs=req.echo and req.logprobs is not None, ignore_eos=req.ignore_eos)
 
         max_tokens = _or(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)

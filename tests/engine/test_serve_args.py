@@ -22,7 +22,14 @@ def parse(*flags: str) -> argparse.Namespace:
     (["--tokenizer-mode", "auto"], "unknown flag(s): --tokenizer-mode. Known flags: "),
     (["--max-model-length", "64"], "--max-model-length (did you mean --max-model-len?)"),
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 is not supported"),
-    (["--dtype", "int4"], "unknown dtype 'int4'"),
+    (["--dtype", "int4"], "unknown dtype 'int4' (known: auto, bfloat16, float16, float32)"),
+    (["--port", "65536"], "65536 is out of range for --port (0..65535)"),
+    (["--max-num-seqs", "0"], "0 is out of range for --max-num-seqs (1..65536)"),
+    (["-tp", "2"], "--tensor-parallel-size 2 is not supported"),  # vLLM's short form
+    (["--moe-backend", "torch"], "unknown --moe-backend 'torch' (known: auto, emulation, triton, marlin)"),
+    # No abbreviations: the harness reads --api-key, --port... from server_args by their full names.
+    (["--api-k", "x"], "unknown flag(s): --api-k (did you mean --api-key?)"),
+    (["--tokenizer-mode=auto"], "unknown flag(s): --tokenizer-mode. Known flags: "),  # named without its value
     (["--port", "abc"], "'abc' is not an integer"),
     (["--linear-backend", "marlinn"], "did you mean 'marlin'?"),
     (["--max-model-len", "4kb"], "argument --max-model-len: '4kb' is not a token count; give an integer (4096), "
@@ -51,6 +58,7 @@ def test_a_vllm_only_flag_points_at_engine_vllm() -> None:
     [], ["--max-model-len", "512", "--seed", "1"], ["--max_model_len", "512"], ["--linear_backend=emulation"],
     ["--enforce-eager", "--device", "cpu", "--served-model-name", "a", "b", "--port", "0"],
     ["--max-model-len", "4k"], ["--max_model_len=auto"], ["--no-enforce-eager"], ["--no_enforce_eager"],
+    ["--port", "65535"], ["--linear-backend", "torch"], ["--log-level", "DEBUG"],
 ])
 def test_accepted_flags(args: list[str]) -> None:
     assert usage_problem(args) is None
@@ -64,6 +72,23 @@ def test_accepted_flags(args: list[str]) -> None:
 def test_max_model_len_takes_vllms_forms(value: str, tokens: int | None) -> None:
     assert parse("--max-model-len", value).max_model_len == tokens
     assert parse(f"--max-model-len={value}").max_model_len == tokens
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    # SPEC section 6 and the flags' help: a local server, vLLM's port, the checkpoint's dtype.
+    args = parse()
+    assert (args.host, args.port, args.device, args.dtype, args.seed) == ("127.0.0.1", 8000, "auto", "auto", 0)
+    assert (args.linear_backend, args.moe_backend, args.max_model_len, args.tensor_parallel_size) == (
+        "auto", "auto", None, 1)
+
+
+@pytest.mark.parametrize("value,dtype", [("BF16", "bfloat16"), ("half", "float16"), ("Float32", "float32")])
+def test_dtype_takes_vllms_aliases_in_any_case(value: str, dtype: str) -> None:
+    assert parse("--dtype", value).dtype == dtype
+
+
+def test_the_api_key_is_kept_as_given() -> None:
+    assert parse("--api-key", "Se_Cret").api_key == "Se_Cret"
 
 
 def test_enforce_eager_is_a_switch_both_ways_as_in_vllm() -> None:

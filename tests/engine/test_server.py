@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -19,7 +20,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from quantgate.engine import AsyncEngine, EngineDeadError, LLMEngine, load_model
+from quantgate.engine import AsyncEngine, EngineDeadError, InvalidRequestError, LLMEngine, load_model
 from quantgate.engine.server import ServerSettings, build_app
 
 from .tiny_models import write_model
@@ -93,6 +94,17 @@ def test_health_and_models(client: TestClient, tiny_model: Path) -> None:
     assert [m["id"] for m in body["data"]] == [NAME, "alias"]
     assert body["data"][0]["root"] == str(tiny_model.resolve())  # resolved: --server-url compares folders
     assert body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_models_root_is_the_resolved_folder_for_a_relative_path(engine, tiny_model: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # --server-url compares this root with a config's model folder: `quantgate serve models/x` must
+    # report the folder, not the relative path it was given.
+    loaded, async_engine = engine
+    monkeypatch.chdir(tiny_model.parent)
+    relative = dataclasses.replace(loaded, path=Path(tiny_model.name))
+    with make_client((relative, async_engine)) as c:
+        assert c.get("/v1/models").json()["data"][0]["root"] == str(tiny_model.resolve())
 
 
 def test_completion_shape_and_usage(client: TestClient) -> None:
@@ -357,6 +369,49 @@ def test_chat_stream_equals_the_whole_answer(client: TestClient) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
 
 
+def serve_outputs(monkeypatch: pytest.MonkeyPatch, engine, steps: list[tuple[int, str, float]]) -> None:
+    """The engine answers every request with these (token, text, logprob) steps, each token its
+    own top alternative."""
+    from quantgate.engine import RequestOutput
+
+    async def generate(request_id, prompt_token_ids, params):
+        for n, (token, text, lp) in enumerate(steps, 1):
+            finished = n == len(steps)
+            yield RequestOutput(request_id=request_id, new_token_ids=[token], new_text=text, token_logprobs=[lp],
+                                top_logprobs=[{token: lp}], prompt_logprobs=None, finished=finished,
+                                finish_reason="length" if finished else None,
+                                num_prompt_tokens=len(prompt_token_ids), num_generated_tokens=n)
+
+    monkeypatch.setattr(engine[1], "generate", generate)
+
+
+def test_a_chat_stream_carries_the_logprobs_of_a_token_without_text_yet(client: TestClient, engine,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first byte of "é" has no text alone: its logprob still comes, in a chunk of no content."""
+    tokenizer = engine[0].tokenizer
+    serve_outputs(monkeypatch, engine, [(tokenizer.token_to_id("Ã"), "", -1.0), (tokenizer.token_to_id("©"), "é", -0.5)])
+    request = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    events = sse_events(client.post("/v1/chat/completions", json={**request, "stream": True}))
+    streamed = [entry for event in events[:-1] for choice in event["choices"]
+                for entry in (choice.get("logprobs") or {}).get("content", [])]
+    whole = client.post("/v1/chat/completions", json=request).json()["choices"][0]
+    assert whole["message"]["content"] == "é"
+    assert streamed == whole["logprobs"]["content"] and [e["logprob"] for e in streamed] == [-1.0, -0.5]
+
+
+def test_a_token_of_probability_zero_gets_a_finite_logprob(client: TestClient, engine,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """JSON has no -Infinity: the most negative float stands for it, and the answer stays a 200."""
+    serve_outputs(monkeypatch, engine, [(5, "x", -math.inf)])
+    completion = complete(client, prompt="a", logprobs=1)["choices"][0]["logprobs"]
+    assert completion["token_logprobs"] == [-3.4e38] and list(completion["top_logprobs"][0].values()) == [-3.4e38]
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "logprobs": True, "top_logprobs": 1})
+    assert chat.status_code == 200, chat.text
+    (entry,) = chat.json()["choices"][0]["logprobs"]["content"]
+    assert entry["logprob"] == entry["top_logprobs"][0]["logprob"] == -3.4e38
+
+
 # ---- kernels, reload, metrics, auth -------------------------------------------------------------------
 
 
@@ -410,6 +465,30 @@ def test_kernels_report_shape(client: TestClient, tiny_model: Path, tmp_path: Pa
     marlin = rejected["MarlinFp8LinearKernel"]
     assert marlin.startswith("requires CUDA") and marlin.endswith("this is cpu")
     assert modules["lm_head"]["scheme"] == "unquantized" and modules["lm_head"]["rejected"] == []
+
+
+def test_a_folder_without_a_tokenizer_serves_token_ids_and_says_so_for_text(tiny_model: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "untokenized"
+    shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns("tokenizer*"))
+    loaded = load_model(folder, device="cpu", dtype="float32")
+    async_engine = AsyncEngine(LLMEngine(loaded, max_num_seqs=2, max_model_len=64, enforce_eager=True))
+    try:
+        with make_client((loaded, async_engine)) as c:
+            for stream in (False, True):
+                text = c.post("/v1/completions", json={"prompt": "hi", "stream": stream})
+                assert_openai_error(text, 400, "prompt")
+                assert "no tokenizer" in text.json()["error"]["message"]
+                assert "send the prompt as token ids" in text.json()["error"]["message"]
+                stop = c.post("/v1/completions", json={"prompt": [5, 6], "stop": ["x"], "stream": stream})
+                assert_openai_error(stop, 400, "stop")  # refused before a stream starts, as every bad request
+                assert "send stop_token_ids instead" in stop.json()["error"]["message"]
+            chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            assert_openai_error(chat, 400, "messages")  # the folder has no tokenizer_config.json either
+            assert "has no chat template" in chat.json()["error"]["message"]
+            ids = complete(c, prompt=[5, 6, 7], max_tokens=2, temperature=0, logprobs=0, ignore_eos=True)
+            assert ids["choices"][0]["logprobs"]["tokens"][0].startswith("token_id:")
+    finally:
+        async_engine.shutdown()
 
 
 def test_reload_weights_keeps_answers(client: TestClient) -> None:
@@ -524,7 +603,7 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 def test_metrics_move(client: TestClient) -> None:
     before = client.get("/metrics").text
-    ok = complete(client, prompt="Rosa", max_tokens=4, temperature=0)
+    ok = complete(client, prompt="Rosa", max_tokens=4, temperature=0, ignore_eos=True)  # 4 tokens: a TPOT
     bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
     assert bad.status_code == 400
     after = client.get("/metrics")
@@ -544,6 +623,8 @@ def test_metrics_move(client: TestClient) -> None:
             == metric(b, "quantgate_request_latency_seconds_count", latency) + 2)
     ttft = "quantgate_time_to_first_token_seconds_count"
     assert metric(a, ttft) > metric(b, ttft)
+    tpot = "quantgate_time_per_output_token_seconds_count"
+    assert metric(a, tpot) == metric(b, tpot) + 1
     assert metric(a, "quantgate_num_requests_running") == 0 and metric(a, "quantgate_num_requests_waiting") == 0
     assert metric(a, "quantgate_kv_cache_slots") >= 1 and metric(a, "quantgate_kv_cache_slots_used") == 0
 
@@ -559,6 +640,34 @@ def test_null_is_unset_where_openai_allows_it(client: TestClient) -> None:
     streamed = client.post("/v1/completions", json={"prompt": "Rosa", "max_tokens": 2, "stream": True,
                                                     "stream_options": {"include_usage": None}})
     assert streamed.status_code == 200 and sse_events(streamed)[-1] == "[DONE]"
+
+
+def test_request_fields_reach_the_engine(client: TestClient, engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What each endpoint asks of the engine: OpenAI's defaults (temperature 1, top_p 1) for unset
+    fields, and every sampling field a request sets."""
+    from quantgate.engine import SamplingParams
+
+    async_engine = engine[1]
+    real_generate = async_engine.generate
+    sent: list[SamplingParams] = []
+
+    def recorded(request_id, prompt_token_ids, params):
+        sent.append(params)
+        return real_generate(request_id, prompt_token_ids, params)
+
+    monkeypatch.setattr(async_engine, "generate", recorded)
+    complete(client, prompt="a", max_tokens=1)
+    fields = {"max_tokens": 2, "seed": 5, "stop": ["zq"], "stop_token_ids": [3], "ignore_eos": True,
+              "temperature": 0.5, "top_p": 0.8}
+    complete(client, prompt="a", **fields)
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **fields})
+    assert chat.status_code == 200, chat.text
+    default, *chosen = sent
+    assert (default.temperature, default.top_p, default.seed, default.stop, default.ignore_eos) == (
+        1.0, 1.0, None, [], False)
+    for params in chosen:
+        assert (params.max_tokens, params.seed, params.stop, params.stop_token_ids, params.ignore_eos,
+                params.temperature, params.top_p) == (2, 5, ["zq"], [3], True, 0.5, 0.8)
 
 
 def test_stop_token_ids_are_honoured(client: TestClient) -> None:
@@ -590,21 +699,54 @@ def test_a_body_over_the_limit_gets_a_json_413(client: TestClient) -> None:
     for body in (b"x" * (MAX_BODY_BYTES + 1), chunks()):
         response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
         assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+        assert f"larger than this server takes ({MAX_BODY_BYTES} bytes); send a shorter prompt" in response.text
+    at_the_limit = b'{"prompt": [5], "max_tokens": 1}'.ljust(MAX_BODY_BYTES)  # JSON may end in whitespace
+    assert client.post("/v1/completions", content=at_the_limit,
+                       headers={"content-type": "application/json"}).status_code == 200
     assert client.get("/health").status_code == 200
 
 
 def test_a_prompt_that_fills_the_context_says_so(client: TestClient) -> None:
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": LONG}]})
-    assert response.status_code == 400 and "leaves none for the completion" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert response.status_code == 400 and "leaves none for the completion" in message
+    assert "Shorten the prompt (or restart the server with a larger --max-model-len)" in message
+
+
+def test_chat_without_max_tokens_gets_the_rest_of_the_context(client: TestClient) -> None:
+    def messages(n: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": "and" + " and" * n}]
+
+    base = client.post("/tokenize", json={"messages": messages(0)}).json()["count"]
+    full = messages(MAX_MODEL_LEN - base)
+    assert client.post("/tokenize", json={"messages": full}).json()["count"] == MAX_MODEL_LEN  # " and" is one token
+    response = client.post("/v1/chat/completions", json={"messages": full})
+    assert_openai_error(response, 400, "messages")
+    assert "leaves none for the completion" in response.json()["error"]["message"]
+    one_left = client.post("/v1/chat/completions", json={"messages": messages(MAX_MODEL_LEN - base - 1),
+                                                         "temperature": 0, "ignore_eos": True})
+    assert one_left.status_code == 200, one_left.text
+    assert one_left.json()["usage"]["completion_tokens"] == 1 and one_left.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_text_of_exactly_max_model_len_of_the_longest_tokens_can_be_scored(client: TestClient) -> None:
+    """The untokenized bound refuses only a text longer than any max_model_len tokens can be:
+    the longest token (EOS, 13 bytes) repeated max_model_len times still fits."""
+    prompt = "<|endoftext|>" * MAX_MODEL_LEN
+    scored = complete(client, prompt=prompt, max_tokens=0, echo=True)
+    assert scored["usage"]["prompt_tokens"] == MAX_MODEL_LEN and scored["choices"][0]["text"] == prompt
 
 
 def test_api_key(engine) -> None:
     with make_client(engine, api_key="sesame") as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
             assert c.post("/tokenize", json={"prompt": "a"}, headers=headers).status_code == 401
+            assert c.post("/detokenize", json={"tokens": [5]}, headers=headers).status_code == 401
+            assert c.get("/tokenizer_info", headers=headers).status_code == 401
             response = c.get("/v1/models", headers=headers)
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"
+            assert "send the header 'Authorization: Bearer <key>' with the key given to --api-key" in response.text
             assert c.post("/v1/completions", json={"prompt": "a"}, headers=headers).status_code == 401
         assert c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "bearer sesame"}).status_code == 200  # RFC 9110
@@ -638,6 +780,8 @@ def test_an_internal_error_fails_only_its_request(client: TestClient, engine, mo
             raise RuntimeError("boom")
         if prompt_token_ids[:1] == [6]:
             raise EngineDeadError("the engine has stopped; restart the server")
+        if prompt_token_ids[:1] == [5]:  # a refusal the server did not check first
+            raise InvalidRequestError("the engine refuses this request")
         return real_generate(request_id, prompt_token_ids, params)
 
     monkeypatch.setattr(async_engine, "generate", broken)
@@ -650,8 +794,10 @@ def check_internal_error_is_contained(client: TestClient) -> None:
     assert failed.status_code == 500 and "boom" in failed.json()["error"]["message"]
     dead = client.post("/v1/completions", json={"prompt": [6], "max_tokens": 2})
     assert dead.status_code == 503 and "restart the server" in dead.json()["error"]["message"]
+    assert_openai_error(client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2}), 400, None)
     streamed = sse_events(client.post("/v1/completions", json={"prompt": [7, 8], "max_tokens": 2, "stream": True}))
     assert "boom" in streamed[-2]["error"]["message"] and streamed[-1] == "[DONE]"
+    assert streamed[-2]["error"]["type"] == "internal_error"  # the server's fault, not the request's
     assert complete(client, prompt=[8, 9], max_tokens=2)["choices"][0]["finish_reason"] in ("stop", "length")
     assert client.get("/health").status_code == 200
 
@@ -736,6 +882,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo"),
     ({"messages": [{"role": "user", "content": "hi"}], "echo": 0}, 400, "echo"),
     ({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 2}, 400, "prompt_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [VOCAB_SIZE]}, 400, "stop_token_ids"),
     ({"messages": [{"role": "user", "content": "hi"}], "guided_regex": "a+"}, 400, "guided_regex"),
     ({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": 5}}, 400,
      "chat_template_kwargs"),
@@ -790,11 +937,32 @@ def test_bodies_json_cannot_read_say_why(client: TestClient, raw: bytes) -> None
             in response.json()["error"]["message"])
 
 
+@pytest.mark.parametrize("method,path,body,message", [
+    ("POST", "/v1/completions", b"", "the request body is empty; send a JSON object with Content-Type: application/json"),
+    ("POST", "/v1/completions", b"[1, 2]", "the request body must be a JSON object (Content-Type: application/json)"),
+    ("POST", "/v1/completions", b'{"max_tokens": 3}', "prompt: this field is required"),
+    ("POST", "/v1/completions", b'{"prompt": "x", "model": "gpt-4"}',
+     "The model `gpt-4` does not exist; this server serves tiny, alias"),
+    ("POST", "/v1/completions", b'{"prompt": [960]}',
+     f"token id {VOCAB_SIZE} is out of range: the vocabulary has {VOCAB_SIZE} tokens (ids 0..{VOCAB_SIZE - 1})"),
+    ("POST", "/v1/completions", b'{"prompt": ""}', "the prompt is empty (0 tokens); send at least one token"),
+    ("POST", "/v1/completions", b'{"prompt": [5], "max_tokens": 200}',
+     "you requested 201 tokens (1 in the prompt, 200 for the completion). Reduce the length of the prompt or "
+     "max_tokens (or restart the server with a larger --max-model-len)."),
+    ("PUT", "/health", None, "Method Not Allowed: PUT /health; this server has GET /health, GET /v1/models, "
+                             "POST /v1/completions"),
+])
+def test_refusals_name_the_cause_and_the_fix(client: TestClient, method: str, path: str, body: bytes | None,
+                                             message: str) -> None:
+    response = client.request(method, path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500 and message in response.json()["error"]["message"], response.text
+
+
 def test_text_too_long_for_any_tokenization_is_refused_untokenized(client: TestClient) -> None:
     response = client.post("/v1/completions", json={"prompt": "Ava " * 500_000})
     assert_openai_error(response, 400, "prompt")
     assert response.json()["error"]["code"] == "context_length_exceeded"
-    assert "longer than any" in response.json()["error"]["message"]
+    assert "longer than any" in response.json()["error"]["message"] and "Shorten it" in response.json()["error"]["message"]
     # /tokenize counts it, as vLLM's does: lm-eval's rolling loglikelihood sends whole documents
     # there before cutting them into windows that fit, and a refusal aborted its run.
     counted = client.post("/tokenize", json={"prompt": "Ava " * 5_000}).json()
@@ -804,7 +972,9 @@ def test_text_too_long_for_any_tokenization_is_refused_untokenized(client: TestC
 def test_unknown_routes_and_methods(client: TestClient) -> None:
     missing = client.get("/v1/engines")
     assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
-    assert client.get("/v1/completions").status_code == 405
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong_method = client.get("/v1/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
     assert client.get("/health").status_code == 200
 
 
