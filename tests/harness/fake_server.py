@@ -81,6 +81,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--answer-as", default=None,
                    help="completions name this model, not the one asked for (a proxy answering from another model)")
     p.add_argument("--kernels-status", type=int, default=None, help="answer GET /v1/kernels with this error status")
+    p.add_argument("--kernels-status-times", type=int, default=None,
+                   help="answer only the first N GET /v1/kernels with --kernels-status (a transient error)")
     p.add_argument("--no-kernels-endpoint", action="store_true", help="404 on /v1/kernels, like vLLM")
     p.add_argument("--late-kernel", default=None,
                    help="on the first request, log that this backend's kernel serves the first linear module too "
@@ -146,7 +148,15 @@ class FakeEngine:
         self.gold = {row["question"].strip(): _answer_of(row["answer"]) for row in rows}
         self.answered = 0
         self.sent = 0  # answers whose response has been written
+        self.kernel_requests = 0
         self.lock = threading.Lock()
+
+    def kernels_refused(self) -> bool:
+        """Whether this GET /v1/kernels gets --kernels-status (each, or the first --kernels-status-times)."""
+        with self.lock:
+            self.kernel_requests += 1
+            times = self.args.kernels_status_times
+            return self.args.kernels_status is not None and (times is None or self.kernel_requests <= times)
 
     def sent_one(self) -> None:
         """--exit-after-answers: the process ends once its Nth answer is on the wire."""
@@ -253,7 +263,7 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
                 card = {"id": engine.served, "object": "model"}
                 self._send(200, {"object": "list", "data": [{**card, "root": engine.args.model_root} if
                                                             engine.args.model_root else card]})
-            elif self.path == "/v1/kernels" and engine.args.kernels_status is not None:
+            elif self.path == "/v1/kernels" and engine.kernels_refused():
                 self._send(engine.args.kernels_status, {"error": {"message": "busy", "type": "server_error"}})
             elif self.path == "/v1/kernels" and not engine.args.no_kernels_endpoint:
                 self._send(200, engine.kernels())

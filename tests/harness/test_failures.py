@@ -227,9 +227,29 @@ def test_a_config_an_interrupt_kept_from_starting_keeps_no_artifact_of_an_earlie
     for name in ("samples.jsonl", "server.log", "lm_eval.log"):
         (earlier / name).write_text("an earlier run's\n")
     code, output = run_in_process([first, second], tmp_path / "out")
-    assert code == 2, output
-    assert load_json(earlier / "result.json")["reason"].startswith("not started")
+    assert code == 2 and "interrupted by SIGTERM: every server was torn down" in output, output
+    not_started = load_json(earlier / "result.json")
+    assert not_started["reason"].startswith("not started")
+    assert not_started["evaluation"] == {"limit": 4}  # what `repro` of it reproduces
     assert sorted(p.name for p in earlier.iterdir()) == ["result.json"]
+
+
+def test_an_interrupt_while_the_configs_are_planned_exits_2_before_any_server_starts(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retryable as any interrupted run: not exit 3, which says to fix the config."""
+    from quantgate.harness import runner
+
+    real_plan = runner.plan
+
+    def interrupted_plan(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "plan", interrupted_plan)
+    config = write_config(tmp_path, "cfg", gsm8k_dir)
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 2 and "interrupted by SIGTERM before any server started" in output, output
+    assert not (tmp_path / "out" / "cfg").exists()
 
 
 def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config(
@@ -329,6 +349,37 @@ def test_a_run_file_that_cannot_be_written_while_the_evaluation_is_set_up_is_exi
     assert f"artifacts cannot be written to {tmp_path / 'out'}/{path} ([Errno {error}] {says})" in result["reason"]
     fix = "make it writable or pass another --output-dir" if error == errno.EPERM else "free space or pass another"
     assert fix in result["reason"]
+
+
+@pytest.mark.parametrize("error, under_run_dir", [(errno.ENOSPC, False), (errno.EACCES, True)])
+def test_a_run_file_refused_during_the_evaluation_is_exit_2_not_an_internal_error(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, error: int, under_run_dir: bool) -> None:
+    """An OSError lm-eval lets out (a log or cache write): a full disk wherever it is, a permission
+    on a file of this run; the file, the OS's words and the fix, never "please report it"."""
+    from quantgate.harness import runner
+
+    path = (tmp_path / "out" / "evaluated" / "lm_eval.log") if under_run_dir else (tmp_path / "cache" / "x.arrow")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError(error, os.strerror(error), str(path))
+
+    monkeypatch.setattr(runner, "run_eval", refused)
+    config = write_config(tmp_path, "evaluated", gsm8k_dir, num_questions=4)
+    code, output = run_in_process([config], tmp_path / "out")
+    result = load_json(tmp_path / "out" / "evaluated" / "result.json")
+    assert code == 2 and result["verdict"] == "ERROR" and "Traceback" not in output, output
+    assert result["reason"].startswith(f"artifacts cannot be written to {path} ([Errno {error}] {os.strerror(error)})")
+
+
+def test_a_permission_error_outside_the_output_dir_is_not_taken_for_a_run_file() -> None:
+    """Its fix is not "pass another --output-dir"."""
+    from quantgate.harness.runner import _run_file_error
+
+    out = Path("/tmp/quantgate-out")
+    assert _run_file_error(OSError(errno.EACCES, "Permission denied", str(out / "cfg" / "server.log")), out)
+    assert not _run_file_error(OSError(errno.EACCES, "Permission denied", "/etc/quantgate/x"), out)
+    assert not _run_file_error(OSError(errno.EACCES, "Permission denied"), out)  # no file named: a bug to report
+    assert _run_file_error(OSError(errno.ENOSPC, "No space left on device", "/var/cache/x"), out)
 
 
 @pytest.fixture

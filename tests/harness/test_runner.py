@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import xml.etree.ElementTree as ET
 from itertools import islice
@@ -50,7 +51,9 @@ def test_a_passing_config_writes_every_artifact(tmp_path: Path, gsm8k_dir: Path)
     assert result["expect"]["passed"] and result["kernels"]["source"] == "server log"
     assert result["config"]["sha256"] and result["task"]["sha256"] and result["dataset"]["sha256"]
     assert set(result["versions"]) >= {"quantgate", "lm_eval", "torch", "engine"}
+    assert result["versions"]["engine"] is None  # a vLLM without GET /version: unknown, not quantgate's version
     assert set(result["timings"]) >= {"server_start_s", "eval_s", "total_s"}
+    assert result["timings"]["total_s"] >= result["timings"]["eval_s"] > 0
     server = result["server"]
     assert server["exit_status"] is not None and not pid_alive(server["pid"])
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
@@ -250,6 +253,20 @@ def test_a_kernel_report_request_that_fails_is_an_error_not_a_failed_kernel_chec
     assert other["verdict"] == "PASS" and "note: the kernel report could not be read" in other["reason"]
 
 
+def test_a_kernel_report_a_transient_error_kept_back_is_asked_for_again_after_the_evaluation(
+        tmp_path: Path, gsm8k_dir: Path) -> None:
+    server = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, kernels_status=503, kernels_status_times=1),
+                                  {}, [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", startup_timeout_s=30)
+    try:
+        config = write_config(tmp_path, "checked", gsm8k_dir, num_questions=4, expect={"linear_kernel": "emulation"})
+        code, output = run_in_process([config], tmp_path / "out", server_url=server.base_url)
+    finally:
+        server.stop()
+    result = load_json(tmp_path / "out" / "checked" / "result.json")
+    assert code == 0 and result["verdict"] == "PASS" and result["expect"]["passed"], output
+    assert "could not be read" not in result["reason"]
+
+
 def test_answers_cut_at_max_tokens_are_recorded_and_said_when_they_are_many(tmp_path: Path, gsm8k_dir: Path) -> None:
     cut = write_config(tmp_path, "cut", gsm8k_dir, {"finish_reason": "length"}, num_questions=4, max_tokens=64)
     whole = write_config(tmp_path, "whole", gsm8k_dir, num_questions=4)
@@ -312,6 +329,22 @@ def test_a_server_with_an_api_key_is_evaluated_with_it_and_the_key_is_not_in_the
         else:
             assert result["reason"].startswith("server not usable: --server-url ")  # the user's, running
             assert "refused the request (401): the API key is wrong" in result["reason"]
+
+
+def test_an_attached_server_gets_openai_api_key_when_the_config_sets_no_key(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lm-eval's convention for an OpenAI-style server someone else started: the key is in OPENAI_API_KEY."""
+    monkeypatch.setenv("OPENAI_API_KEY", "env-s3cret")
+    running = launch(build_command("vllm", "fake-model", fake_args(gsm8k_dir, api_key="env-s3cret"), {},
+                                   [sys.executable, str(FAKE_SERVER)]), tmp_path / "external.log", 30)
+    try:
+        config = write_config(tmp_path, "plain", gsm8k_dir, num_questions=4)
+        code, output = run_in_process([config], tmp_path / "out", server_url=running.base_url)
+    finally:
+        running.stop()
+    result = tmp_path / "out" / "plain" / "result.json"
+    assert code == 0 and load_json(result)["verdict"] == "PASS", output
+    assert "env-s3cret" not in result.read_text() + output
 
 
 def test_a_vllm_api_key_the_server_inherits_from_the_runners_environment_is_sent(
@@ -531,6 +564,11 @@ def test_recovery_runs_its_baseline_first_then_reuses_the_cached_result(tmp_path
     assert code == 1 and "[1/1] cand" in output and base_result.stat().st_mtime_ns == stamp
     assert "gate recovery against baseline base's earlier run: " in output.replace("\n", "")
     assert load_json(tmp_path / "out" / "cand" / "result.json")["gate"]["baseline"]["reused"] is True
+    # Listed in the run too, the baseline is measured in it, first, and compared against: not its earlier run.
+    from quantgate.harness.runner import RunOptions, plan
+
+    items = plan([candidate, tmp_path / "base.yaml"], RunOptions(output_dir=tmp_path / "out"))
+    assert [item.config.name for item in items] == ["base", "cand"] and items[1].baseline_cached is None
     # Measured by another engine (`--engine` changes it, not the file): not this config's baseline.
     other_engine = load_json(base_result)
     other_engine["config"]["engine"] = "builtin"
@@ -849,6 +887,8 @@ def test_requirements_are_checked_against_the_gpus_present() -> None:
     assert unmet_requirements(_requiring(), GpuScan([])) is None
     assert unmet_requirements(_requiring(gpus=2, device="h100", min_compute_capability="9.0"), h100s) is None
     assert "requires 2 GPU(s); this machine has 0" in unmet_requirements(_requiring(gpus=2), GpuScan([]))
+    # A device or capability alone asks for one GPU: no GPU at all is not "every GPU is an H100".
+    assert "requires 1 GPU(s); this machine has 0" in unmet_requirements(_requiring(device="h100"), GpuScan([]))
     assert "requires device a100" in unmet_requirements(_requiring(gpus=1, device="a100"), h100s)
     assert "compute capability >= 10.0" in unmet_requirements(_requiring(min_compute_capability="10.0"), h100s)
 
@@ -1044,10 +1084,97 @@ def test_one_run_at_a_time_per_output_dir_and_no_stale_summary_speaks_for_a_run(
     assert code == 3 and not (out / "junit.xml").exists() and not (out / "summary.md").exists()
 
 
+@pytest.mark.parametrize("error", [None, errno.EOPNOTSUPP, errno.ENOLCK, errno.EIO])
+def test_the_lock_names_only_this_run_and_a_file_system_without_locks_runs_unlocked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int | None) -> None:
+    """Some network file systems have no locks: a run there goes on unlocked; any other failure
+    to lock is exit 2. The lock file names the run holding it, not also an earlier one."""
+    import fcntl
+
+    from quantgate.harness.runner import LOCK_FILE, OutputDirUnwritable, RunOptions, output_dir_lock
+
+    if error is not None:
+        def failing_flock(*args: object) -> None:
+            raise OSError(error, os.strerror(error))
+
+        monkeypatch.setattr(fcntl, "flock", failing_flock)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("pid 4242\n")  # an earlier run's, ended
+    if error == errno.EIO:
+        with pytest.raises(OutputDirUnwritable, match="cannot lock it"):
+            with output_dir_lock(RunOptions(output_dir=out)):
+                pass
+        return
+    with output_dir_lock(RunOptions(output_dir=out)):
+        assert (out / LOCK_FILE).read_text() == f"pid {os.getpid()}\n"
+
+
+def test_signals_after_the_first_are_ignored_and_the_handlers_are_restored() -> None:
+    """A second Ctrl-C (or a CI cancel after a Ctrl-C) must not cut short the teardown the first
+    began; and once the run is over, the process's own handlers are back."""
+    from quantgate.harness.runner import InterruptGuard, RunInterrupted
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    guard = InterruptGuard()
+    with guard.installed():
+        with pytest.raises(RunInterrupted):
+            signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)  # no second RunInterrupted
+    assert guard.signal_name == "SIGTERM"
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_the_plan_leaves_to_the_attached_server_what_only_it_can_meet(tmp_path: Path, gsm8k_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """--server-url evaluates a server on a machine that has the GPUs `requires:` asks for (the
+    refusal without it says so), and commands planned for another machine (`quantgate repro`)
+    inherit that machine's environment, not this shell's legacy kernel switches."""
+    from quantgate.harness.runner import PlanError, RunOptions, plan
+
+    big = write_config(tmp_path, "big", gsm8k_dir, requires={"gpus": 64})
+    with pytest.raises(PlanError, match="with --server-url"):
+        plan([big], RunOptions(output_dir=tmp_path / "out"))
+    assert [i.config.name for i in plan([big], RunOptions(output_dir=tmp_path / "out",
+                                                          server_url="http://127.0.0.1:9"))] == ["big"]
+    monkeypatch.setenv("VLLM_TEST_FORCE_FP8_MARLIN", "1")
+    auto = write_config(tmp_path, "auto", gsm8k_dir)
+    assert [i.config.name for i in plan([auto], RunOptions(output_dir=tmp_path / "out", check_machine=False))] == ["auto"]
+
+
+def test_server_url_cannot_measure_a_baseline_config_that_has_no_usable_result(tmp_path: Path,
+                                                                               gsm8k_dir: Path) -> None:
+    """It would evaluate the one attached server as the baseline too: the candidate against itself."""
+    from quantgate.harness.runner import PlanError, RunOptions, plan
+
+    write_config(tmp_path, "base", gsm8k_dir)
+    candidate = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate={"mode": "recovery", "recovery": 0.9},
+                             accuracy_threshold=None)
+    with pytest.raises(PlanError, match="--server-url evaluates one server only: run the baseline first"):
+        plan([candidate], RunOptions(output_dir=tmp_path / "out", server_url="http://127.0.0.1:9"))
+
+
+def test_an_earlier_runs_logs_do_not_stay_in_this_runs_folder(tmp_path: Path, gsm8k_dir: Path) -> None:
+    """server.log and lm_eval.log are appended to: an earlier run's lines would read as this run's."""
+    config = write_config(tmp_path, "again", gsm8k_dir, num_questions=4)
+    run_dir = tmp_path / "out" / "again"
+    run_dir.mkdir(parents=True)
+    for name in ("server.log", "lm_eval.log"):
+        (run_dir / name).write_text("an earlier run's\n")
+    code, output = run_in_process([config], tmp_path / "out")
+    assert code == 0, output
+    assert [name for name in ("server.log", "lm_eval.log") if "an earlier run's" in (run_dir / name).read_text()] == []
+
+
 def test_run_says_what_lint_warns_of(tmp_path: Path, gsm8k_dir: Path) -> None:
     config = write_config(tmp_path, "typo", gsm8k_dir, num_question=4)  # kept, unused: never silently
     code, output = run_in_process([config], tmp_path / "out")
     assert code == 0 and "warning:" in output and "did you mean 'num_questions'?" in output.replace("\n", "")
+    # A typo'd key may be why the config is refused: the warning comes with the error.
+    config.write_text(config.read_text().replace("accuracy_threshold:", "accuracy_treshold:"))
+    code, output = run_in_process([config], tmp_path / "out")
+    said = output.replace("\n", "")
+    assert code == 3 and "no accuracy gate" in said and "did you mean 'accuracy_threshold'?" in said, output
 
 
 def test_a_results_file_baseline_of_other_questions_is_refused_before_any_server_starts(
