@@ -4,6 +4,8 @@ linears of every backend and path, and MoE layers)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -43,6 +45,25 @@ def test_capture_flag_nests_and_resets_after_an_error():
 # (kernel, scheme, rows): the marlin GEMV; W8A8 batches above 16 rows, where the activations are
 # quantized by their own launch before the GEMM (pointer tiles, TMA tiles, cuBLAS), and dynamic
 # per-tensor scales (a scale launch, then the quantization).
+def assert_captured_chain_equals_eager(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
+    """`chain` captured in a CUDA graph with PDL gives the bits it gives eagerly, on x and on a fresh input."""
+    expected = chain(x)
+    static = x.clone()
+    with pdl.for_graph_capture():
+        assert pdl.enabled(static.device)
+        chain(static)  # compiles the PDL variants outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(static)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+    static.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, chain(static))
+
+
 CHAINS = [(MarlinFp8LinearKernel, Scheme.FP8_BLOCK, 1), (TritonBlockFp8LinearKernel, Scheme.FP8_BLOCK, 32),
           (TritonBlockFp8LinearKernel, Scheme.FP8_CHANNEL, 300), (TorchBlockScaledMMLinearKernel, Scheme.FP8_BLOCK, 32),
           (TorchScaledMMLinearKernel, Scheme.FP8_TENSOR, 32)]
@@ -73,21 +94,7 @@ def test_captured_pdl_chain_equals_eager_chain(seed, kernel_cls, scheme, m):
             h = kernel.apply(layer, rms_norm(h, norm_weight, 1e-6), None)
         return h
 
-    expected = chain(x)
-    static = x.clone()
-    with pdl.for_graph_capture():
-        assert pdl.enabled(static.device)
-        chain(static)  # compiles the PDL variants outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain(static)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, expected)
-    static.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(out, chain(static))
+    assert_captured_chain_equals_eager(chain, x)
 
 
 MOE_CHAINS = [(TritonFusedMoEKernel, Scheme.FP8_BLOCK), (TritonFusedMoEKernel, Scheme.FP8_TENSOR),
@@ -123,17 +130,4 @@ def test_captured_pdl_moe_chain_equals_eager_chain(seed, kernel_cls, scheme):
             h = kernel.apply(layer, h, weights, ids)
         return h
 
-    expected = chain(x)
-    static = x.clone()
-    with pdl.for_graph_capture():
-        chain(static)  # compiles the PDL variants outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain(static)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, expected)
-    static.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(out, chain(static))
+    assert_captured_chain_equals_eager(chain, x)
