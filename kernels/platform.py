@@ -6,6 +6,7 @@ answers "what would an A100 pick?" on a CPU-only machine.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform as host
@@ -22,6 +23,21 @@ CAPABILITY_MINORS = range(10)
 
 def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+# torch's CPU `_scaled_mm` with a scale per row and per column (torch 2.11 took one scale per
+# operand only, and asserted on rows); the torch backend scales rows on CPU.
+CPU_ROWWISE_SCALED_MM = "cpu-rowwise-scaled-mm"
+
+
+@functools.cache
+def _cpu_scaled_mm_takes_row_scales() -> bool:
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _cpu_name() -> str:
@@ -76,14 +92,16 @@ class Platform:
             cap = torch.cuda.get_device_capability(index)
             libs = {"cuda"} | ({"triton"} if _has_module("triton") else set())
             return cls("cuda", (cap[0], cap[1]), torch.cuda.get_device_name(index), frozenset(libs))
-        libs = {"triton-interpreter"} if _has_module("triton") else set()
+        libs = ({"triton-interpreter"} if _has_module("triton") else set()) | (
+            {CPU_ROWWISE_SCALED_MM} if _cpu_scaled_mm_takes_row_scales() else set())
         return cls("cpu", None, _cpu_name(), frozenset(libs))
 
     @classmethod
     def hypothetical(cls, device: str, capability: str | tuple[int, int] | None = None) -> Platform:
-        """A platform described rather than detected; CUDA ones are assumed to ship triton."""
+        """A platform described rather than detected: a CPU runs the torch this project pins (row-wise
+        CPU `_scaled_mm`), a GPU has triton."""
         if device == "cpu":
-            return cls("cpu", None, "cpu", frozenset())
+            return cls("cpu", None, "cpu", frozenset({CPU_ROWWISE_SCALED_MM}))
         if device != "cuda":
             raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
         if capability is None:

@@ -25,7 +25,7 @@ import torch
 
 from .. import quant
 from ..base import LinearKernel, Verdict, bind_processed
-from ..platform import Platform
+from ..platform import CPU_ROWWISE_SCALED_MM, Platform
 from ..schemes import LinearLayerConfig, Scheme
 from .fp8_checkpoint import fp8_weight, static_input_scale, weight_scale
 from .support import cuda_verdict, dtype_verdict, first_failure
@@ -56,7 +56,10 @@ class TorchScaledMMLinearKernel(LinearKernel):
     @classmethod
     def is_supported(cls, platform: Platform) -> Verdict:
         if platform.device == "cpu":
-            return True, None
+            if CPU_ROWWISE_SCALED_MM in platform.libraries:
+                return True, None
+            return False, (f"torch {torch.__version__}'s CPU _scaled_mm takes one scale per tensor only, and this "
+                           "kernel scales rows on CPU: install torch >= 2.13 or use --linear-backend emulation")
         # On CUDA `apply` quantizes activations with Triton kernels (act_quant.py).
         return cuda_verdict(platform, (8, 9), "FP8 tensor cores", triton=True)
 

@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantgate.kernels import LinearLayerConfig, Platform, Scheme
+from quantgate.kernels import LinearLayerConfig, Platform, Scheme, select_linear_kernel
 from quantgate.kernels.linear.torch_scaled_mm import TorchBlockScaledMMLinearKernel, TorchScaledMMLinearKernel
+from quantgate.kernels.platform import CPU_ROWWISE_SCALED_MM
 from quantgate.kernels.schemes import SCALE_NAMES
 
 from .linear_cases import GPU_N, make_case, reference_w8a8, rel_error
 
+# The CPU kernel runs where selection lets it: torch 2.11's CPU `_scaled_mm` (the H200 image's)
+# asserts on row scales.
+cpu_rows = pytest.mark.skipif(CPU_ROWWISE_SCALED_MM not in Platform.detect("cpu").libraries,
+                              reason=f"torch {torch.__version__}'s CPU _scaled_mm takes no row scales")
 
+
+@cpu_rows
 @pytest.mark.parametrize("scheme, dtype, static", [
     (Scheme.FP8_CHANNEL, torch.bfloat16, False),
     (Scheme.FP8_TENSOR, torch.float16, False),
@@ -31,6 +38,7 @@ def test_cpu_matches_float64_reference(seed, scheme, dtype, static, scale_name, 
     assert getattr(case.layer, scale_name).dtype == torch.float32
 
 
+@cpu_rows
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_cpu_per_tensor_runs_row_wise(seed, monkeypatch, static):
     """CPU tensor-wise `_scaled_mm` is ~1000x slower than row-wise, so per-tensor scales go in as rows."""
@@ -52,6 +60,7 @@ def test_cpu_per_tensor_runs_row_wise(seed, monkeypatch, static):
     assert rel_error(out, reference_w8a8(case, x), round_ref=True) < 1e-3
 
 
+@cpu_rows
 @pytest.mark.parametrize("scheme", [Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR], ids=lambda s: s.value)
 def test_cpu_empty_batch_gives_an_empty_output(scheme):
     case = make_case(72, 200, scheme)
@@ -68,6 +77,34 @@ def test_platform_verdicts():
     for spec in (("cpu", None), ("cuda", "8.9"), ("cuda", "10.0")):
         ok, reason = TorchBlockScaledMMLinearKernel.is_supported(Platform.hypothetical(*spec))
         assert not ok and "block scaling" in reason
+
+
+def test_a_cpu_torch_without_row_scales_is_refused_at_selection(monkeypatch):
+    """Not an assertion inside torch at the first forward: the reason names the fix."""
+    from quantgate.kernels import platform
+
+    def torch_2_11_scaled_mm(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+
+    monkeypatch.setattr(torch, "_scaled_mm", torch_2_11_scaled_mm)
+    platform._cpu_scaled_mm_takes_row_scales.cache_clear()
+    try:
+        old_torch = Platform.detect("cpu")
+    finally:
+        platform._cpu_scaled_mm_takes_row_scales.cache_clear()
+    assert CPU_ROWWISE_SCALED_MM not in old_torch.libraries
+    ok, reason = TorchScaledMMLinearKernel.is_supported(old_torch)
+    assert not ok and reason == (f"torch {torch.__version__}'s CPU _scaled_mm takes one scale per tensor only, and "
+                                 "this kernel scales rows on CPU: install torch >= 2.13 or use --linear-backend emulation")
+    strict = select_linear_kernel(old_torch, LinearLayerConfig(256, 256, Scheme.FP8_CHANNEL), "torch")
+    assert strict.kernel is None and reason in strict.error
+
+
+def test_the_pinned_torch_scales_rows_on_cpu():
+    """torch 2.13 (the Makefile's) runs the CPU kernel: a described CPU assumes it."""
+    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13):
+        assert CPU_ROWWISE_SCALED_MM in Platform.detect("cpu").libraries
+    assert CPU_ROWWISE_SCALED_MM in Platform.hypothetical("cpu").libraries
 
 
 def test_block_layout_limits_are_refused_up_front():
