@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -112,8 +114,8 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(dense_engi
     dense_engine.add_request("noise", [1, 2], SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True))
     dense_engine.add_request("s2", [7, 8, 9], params)
     assert _tokens(run_to_completion(dense_engine)["s2"]) == alone
-    dense_engine.add_request("other", [7, 8, 9], SamplingParams(max_tokens=12, temperature=1.0, seed=seed + 1,
-                                                                  ignore_eos=True))
+    # only the seed differs (the same top_p too), so the difference is the seed's
+    dense_engine.add_request("other", [7, 8, 9], replace(params, seed=seed + 1))
     assert _tokens(run_to_completion(dense_engine)["other"]) != alone
 
 
@@ -206,3 +208,122 @@ def test_kernels_that_cannot_be_captured_are_named_for_the_graphs_decision(dense
     reason = uncapturable_kernels(load_model(moe_dir, device="cpu", moe_backend="emulation"))
     assert reason is not None and reason.startswith("EmulationMoEKernel (serving model.layers.")
     assert "synchronizes with the host and cannot be captured" in reason
+
+
+def test_engine_limits_are_checked_at_their_bounds(dense_engine):
+    loaded = dense_engine.loaded  # max_position_embeddings 512
+    assert LLMEngine(loaded, max_num_seqs=1, max_model_len=None).max_model_len == 512
+    assert LLMEngine(loaded, max_num_seqs=1, max_model_len=2).max_model_len == 2
+    with pytest.raises(ValueError) as err:
+        LLMEngine(loaded, max_model_len=1)
+    assert str(err.value) == "--max-model-len 1 must be between 2 and the model's max_position_embeddings (512)"
+    with pytest.raises(ValueError) as err:
+        LLMEngine(loaded, max_model_len=513)
+    assert str(err.value) == "--max-model-len 513 must be between 2 and the model's max_position_embeddings (512)"
+    with pytest.raises(ValueError) as err:
+        LLMEngine(loaded, max_num_seqs=0, max_model_len=64)
+    assert str(err.value) == "--max-num-seqs must be at least 1, got 0"
+
+
+@pytest.mark.parametrize("bad", [384, -1])  # the dense model's vocabulary is 0..383
+def test_token_ids_just_outside_the_vocabulary_are_rejected_not_run(dense_engine, bad):
+    with pytest.raises(InvalidRequestError) as err:
+        dense_engine.add_request("bad", [5, bad], _greedy())
+    assert str(err.value) == f"token id {bad} is out of range (vocabulary: 0..383)"
+    # Had it been queued, its step would fail every request batched with it.
+    dense_engine.add_request("edges", [0, 383], _greedy(2, ignore_eos=True))
+    dense_engine.add_request("other", [1, 2], _greedy(2, ignore_eos=True))
+    outs = run_to_completion(dense_engine)
+    assert [len(_tokens(outs[r])) for r in ("edges", "other")] == [2, 2]
+
+
+def test_a_duplicate_request_id_is_refused_and_the_first_request_runs_on(dense_engine):
+    dense_engine.add_request("dup", [1, 2, 3], _greedy(4, ignore_eos=True))
+    with pytest.raises(InvalidRequestError, match="request id 'dup' is already running"):
+        dense_engine.add_request("dup", [4, 5], _greedy(2, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["dup"]
+    assert len(_tokens(outs)) == 4 and outs[0].num_prompt_tokens == 3
+
+
+def test_stop_strings_without_a_tokenizer_are_rejected(dense_engine, monkeypatch):
+    monkeypatch.setattr(dense_engine, "tokenizer", None)
+    with pytest.raises(InvalidRequestError) as err:
+        dense_engine.add_request("s", [1, 2], _greedy(stop=["x"]))
+    assert str(err.value) == "stop strings need a tokenizer, and this model folder has none"
+    assert not dense_engine.has_unfinished()
+
+
+def test_without_max_tokens_a_request_runs_to_the_end_of_the_context(dense_engine):
+    dense_engine.add_request("rest", [1] * 250, SamplingParams(max_tokens=None, temperature=0, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["rest"]
+    assert len(_tokens(outs)) == 6 and outs[-1].finish_reason == "length"  # 250 + 6 = max_model_len 256
+    with pytest.raises(InvalidRequestError) as err:
+        dense_engine.add_request("full", [1] * 256, SamplingParams(max_tokens=None, temperature=0))
+    assert str(err.value) == ("This model's maximum context length is 256 tokens. However, your prompt has 256 "
+                              "tokens, which leaves none for the completion. Reduce the length of the prompt.")
+    with pytest.raises(InvalidRequestError) as err:
+        dense_engine.add_request("over", [1] * 250, _greedy(7))
+    assert str(err.value) == ("This model's maximum context length is 256 tokens. However, you requested 257 tokens "
+                              "(250 in the prompt, 7 for the completion). Reduce the length of the prompt or max_tokens.")
+
+
+def test_a_stop_token_that_is_also_the_last_allowed_token_finishes_with_stop(dense_engine):
+    dense_engine.add_request("probe", [3, 4, 5], _greedy(1, ignore_eos=True))
+    (first,) = _tokens(run_to_completion(dense_engine)["probe"])
+    dense_engine.add_request("both", [3, 4, 5], _greedy(1, stop_token_ids=[first]))
+    outs = run_to_completion(dense_engine)["both"]
+    assert _tokens(outs) == [first] and outs[-1].finish_reason == "stop"
+
+
+def test_the_text_of_a_stop_token_is_not_returned(dense_engine):
+    dense_engine.add_request("free", [7, 8, 9], _greedy(16, ignore_eos=True))
+    outs = run_to_completion(dense_engine)["free"]
+    tokens = _tokens(outs)
+    # the first token with text of its own that the model had not said before
+    j = next(j for j, o in enumerate(outs) if o.new_text and tokens[j] not in tokens[:j])
+    dense_engine.add_request("cut", [7, 8, 9], _greedy(16, ignore_eos=True, stop_token_ids=[tokens[j]]))
+    cut = run_to_completion(dense_engine)["cut"]
+    assert _tokens(cut) == tokens[: j + 1] and cut[-1].finish_reason == "stop"
+    assert "".join(o.new_text for o in cut) == "".join(o.new_text for o in outs[:j])
+
+
+def test_the_prefill_token_budget_splits_prompts_over_steps(dense_engine):
+    engine = LLMEngine(dense_engine.loaded, max_num_seqs=4, max_model_len=64, max_prefill_tokens=8)
+    for name in ("a", "b"):
+        engine.add_request(name, [1, 2, 3, 4, 5], _greedy(3, ignore_eos=True))
+    assert [o.request_id for o in engine.step()] == ["a"]  # 5 + 5 > 8: b is prefilled next step
+    assert sorted(o.request_id for o in engine.step()) == ["a", "b"]
+    run_to_completion(engine)
+
+
+def test_stats_count_each_prompt_once_and_only_generated_tokens(dense_engine):
+    before = dense_engine.stats()
+    dense_engine.add_request("gen", [1, 2, 3, 4], _greedy(3, ignore_eos=True))
+    dense_engine.add_request("score", [5, 6, 7, 8, 9], SamplingParams(max_tokens=0, prompt_logprobs=True))
+    run_to_completion(dense_engine)
+    after = dense_engine.stats()
+    assert after["num_prompt_tokens"] - before["num_prompt_tokens"] == 9
+    assert after["num_generated_tokens"] - before["num_generated_tokens"] == 3
+    assert after["kv_slots_used"] == 0 and after["num_running"] == after["num_waiting"] == 0
+
+
+def test_eos_stops_a_request_unless_it_ignores_eos(dense_engine, monkeypatch):
+    dense_engine.add_request("probe", [3, 4, 5], _greedy(5, ignore_eos=True))
+    first = _tokens(run_to_completion(dense_engine)["probe"])[0]
+    # The random model rarely says its real EOS: make the token it says first the EOS.
+    monkeypatch.setattr(dense_engine, "eos_token_ids", frozenset({first}))
+    dense_engine.add_request("eos", [3, 4, 5], _greedy(5))
+    dense_engine.add_request("ignore", [3, 4, 5], _greedy(5, ignore_eos=True))
+    outs = run_to_completion(dense_engine)
+    assert _tokens(outs["eos"]) == [first] and outs["eos"][-1].finish_reason == "stop"
+    assert len(_tokens(outs["ignore"])) == 5 and outs["ignore"][-1].finish_reason == "length"
+
+
+def test_text_held_back_for_a_stop_string_is_returned_when_the_request_ends_by_length(dense_engine):
+    dense_engine.add_request("free", [7, 8, 9], _greedy(16, ignore_eos=True))
+    text = "".join(o.new_text for o in run_to_completion(dense_engine)["free"])
+    # a three-character stop string the model never says: its last two characters are held back
+    # while it runs, in case they start the stop string
+    dense_engine.add_request("held", [7, 8, 9], _greedy(16, ignore_eos=True, stop=["\x00\x01\x02"]))
+    outs = run_to_completion(dense_engine)["held"]
+    assert "".join(o.new_text for o in outs) == text and outs[-1].finish_reason == "length"

@@ -106,3 +106,34 @@ def test_a_step_launched_for_a_sequence_that_stopped_is_dropped(dense_dir):
     outs = run_to_completion(engine)
     assert list(outs) == ["again"] and [t for o in outs["again"] for t in o.new_token_ids] == tokens
     assert engine.step() == [] and not engine.has_unfinished()
+
+
+def test_a_request_arriving_while_steps_overlap_joins_at_once(dense_dir):
+    engine = _engine(dense_dir, overlap=True)
+    engine.add_request("first", [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    assert engine.num_overlapped_steps > 0
+    engine.add_request("late", [6, 7], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    # The step in flight is read first; the next one prefills the newcomer instead of making it
+    # wait for "first" to finish.
+    joined = [[o.request_id for o in engine.step()] for _ in range(2)]
+    assert "late" in joined[1] and engine.stats()["num_running"] == 2
+    run_to_completion(engine)
+
+
+def test_greedy_requests_that_want_logprobs_get_them_for_every_token(dense_dir):
+    engine = _engine(dense_dir, overlap=True)
+    engine.add_request("lp", [3, 4, 5], SamplingParams(max_tokens=6, temperature=0, logprobs=1, ignore_eos=True))
+    outs = run_to_completion(engine)["lp"]
+    assert [len(o.token_logprobs) for o in outs] == [1] * 6
+    assert engine.num_overlapped_steps == 0  # logprobs are read on the host at every step
+
+
+def test_no_step_is_launched_past_a_sequence_that_ends_by_length(dense_dir):
+    engine = _engine(dense_dir, overlap=True)
+    engine.add_request("six", [3, 4, 5], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    outs = run_to_completion(engine)["six"]
+    assert sum(len(o.new_token_ids) for o in outs) == 6 and outs[-1].finish_reason == "length"
+    # token 1 from the prefill, token 2 from a decode fed by the host, tokens 3-6 fed on the device
+    assert engine.graphs.fed_on_device == engine.num_overlapped_steps == 4
