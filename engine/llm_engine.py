@@ -100,7 +100,6 @@ class LLMEngine:
         budget = default_kv_budget(self.device) if kv_cache_memory is None else kv_cache_memory
         slots = plan_num_slots(cfg, loaded.dtype, max_model_len, max_num_seqs, budget)
         self.kv = KVCache(cfg, slots, max_model_len, loaded.dtype, self.device)
-        self.max_num_seqs = slots
         self.scheduler = Scheduler(self.kv, slots, max_prefill_tokens or PREFILL_TOKENS[self.device.type])
         self.eos_token_ids = frozenset(cfg.eos_token_ids)
         self.vocab_size = cfg.vocab_size
