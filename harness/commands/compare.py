@@ -39,7 +39,9 @@ def _load(path: Path, role: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                              "to compare; compare runs that reached a verdict")
     try:
         samples = load_samples(path)
-    except (OSError, ValueError) as exc:  # a torn line: json's error names line and column
+    except OSError as exc:  # unreadable (permissions, I/O): not a file of the wrong shape
+        raise GateInputError(f"{role} {_samples_file(path)}: cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a torn line: json's error names line and column
         raise GateInputError(f"{role} {_samples_file(path)}: not JSON lines ({exc})") from None
     if samples is None:
         raise GateInputError(f"{role} {path}: no samples.jsonl beside the result; per-question results are "

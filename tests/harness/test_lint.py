@@ -301,3 +301,66 @@ def test_num_questions_equal_to_the_test_file_is_quiet(tmp_path: Path, capsys: p
                       "accuracy_threshold: 0.5\n")
     assert main(["lint", str(config)]) == 0
     assert "0 error(s), 0 warning(s)" in capsys.readouterr().err
+
+
+# -- from mutation testing: the flag, the counts and the messages a user reads ------------------
+
+
+def test_engine_option_replaces_the_configs_engine_both_ways(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine was only ever tried on a config of that same engine, where ignoring it passes too."""
+    config = tmp_path / "b.yaml"
+    config.write_text(GOOD + "engine: builtin\nserver_args: --linear-backend cutlass\n")
+    assert main(["lint", str(config)]) == 3
+    assert ("unknown --linear-backend value 'cutlass' for engine builtin" in capsys.readouterr().out)
+    assert main(["lint", "--engine", "vllm", str(config)]) == 0
+    assert "1 config(s): 0 error(s), 0 warning(s)" in capsys.readouterr().err
+    config.write_text(GOOD + "engine: vllm\nserver_args: --linear-backend cutlass\n")
+    assert main(["lint", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["lint", "--engine", "builtin", str(config)]) == 3
+    assert f"{config}:4: server_args: unknown --linear-backend value 'cutlass' for engine builtin" \
+        in capsys.readouterr().out
+
+
+def test_a_missing_path_is_named_as_missing_not_as_an_empty_folder(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", str(tmp_path / "nothing.yaml")]) == 3
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path / 'nothing.yaml'}: no such file or directory\n"
+    assert err == "0 config(s): 1 error(s), 0 warning(s)\n"
+
+
+def test_no_config_files_names_every_path_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    assert main(["lint", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
+    assert capsys.readouterr().err == \
+        f"no config files in {tmp_path / 'a'}, {tmp_path / 'b'} (*.yaml, *.yml or *.txt)\n"
+
+
+def test_a_folder_is_searched_for_yml_files_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "short.yml").write_text("model_name: m\naccuracy_threshold: 2\n")
+    (tmp_path / "notes.md").write_text("not a config")
+    assert main(["lint", str(tmp_path)]) == 3
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{tmp_path / 'sub' / 'short.yml'}:2: accuracy_threshold: ")
+    assert err == "1 config(s): 1 error(s), 0 warning(s)\n"
+
+
+def test_the_count_includes_configs_that_do_not_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "torn.yaml").write_text("model_name: [m\n")
+    (tmp_path / "bad.yaml").write_text("model_name: m\naccuracy_threshold: 2\n")
+    assert main(["lint", str(tmp_path)]) == 3
+    assert capsys.readouterr().err == "3 config(s): 2 error(s), 0 warning(s)\n"
+
+
+def test_files_print_in_the_order_found_each_by_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sorted by line alone, b.yaml's line 2 came before a.yaml's line 4: two files' problems interleaved."""
+    (tmp_path / "a.yaml").write_text(GOOD + "tolerance: -1\nnum_fewshot: x\n")
+    (tmp_path / "b.yaml").write_text("model_name: m\naccuracy_threshold: 2\n")
+    assert main(["lint", str(tmp_path)]) == 3
+    located = [":".join(line.split(":")[:2]) for line in capsys.readouterr().out.splitlines()]
+    assert located == [f"{tmp_path / 'a.yaml'}:3", f"{tmp_path / 'a.yaml'}:4", f"{tmp_path / 'b.yaml'}:2"]

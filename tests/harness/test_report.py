@@ -250,3 +250,181 @@ def test_trend_chart_keeps_an_error_after_the_last_measurement_on_the_axis() -> 
         low, high = trend_figure(report_frame(results)).axes[0].get_xlim()
         for day in (3, 10):
             assert low < mdates.date2num(pd.Timestamp(f"2026-11-{day:02d}", tz="UTC")) < high
+
+
+# -- from mutation testing: what the table and the exit status say about the inputs -------------
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    """(header cells, row cells) of a printed markdown table."""
+    lines = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("|")]
+    return lines[0], lines[2:]
+
+
+def test_report_names_each_input_that_holds_no_result_and_still_reports_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _result(tmp_path / "runs", "good", 1, 0.7)
+    (tmp_path / "empty").mkdir()
+    assert cli(["report", str(good), str(tmp_path / "empty"), str(tmp_path / "missing")]) == 3
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: {tmp_path / 'empty'}: no result.json below this directory\n"
+                            f"error: {tmp_path / 'missing'}: no such file or directory\n")
+    assert [row[1] for row in _table(captured.out)[1]] == ["good"]
+
+
+def test_report_of_no_loadable_result_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Yesterday's report is not written over by an empty one when today's archive is missing."""
+    md, png = tmp_path / "r.md", tmp_path / "r.png"
+    md.write_text("yesterday's report")
+    assert cli(["report", str(tmp_path / "missing"), "--markdown", str(md), "--png", str(png)]) == 3
+    assert capsys.readouterr().out == "" and md.read_text() == "yesterday's report" and not png.exists()
+
+
+def test_report_lists_one_result_named_twice_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _result(tmp_path, "a", 1, 0.7)
+    md = tmp_path / "r.md"
+    assert cli(["report", str(tmp_path), str(run_dir / "result.json"), "--markdown", str(md)]) == 0
+    assert md.read_text().startswith("# quantgate report: 1 runs\n")
+    assert len(_table(md.read_text())[1]) == 1
+
+
+def test_report_of_an_unreadable_result_says_why_and_reports_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result.json this user may not read (CI runners are not root; here, as root, the
+    permission error is simulated) is an OSError, not a ValueError: it must not be a traceback."""
+    _result(tmp_path, "good", 1, 0.7)
+    locked = _result(tmp_path, "locked", 2, 0.7) / "result.json"
+    read_text = Path.read_text
+
+    def refuse(path: Path, *args, **kwargs) -> str:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    assert cli(["report", str(tmp_path)]) == 3
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {locked}: [Errno 13] Permission denied: '{locked}'\n"
+    assert [row[1] for row in _table(captured.out)[1]] == ["good"]
+
+
+def test_report_table_columns_and_order_oldest_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Named in an order that is neither time nor name order: the table is by time, then name."""
+    paths = [_result(tmp_path, name, day, 0.7) for name, day in (("b-late", 3), ("c-early", 1), ("a-early", 1))]
+    assert cli(["report", *map(str, paths)]) == 0
+    header, rows = _table(capsys.readouterr().out)
+    # reason is long: only the CSV keeps it
+    assert header == ["started_at", "config", "verdict", "metric", "measured", "threshold", "gate", "n",
+                      "invalid_rate", "kernels", "failed_on", "total_s", "engine", "path"]
+    assert [(row[0][:10], row[1]) for row in rows] == [("2026-11-01", "a-early"), ("2026-11-01", "c-early"),
+                                                        ("2026-11-03", "b-late")]
+    assert {row[12] for row in rows} == {"builtin"}
+    assert [row[13] for row in rows] == [str(paths[2] / "result.json"), str(paths[1] / "result.json"),
+                                         str(paths[0] / "result.json")]
+
+
+def test_report_outputs_go_into_folders_that_do_not_exist_yet(tmp_path: Path) -> None:
+    run_dir = _result(tmp_path, "a", 1, 0.7)
+    md, png = tmp_path / "new" / "report.md", tmp_path / "other" / "trend.PNG"  # the suffix in any case
+    assert cli(["report", str(run_dir), "--markdown", str(md), "--png", str(png)]) == 0
+    assert md.read_text().startswith("# quantgate report: 1 runs")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trend_chart_colours_each_verdict_and_crosses_only_errors_without_a_value() -> None:
+    def result(verdict: str, day: int, value: float | None, threshold: float | None = 0.7) -> dict:
+        gate = {"mode": "absolute", "threshold": threshold} if threshold is not None else {"mode": "paired"}
+        return {"schema_version": 1, "name": "a", "verdict": verdict, "reason": "", "path": str(day),
+                "started_at": f"2026-11-{day:02d}T00:00:00+00:00", "config": {"engine": "builtin"},
+                "metrics": {"value": value, "metric": "m", "n": 100}, "gate": gate}
+
+    # An ERROR that measured (the server died after the evaluation) is an orange point, not a cross.
+    ax = trend_figure(report_frame([result("PASS", 1, 0.8), result("FAIL", 2, 0.6), result("ERROR", 3, 0.75),
+                                    result("PASS", 4, 0.8, threshold=None), result("ERROR", 5, None)])).axes[0]
+    [points, crosses] = ax.collections
+    assert [to_rgba(c) for c in points.get_facecolors()] == [to_rgba(c) for c in
+                                                             ("tab:green", "tab:red", "tab:orange", "tab:green")]
+    assert crosses.get_label() == "ERROR, no measurement (1)" and len(crosses.get_offsets()) == 1
+    # The threshold is drawn although one run (another gate) has none.
+    assert [line.get_linestyle() for line in ax.get_lines()] == ["-", "--"]
+
+
+def test_trend_chart_of_one_broken_night_alone_has_a_time_axis_around_it() -> None:
+    """One ERROR and nothing measured: the axis spans nothing, and matplotlib warns of a singular one."""
+    import warnings
+
+    import matplotlib.dates as mdates
+
+    only = {"schema_version": 1, "name": "a", "verdict": "ERROR", "reason": "", "path": "1",
+            "started_at": "2026-11-03T00:00:00+00:00", "config": {}, "metrics": None, "gate": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        low, high = trend_figure(report_frame([only])).axes[0].get_xlim()
+    night = mdates.date2num(pd.Timestamp("2026-11-03", tz="UTC"))
+    assert low <= night - 0.5 and night + 0.5 <= high
+
+
+def _compared_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """base right on all but questions 12 and 19; the candidate turns 0-10 wrong (one more flip than
+    is listed), keeps 12 wrong, and gets 19 right. Each run's own answers, and targets with their worked solution."""
+    def run(name: str, day: int, verdict: str, wrong: set[int], tag: str) -> Path:
+        run_dir = _result(tmp_path, name, day, (20 - len(wrong)) / 20, verdict=verdict)
+        write_samples(run_dir, [{"id": i, "correct": i not in wrong, "extracted": f"{tag}{i}",
+                                 "target": f"{i} + 0 = {i}\n#### {i}"} for i in range(20)])
+        return run_dir
+
+    return run("base", 1, "PASS", {12, 19}, "b"), run("worse", 2, "FAIL", {*range(11), 12}, "c")
+
+
+def test_compare_prints_each_run_and_every_flip_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cand = _compared_pair(tmp_path)
+    assert cli(["compare", str(base), str(cand)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["base: base (PASS): exact_match,strict-match 0.9000 (n 20)",
+                         "cand: worse (FAIL): exact_match,strict-match 0.4000 (n 20)"]
+    assert lines[2].startswith("paired: exact McNemar on 20 common questions; flips: 11 right->wrong "), lines[2]
+    # the first ten of the 11 flips, then how many more; the candidate's answer and the target's final answer
+    assert lines[3:] == (["right -> wrong (11):"]
+                         + [f"  question {i}: candidate answered 'c{i}' (target '{i}')" for i in range(10)]
+                         + ["  ... and 1 more", "wrong -> right (1):",
+                            "  question 19: candidate answered 'c19' (target '19')"])
+
+
+def test_compare_alpha_decides_what_is_significantly_worse(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # 11 right->wrong against 1 wrong->right: p = 13 / 2^12 = 0.0032, below 0.05 and 0.01, not below 0.001
+    base, cand = _compared_pair(tmp_path)
+    assert cli(["compare", str(base), str(cand), "--alpha", "0.01"]) == 1
+    assert "< alpha 0.01 -> FAIL" in capsys.readouterr().out
+    assert cli(["compare", str(base), str(cand), "--alpha", "0.001"]) == 0
+    assert ">= alpha 0.001 -> PASS" in capsys.readouterr().out
+
+
+def test_compare_names_the_samples_file_a_problem_is_in(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    base, cand = _compared_pair(tmp_path)
+    samples = cand / "samples.jsonl"
+    good_line = samples.read_text().splitlines()[0]
+    samples.write_text(f"{good_line}\n[1, 2]\n")  # one question, then a line that is none
+    assert cli(["compare", str(base), str(cand)]) == 3
+    assert capsys.readouterr().err == \
+        f"error: candidate {samples}: every line must be a JSON object (one question)\n"
+    # Unreadable (CI runners are not root; simulated here): said so, not "not JSON lines".
+    read_text = Path.read_text
+
+    def refuse(path: Path, *args, **kwargs) -> str:
+        if path == samples:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    assert cli(["compare", str(base), str(cand / "result.json")]) == 3
+    assert capsys.readouterr().err == f"error: candidate {samples}: cannot be read: Permission denied\n"
+
+
+def test_compare_shows_a_value_of_zero_as_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint that answers nothing right measured 0: not "-", which reads as no measurement."""
+    base = _result(tmp_path, "base", 1, 1.0, correct=[True] * 20)
+    zero = _result(tmp_path, "zero", 2, 0.0, verdict="FAIL", correct=[False] * 20)
+    assert cli(["compare", str(base), str(zero)]) == 1
+    assert "cand: zero (FAIL): exact_match,strict-match 0.0000 (n 20)\n" in capsys.readouterr().out
