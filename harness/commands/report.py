@@ -8,6 +8,7 @@ output directories).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ def find_results(paths: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
     problems: list[str] = []
     for path in paths:
         if path.is_dir():
-            hits = sorted(path.rglob(RESULT_FILE))
+            # os.walk, not rglob: rglob skips a result.json whose link is broken, and that run
+            # would be missing from the report without a word.
+            hits = sorted(Path(root) / RESULT_FILE for root, _, files in os.walk(path, followlinks=True)
+                          if RESULT_FILE in files)
             if not hits:
                 problems.append(f"{path}: no {RESULT_FILE} below this directory")
             found += hits

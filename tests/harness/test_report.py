@@ -137,6 +137,10 @@ def test_report_output_paths_are_checked_first_and_a_broken_result_does_not_hide
     csv = tmp_path / "r.csv"
     csv.write_text("old")
     (torn / "result.json").unlink()
+    (torn / "result.json").symlink_to(tmp_path / "archive-gone" / "result.json")  # a link to a pruned archive
+    assert cli(["report", str(tmp_path / "runs"), "--markdown", str(md)]) == 3
+    assert f"{torn / 'result.json'}: [Errno 2] No such file or directory" in capsys.readouterr().err
+    (torn / "result.json").unlink()
     assert cli(["report", str(tmp_path / "runs"), "--markdown", str(md), "--csv", str(csv)]) == 0  # written over
     assert "| good " in md.read_text() and csv.read_text().startswith("started_at")
 
