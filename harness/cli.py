@@ -50,7 +50,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        # stdout into a pipe is block-buffered: unflushed, the output (all of a short report) is
+        # written at exit, where a reader that left raises past this handler ("Exception ignored").
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `quantgate kernels --json | head`: the reader left; end as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         parser = _parser()
         if not argv:
@@ -69,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(getattr(module, "normalize_argv", list)(rest))
     except SystemExit as exc:  # argparse exits 2 on bad usage; SPEC reserves 2 for retryable errors
         return EXIT_USAGE if exc.code else 0
-    try:
-        return int(module.main(args) or 0)
-    except BrokenPipeError:  # `quantgate kernels --json | head`: the reader left; end as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return EXIT_BROKEN_PIPE
+    return int(module.main(args) or 0)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ from quantgate.harness.cli import main as cli_main
                                             "chance of failing a run as good as its baseline, which 0 or less never is"),
     (["compare", "a", "b", "--alpha", "nan"], "got nan: it is a probability"),
     (["compare", "a", "b", "--alpha", "0.9"], "--alpha: must be above 0 and below 0.5"),  # as gate.alpha
+    (["compare", "a", "b", "--alpha", "0.5"], "--alpha: must be above 0 and below 0.5 (e.g. 0.05), got 0.5: at 0.5 "
+                                              "or above a run exactly as good as its baseline fails at least half "
+                                              "the time"),
+    (["compare", "a", "b", "--alpha", "5%"], "--alpha: '5%' is not a number"),
+    (["run", "c.yaml", "--limit", "ten"], "--limit: 'ten' is not an integer"),
+    (["run", "c.yaml", "--server-url", "http://:8000"], "--server-url: 'http://:8000' is not an http(s) URL"),
 ])
 def test_bad_values_exit_3_naming_the_flag(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
     assert cli_main(argv) == 3
@@ -30,3 +36,10 @@ def test_good_urls_pass() -> None:
 
     for url in ("http://127.0.0.1:8000", "https://gpu-box.internal", "http://[::1]:8000"):
         assert server_url(url) == url
+
+
+def test_good_values_parse_to_their_number() -> None:
+    from quantgate.harness.commands.arg_types import int_at_least, positive_int, significance
+
+    assert [positive_int("1"), positive_int("250"), int_at_least(2)("2")] == [1, 250, 2]  # the minimum itself passes
+    assert [significance("0.05"), significance("0.4999")] == [0.05, 0.4999]

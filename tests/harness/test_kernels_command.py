@@ -109,11 +109,13 @@ def test_disabled_kernels_show_up_as_reasons(capsys, monkeypatch):
     (["--linear-backend", "marlinn"], "did you mean 'marlin'"),
     (["--moe-backend", "trition"], "did you mean 'triton'"),
     (["--capability", "nine"], "X.Y"),
+    (["--capability", ""], "capability '' is not of the form X.Y (e.g. 9.0)"),  # not this machine's, silently
     (["--capability", "-1.0"], "'-1.0' is not a CUDA compute capability"),
     (["--capability", "0.0"], "'0.0' is not a CUDA compute capability"),
     (["--capability", "21.0"], "X from 1 to 20"),
     (["--capability", "9.10"], "Y from 0 to 9"),
-    (["--device", "cpu", "--capability", "9.0"], "cannot be combined"),
+    (["--device", "cpu", "--capability", "9.0"],
+     "error: --capability describes a CUDA GPU; it cannot be combined with --device cpu\n"),
     (["--device", "tpu"], "auto, cpu or cuda"),
     (["--scheme", "fp4"], "known schemes"),
 ])
@@ -128,13 +130,19 @@ def test_real_compute_capabilities_are_accepted(capsys, capability):
     assert code == 0 and report["platform"]["capability"] == capability
 
 
-def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
-    # `quantgate kernels --json | head -1`: no traceback, the shell's SIGPIPE status.
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(buffered: bool) -> None:
+    # `quantgate kernels --json | head -1`: no traceback, the shell's SIGPIPE status. A pipe is
+    # block-buffered unless PYTHONUNBUFFERED is set (as CI shells often do): the whole report then
+    # reaches the pipe only when stdout is flushed, which must still be where the error is handled.
+    import os
     import subprocess
     import sys
 
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | ({} if buffered else
+                                                                              {"PYTHONUNBUFFERED": "1"})
     proc = subprocess.Popen([sys.executable, "-m", "quantgate.harness.cli", "kernels", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # before the command has imported anything, so its first write fails
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
@@ -209,6 +217,7 @@ def test_model_plan_is_what_loading_the_model_selects(model):
 def test_model_text_groups_the_modules_and_marks_the_selected_kernel_ok(capsys):
     assert main(["kernels", "--capability", "9.0", "--model", str(BLOCK_MODEL)]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["platform: cuda 9.0 (cuda sm_90)", f"layers: {BLOCK_MODEL}'s modules"]
     assert ("  4 module(s): model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, "
             "model.layers.2.mlp.down_proj and 1 more") in lines
     selected = [line.split() for line in lines if line.startswith("  * ")]
@@ -238,3 +247,45 @@ def test_a_model_folder_the_user_cannot_read_is_a_usage_error(capsys, monkeypatc
     assert main(["kernels", "--capability", "9.0", "--model", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert err.startswith(f"error: --model {tmp_path}: ") and "Permission denied" in err and "Traceback" not in err
+
+
+def test_text_report_names_the_described_gpu(capsys):
+    assert main(["kernels", "--capability", "8.0", "--scheme", "fp8-block"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        "platform: cuda 8.0 (cuda sm_80)",
+        "layers: representative (a 4096x4096 linear, a Qwen3-30B-A3B-shaped MoE); --model FOLDER for a checkpoint's "
+        "own"]
+
+
+def test_representative_layers_are_bf16_unless_dtype_says_otherwise(capsys):
+    # Row-wise _scaled_mm writes bf16 only: on 9.0 it serves a bf16 channel-FP8 layer, not an fp16 one.
+    for argv, kernel in [((), "TorchScaledMMLinearKernel"), (("--dtype", "bfloat16"), "TorchScaledMMLinearKernel"),
+                         (("--dtype", "float16"), "TritonBlockFp8LinearKernel")]:
+        code, report = _json(capsys, "--capability", "9.0", "--scheme", "fp8-channel", *argv)
+        assert code == 0 and report["layers"][0]["selected"]["kernel"] == kernel, argv
+
+
+def test_requested_moe_backend_selects_the_representative_moe(capsys):
+    # auto picks triton on 9.0: marlin must be the request's doing
+    code, report = _json(capsys, "--capability", "9.0", "--scheme", "fp8-block", "--moe-backend", "marlin")
+    linear, moe = report["layers"]
+    assert code == 0 and linear["requested"] == "auto"
+    assert moe["requested"] == "marlin" and moe["selected"] == {"kernel": "MarlinMoEKernel", "backend": "marlin"}
+
+
+def test_json_error_holds_every_layer_without_a_kernel(capsys):
+    code, report = _json(capsys, "--capability", "8.0", "--linear-backend", "triton")
+    failed = [layer["error"] for layer in report["layers"] if layer["selected"] is None]
+    assert code == 1 and len(failed) == 3  # triton's block-FP8 kernel needs 8.9 for every FP8 scheme
+    assert report["error"] == "\n".join(failed)
+
+
+def test_model_text_names_a_group_of_three_without_and_more(capsys, monkeypatch):
+    from quantgate.engine import loader
+
+    plan = loader.plan_kernels
+    monkeypatch.setattr(loader, "plan_kernels", lambda *args, **kwargs: [
+        (module, sel) for module, sel in plan(*args, **kwargs) if module.endswith("down_proj")][:3])
+    assert main(["kernels", "--capability", "9.0", "--model", str(BLOCK_MODEL)]) == 0
+    assert ("  3 module(s): model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, model.layers.2.mlp.down_proj"
+            in capsys.readouterr().out.splitlines())

@@ -65,8 +65,9 @@ def test_diff_by_default_then_write_then_idempotent(tmp_path: Path, capsys: pyte
     path = tmp_path / "c.yaml"
     path.write_text(COMMENTED)
     assert main(["migrate", str(path)]) == 0
-    diff = capsys.readouterr().out
+    diff, err = capsys.readouterr()
     assert path.read_text() == COMMENTED  # a dry run by default
+    assert err.endswith("1 config(s): would change 1\n")  # not "migrated": nothing was written
     assert '-  VLLM_TEST_FORCE_FP8_MARLIN: "1"' in diff and "+server_args:" in diff
     assert main(["migrate", "--write", str(path)]) == 0
     once = path.read_text()
@@ -132,7 +133,7 @@ def test_line_endings_and_bom_are_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"model_name: \xff\n", "not UTF-8 text"),
+    (b"model_name: \xff\n", "not UTF-8 text (invalid start byte at byte 12)"),  # where, for an editor
     (b"- a\n- b\n", "a config must be a mapping of keys to values, got a list"),
 ])
 def test_what_lint_refuses_migrate_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes,
@@ -216,8 +217,13 @@ def test_an_unknown_flashinfer_flavour_is_reported_and_the_file_left_as_it_is(
      'model_name: m\naccuracy_threshold: 0.5\nserver_args:\n  - --max-model-len\n  - "4096"  # ctx\n'
      "  - --linear-backend\n  - marlin\n  - --moe-backend\n  - marlin\n# nightly only: too slow for PRs\n"
      "tags: [nightly]\n"),
+    # Below a block scalar, which has ended its line already: no blank line before the comment.
+    ('model_name: m\nserver_args: |\n  --enforce-eager\nenv:\n  # the Marlin path on Hopper\n'
+     '  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n',
+     "model_name: m\nserver_args: |\n  --enforce-eager\n  --linear-backend marlin --moe-backend marlin\n"
+     "# the Marlin path on Hopper\n"),
 ], ids=["below-a-removed-key", "below-the-last-key", "emptied-block", "emptied-block-last", "several-removed",
-        "below-a-block-list"])
+        "below-a-block-list", "below-a-block-scalar"])
 def test_comments_of_the_keys_that_stay_are_kept(tmp_path: Path, text: str, migrated: str) -> None:
     result = migrate_text(text, tmp_path / "c.yaml")
     assert result.text == migrated
@@ -263,6 +269,9 @@ def test_server_args_it_cannot_read_are_left_to_the_author(tmp_path: Path, capsy
     ("x-defaults: &d {env: {VLLM_TEST_FORCE_FP8_MARLIN: '1'}}\n<<: *d\n", 3, "env", "from a YAML merge key"),
     ("x-args: &a [--enforce-eager]\nserver_args: *a\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n", 4, "server_args",
      "YAML anchor (&a)"),
+    # merged server_args are x-defaults' list: extending it would add the flags to every config merging it
+    ("x-defaults: &d {server_args: [--enforce-eager]}\n<<: *d\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n", 3,
+     "server_args", "server_args comes from a YAML merge key (`<<:`)"),
 ])
 def test_env_and_server_args_shared_through_anchors_are_left_to_the_author(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: int, field: str, words: str) -> None:
@@ -339,3 +348,129 @@ def test_deep_gemm_off_is_never_migrated_to_a_deep_gemm_moe_backend(tmp_path: Pa
     result = migrate_text(text, tmp_path / "c.yaml")
     assert "deep_gemm" not in result.text and "VLLM_USE_DEEP_GEMM: '0'" in result.text
     assert [e.field for e in result.unresolved] == ["env.VLLM_USE_DEEP_GEMM"]
+
+
+def test_a_config_it_cannot_read_is_reported_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """As a user without read permission on the file (root reads any file, so the read is refused here)."""
+    import errno
+
+    path = tmp_path / "c.yaml"
+    path.write_text('model_name: m\naccuracy_threshold: 0.5\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: "1"\n')
+
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    assert main(["migrate", "--write", str(path)]) == 3
+    assert capsys.readouterr().err == (f"{path}: cannot be read: Permission denied\n"
+                                       "1 config(s): 1 could not be read (see above)\n")
+
+
+def test_a_write_that_fails_is_not_counted_as_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    from quantgate.harness.commands import migrate
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(migrate, "write_atomic", full_disk)
+    path = tmp_path / "c.yaml"
+    path.write_text(COMMENTED)
+    assert main(["migrate", "--write", str(path)]) == 3
+    assert path.read_text() == COMMENTED
+    assert capsys.readouterr().err == (f"{path}: cannot be written, left unchanged: No space left on device\n"
+                                       "1 config(s): 1 could not be written (see above)\n")
+
+
+def test_the_diff_names_the_file_as_git_apply_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(COMMENTED)
+    monkeypatch.chdir(tmp_path)
+    assert main(["migrate", "c.yaml"]) == 0
+    assert capsys.readouterr().out.startswith("--- a/c.yaml\n+++ b/c.yaml\n@@ ")
+    assert main(["migrate", str(path)]) == 0  # an absolute path has no a/ b/ side to strip
+    assert capsys.readouterr().out.startswith(f"--- {path}\n+++ {path}\n@@ ")
+
+
+@pytest.mark.parametrize("engine, notes", [
+    ("", ["--linear-backend deep_gemm: unknown --linear-backend value 'deep_gemm' for engine builtin",
+          "--moe-backend deep_gemm: unknown --moe-backend value 'deep_gemm' for engine builtin"]),
+    ("engine: builtin\n", ["--linear-backend deep_gemm: unknown --linear-backend value 'deep_gemm' for engine builtin",
+                           "--moe-backend deep_gemm: unknown --moe-backend value 'deep_gemm' for engine builtin"]),
+    ("engine: vllm\n", []),  # vLLM has DeepGEMM: nothing left to do
+])
+def test_the_notes_name_each_flag_the_configs_engine_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           engine: str, notes: list[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f'model_name: m\naccuracy_threshold: 0.5\n{engine}env:\n  VLLM_USE_DEEP_GEMM: "1"\n')
+    assert main(["migrate", str(path)]) == 0
+    shown = [line.split(": note: the migrated ", 1)[1] for line in capsys.readouterr().err.splitlines()
+             if ": note: " in line]
+    assert [note.split(" (known: ")[0] for note in shown] == notes
+    assert all(note.endswith("set `engine: vllm` or pass --engine vllm") for note in shown)
+
+
+def test_an_env_shared_through_an_anchor_without_legacy_switches_is_nothing_to_migrate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("x-env: &e {HF_HUB_OFFLINE: '1'}\nmodel_name: m\naccuracy_threshold: 0.5\nenv: *e\n")
+    assert main(["migrate", str(path)]) == 0
+    assert capsys.readouterr().err == "1 config(s): nothing to migrate (no legacy kernel switches in env)\n"
+
+
+@pytest.mark.parametrize("text, migrated", [
+    # a switch that is off turned nothing on: it goes, and no flag comes in its place
+    ('model_name: m\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: "0"\n  HF_HUB_OFFLINE: "1"\n',
+     'model_name: m\nenv:\n  HF_HUB_OFFLINE: "1"\n'),
+    ('model_name: m\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: "0"\naccuracy_threshold: 0.5\n',
+     "model_name: m\naccuracy_threshold: 0.5\n"),
+])
+def test_switches_that_are_off_are_removed_without_flags(tmp_path: Path, text: str, migrated: str) -> None:
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.unresolved == [] and result.text == migrated
+
+
+@pytest.mark.parametrize("chosen", [
+    "moe_backend: triton\n",  # gen-1's key
+    "server_args: [--moe-backend, triton]\n",
+    "server_args: --moe-backend=triton\n",
+])
+def test_a_backend_the_config_already_chooses_is_a_conflict_not_overwritten(tmp_path: Path, chosen: str) -> None:
+    text = f"model_name: m\n{chosen}env:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n"
+    result = migrate_text(text, tmp_path / "c.yaml")
+    assert result.text == text
+    assert [str(e) for e in result.unresolved] == [
+        f"{tmp_path / 'c.yaml'}:4: env.VLLM_TEST_FORCE_FP8_MARLIN: cannot migrate automatically: it means "
+        "`--moe-backend marlin` but the config already chooses `--moe-backend triton`; keep one --moe-backend and "
+        "remove the variable"]
+
+
+@pytest.mark.parametrize("chosen, server_args", [
+    ("server_args: --moe-backend 'marlin'\n", "--moe-backend 'marlin' --linear-backend marlin"),
+    # server_args win over gen-1's moe_backend (lint warns that the key is unused): marlin is chosen
+    ("moe_backend: triton\nserver_args: --moe-backend marlin\n", "--moe-backend marlin --linear-backend marlin"),
+])
+def test_a_backend_the_config_already_chooses_alike_is_not_repeated(tmp_path: Path, chosen: str,
+                                                                    server_args: str) -> None:
+    result = migrate_text(f"model_name: m\n{chosen}env:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n", tmp_path / "c.yaml")
+    assert result.unresolved == []
+    assert result.text == f"model_name: m\n{chosen.split('server_args')[0]}server_args: {server_args}\n"
+
+
+@pytest.mark.parametrize("empty, migrated", [
+    ('""', '"--linear-backend marlin --moe-backend marlin"'),
+    ("", "--linear-backend marlin --moe-backend marlin"),
+    (">-", ">-\n  --linear-backend marlin --moe-backend marlin"),
+    ("|", "|-\n  --linear-backend marlin --moe-backend marlin"),
+])
+def test_empty_server_args_get_just_the_flags(tmp_path: Path, empty: str, migrated: str) -> None:
+    text = f"model_name: m\nserver_args: {empty}\nenv:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n"
+    assert migrate_text(text, tmp_path / "c.yaml").text == f"model_name: m\nserver_args: {migrated}\n"
+
+
+def test_gen_1_env_vars_are_migrated_like_env(tmp_path: Path) -> None:
+    text = "model_name: m\nenv_vars:\n  VLLM_TEST_FORCE_FP8_MARLIN: '1'\n  HF_HUB_OFFLINE: '1'\n"
+    assert migrate_text(text, tmp_path / "c.yaml").text == (
+        "model_name: m\nserver_args: --linear-backend marlin --moe-backend marlin\nenv_vars:\n  HF_HUB_OFFLINE: '1'\n")
