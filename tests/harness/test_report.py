@@ -292,12 +292,8 @@ def test_report_lists_one_result_named_twice_once(tmp_path: Path, capsys: pytest
     assert len(_table(md.read_text())[1]) == 1
 
 
-def test_report_of_an_unreadable_result_says_why_and_reports_the_rest(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A result.json this user may not read (CI runners are not root; here, as root, the
-    permission error is simulated) is an OSError, not a ValueError: it must not be a traceback."""
-    _result(tmp_path, "good", 1, 0.7)
-    locked = _result(tmp_path, "locked", 2, 0.7) / "result.json"
+def _refuse_reading(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """Reading `locked` fails as for a user without read permission (simulated: tests may run as root)."""
     read_text = Path.read_text
 
     def refuse(path: Path, *args, **kwargs) -> str:
@@ -306,6 +302,15 @@ def test_report_of_an_unreadable_result_says_why_and_reports_the_rest(
         return read_text(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", refuse)
+
+
+def test_report_of_an_unreadable_result_says_why_and_reports_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result.json this user may not read (CI runners are not root; here, as root, the
+    permission error is simulated) is an OSError, not a ValueError: it must not be a traceback."""
+    _result(tmp_path, "good", 1, 0.7)
+    locked = _result(tmp_path, "locked", 2, 0.7) / "result.json"
+    _refuse_reading(monkeypatch, locked)
     assert cli(["report", str(tmp_path)]) == 3
     captured = capsys.readouterr()
     assert captured.err == f"error: {locked}: [Errno 13] Permission denied: '{locked}'\n"
@@ -414,14 +419,7 @@ def test_compare_names_the_samples_file_a_problem_is_in(tmp_path: Path, capsys: 
     assert capsys.readouterr().err == \
         f"error: candidate {samples}: every line must be a JSON object (one question)\n"
     # Unreadable (CI runners are not root; simulated here): said so, not "not JSON lines".
-    read_text = Path.read_text
-
-    def refuse(path: Path, *args, **kwargs) -> str:
-        if path == samples:
-            raise PermissionError(13, "Permission denied", str(path))
-        return read_text(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", refuse)
+    _refuse_reading(monkeypatch, samples)
     assert cli(["compare", str(base), str(cand / "result.json")]) == 3
     assert capsys.readouterr().err == f"error: candidate {samples}: cannot be read: Permission denied\n"
 
