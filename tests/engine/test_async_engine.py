@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 import pytest
+import torch
 
 from quantgate.engine import (AsyncEngine, EngineDeadError, InvalidRequestError, LLMEngine, RequestAborted,
                               SamplingParams, load_model)
+from quantgate.engine.async_engine import default_cpu_threads
 
 
 @pytest.fixture
@@ -195,3 +199,95 @@ def test_streams_waiting_when_the_engine_stops_get_an_error_not_silence(async_en
             await async_engine.reload_weights()
 
     asyncio.run(main())
+
+
+def test_shutting_down_an_idle_engine_stops_its_thread_at_once(async_engine):
+    """The idle thread sleeps until woken: shutdown must wake it, not wait out its join timeout."""
+    start = time.monotonic()
+    async_engine.shutdown()
+    assert not async_engine._thread.is_alive() and time.monotonic() - start < 5
+
+
+def test_an_unexpected_error_adding_a_request_fails_only_that_request(async_engine, monkeypatch):
+    add_request = async_engine.engine.add_request
+
+    def broken_for_bad(request_id, prompt, params):
+        if request_id == "bad":
+            raise RuntimeError("no memory for this one")
+        add_request(request_id, prompt, params)
+
+    monkeypatch.setattr(async_engine.engine, "add_request", broken_for_bad)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="no memory for this one"):
+            await asyncio.wait_for(_collect(async_engine, "bad", [1, 2], SamplingParams(max_tokens=2)), timeout=10)
+        return await asyncio.wait_for(_collect(async_engine, "good", [1, 2], SamplingParams(
+            max_tokens=2, temperature=0, ignore_eos=True)), timeout=30)
+
+    assert asyncio.run(main())[-1].finished
+
+
+def test_requests_and_reloads_queued_when_the_engine_stops_get_an_error_not_silence(async_engine, monkeypatch):
+    """Commands queued behind a step in flight when shutdown comes are answered, not dropped."""
+    step = async_engine.engine.step
+    in_step, hold = threading.Event(), threading.Event()
+
+    def held_step():
+        if hold.is_set():
+            in_step.set()
+            while not async_engine._stopping:  # the step outlasts the shutdown request
+                time.sleep(0.01)
+        return step()
+
+    monkeypatch.setattr(async_engine.engine, "step", held_step)
+
+    async def main():
+        running = async_engine.generate("running", [1, 2, 3], _long())
+        await running.__anext__()
+        hold.set()
+        assert await asyncio.get_running_loop().run_in_executor(None, in_step.wait, 10)
+        late = asyncio.ensure_future(_collect(async_engine, "late", [4, 5], SamplingParams(max_tokens=2)))
+        reload = asyncio.ensure_future(async_engine.reload_weights())
+        await asyncio.sleep(0.05)  # both are queued behind the step
+        await asyncio.get_running_loop().run_in_executor(None, async_engine.shutdown)
+        results = await asyncio.wait_for(asyncio.gather(late, reload, _drain(running), return_exceptions=True),
+                                         timeout=10)
+        return [type(r) for r in results]
+
+    assert asyncio.run(main()) == [EngineDeadError] * 3
+
+
+def test_a_failed_request_leaves_the_engine_at_once(async_engine, monkeypatch):
+    """Its consumer is gone with the error: the request must not run on, holding a slot, to max_tokens."""
+    step = async_engine.engine.step
+    calls = []
+
+    def broken_second():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device fell over")
+        return step()
+
+    monkeypatch.setattr(async_engine.engine, "step", broken_second)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="device fell over"):
+            await asyncio.wait_for(_collect(async_engine, "unlucky", [1, 2, 3], _long()), timeout=10)
+        return async_engine.stats()  # read before the engine could finish 100 tokens
+
+    stats = asyncio.run(main())
+    assert stats["num_running"] == stats["num_waiting"] == stats["kv_slots_used"] == 0
+
+
+def test_the_engine_leaves_one_cpu_core_to_the_http_side_unless_told(dense_dir, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert default_cpu_threads() == 3
+    threads = torch.get_num_threads()
+    try:
+        AsyncEngine(LLMEngine(load_model(dense_dir, device="cpu"), max_num_seqs=1, max_model_len=16),
+                    cpu_threads=2).shutdown()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert default_cpu_threads() == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders, models
 
 from quantgate.engine.detokenizer import IncrementalDetokenizer
 
@@ -55,3 +55,42 @@ def test_of_several_stop_strings_the_text_ends_before_the_first_to_occur(tok: To
     for stops in (["Question:", "\n\nQuestion:"], ["\n\nQuestion:", "Question:"]):
         text, stopped = _run(IncrementalDetokenizer(tok, tok.encode("Q").ids, stops), generated)
         assert stopped and text == "So 5 + 7 = 12.", stops
+
+
+def test_a_stop_string_at_the_very_start_stops_with_no_text(tok: Tokenizer) -> None:
+    text, stopped = _run(IncrementalDetokenizer(tok, tok.encode("Q").ids, ["Question:"]),
+                         tok.encode("Question: next").ids)
+    assert stopped and text == ""
+
+
+def test_special_tokens_generated_among_the_text_are_not_returned(tok: Tokenizer) -> None:
+    """With ignore_eos the model may go on past <|im_end|>: the text skips it, as vLLM's does by default."""
+    generated = [*tok.encode("Hi").ids, tok.token_to_id("<|im_end|>"), *tok.encode(" there").ids]
+    assert _run(IncrementalDetokenizer(tok, tok.encode("Q").ids, []), generated) == ("Hi there", False)
+
+
+def test_a_stream_holds_back_only_what_may_start_a_stop_string(tok: Tokenizer) -> None:
+    for stops, held in (([], ""), (["#", "###"], "72")):  # the longest stop string less one character
+        detok = IncrementalDetokenizer(tok, tok.encode("Q").ids, stops)
+        streamed = ""
+        for i in tok.encode("The answer is 72").ids:
+            assert not detok.add(i)
+            streamed += detok.take(finished=False)
+        assert streamed == "The answer is 72".removesuffix(held), stops
+        assert detok.take(finished=True) == held, stops
+
+
+def _llama_style_tokenizer() -> Tokenizer:
+    """A SentencePiece-style decoder (Llama, Mistral): it drops the space marker of the text's first
+    token, so a token decoded without the prompt before it loses its leading space."""
+    vocab = {"<unk>": 0, "\u2581The": 1, "\u2581answer:": 2, "\u258172": 3, "<0xC3>": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+@pytest.mark.parametrize("prompt", [[1, 2], [1, 2, 4]], ids=["whole", "ending-inside-a-character"])
+def test_the_first_generated_word_keeps_its_leading_space(prompt: list[int]) -> None:
+    """lm-eval appends the text to the prompt: "The answer:" + " 72", never "The answer:72"."""
+    assert _run(IncrementalDetokenizer(_llama_style_tokenizer(), prompt, []), [3]) == (" 72", False)

@@ -11,8 +11,10 @@ import json
 import math
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -622,11 +624,40 @@ def test_metrics_move(client: TestClient) -> None:
     assert (metric(a, "quantgate_request_latency_seconds_count", latency)
             == metric(b, "quantgate_request_latency_seconds_count", latency) + 2)
     ttft = "quantgate_time_to_first_token_seconds_count"
-    assert metric(a, ttft) > metric(b, ttft)
+    assert metric(a, ttft) == metric(b, ttft) + 1  # once per request, not per token
     tpot = "quantgate_time_per_output_token_seconds_count"
     assert metric(a, tpot) == metric(b, tpot) + 1
+    for gauge in ("quantgate_num_requests_running", "quantgate_num_requests_waiting", "quantgate_kv_cache_slots",
+                  "quantgate_kv_cache_slots_used"):  # metric() reads a missing one as 0
+        assert re.search(rf"^{gauge} ", a, re.M), gauge
     assert metric(a, "quantgate_num_requests_running") == 0 and metric(a, "quantgate_num_requests_waiting") == 0
     assert metric(a, "quantgate_kv_cache_slots") >= 1 and metric(a, "quantgate_kv_cache_slots_used") == 0
+
+
+def test_token_latencies_are_measured_once_per_request(client: TestClient, engine,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """TTFT: from acceptance to the first token; TPOT: the mean gap between the tokens after the first."""
+    serve_outputs(monkeypatch, engine, [(5, "a", -1.0), (6, "b", -1.0), (7, "c", -1.0)])
+    clock = iter([10.0, 11.0, 15.0])  # accepted, first token, last token
+    monkeypatch.setattr("quantgate.engine.server.time", SimpleNamespace(perf_counter=lambda: next(clock),
+                                                                        time=time.time))
+    before = client.get("/metrics").text
+    complete(client, prompt="a", max_tokens=3)
+    after = client.get("/metrics").text
+    for name, value in (("quantgate_time_to_first_token_seconds", 1.0),
+                        ("quantgate_time_per_output_token_seconds", 2.0)):
+        assert metric(after, name + "_count") - metric(before, name + "_count") == 1, name
+        assert metric(after, name + "_sum") - metric(before, name + "_sum") == pytest.approx(value), name
+
+
+def test_unknown_paths_share_one_metrics_label(client: TestClient) -> None:
+    """Random URLs (scanners) must not each become a time series."""
+    before = client.get("/metrics").text
+    assert client.get("/nope-1").status_code == client.post("/v1/nope-2").status_code == 404
+    after = client.get("/metrics").text
+    other = 'endpoint="other",status="404"'
+    assert metric(after, "quantgate_requests_total", other) == metric(before, "quantgate_requests_total", other) + 2
+    assert "nope" not in after
 
 
 def test_null_is_unset_where_openai_allows_it(client: TestClient) -> None:
@@ -785,8 +816,11 @@ def test_an_internal_error_fails_only_its_request(client: TestClient, engine, mo
         return real_generate(request_id, prompt_token_ids, params)
 
     monkeypatch.setattr(async_engine, "generate", broken)
+    server_error = 'endpoint="/v1/completions",status="500"'
+    before = metric(client.get("/metrics").text, "quantgate_requests_total", server_error)
     with TestClient(client.app, raise_server_exceptions=False) as c:  # answer 500 as uvicorn would
         check_internal_error_is_contained(c)
+    assert metric(client.get("/metrics").text, "quantgate_requests_total", server_error) == before + 1
 
 
 def check_internal_error_is_contained(client: TestClient) -> None:
