@@ -81,17 +81,22 @@ def test_reload_runs_between_steps_while_requests_stream(async_engine):
     assert sum(len(o.new_token_ids) for o in outs) == 30 and outs[-1].finish_reason == "length"
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(async_engine, monkeypatch):
+def _fail_step(async_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    """The engine's step number `failing` (1-based) raises "device fell over"; the others run."""
     step = async_engine.engine.step
     calls = []
 
-    def broken_once():
+    def broken():
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) == failing:
             raise RuntimeError("device fell over")
         return step()
 
-    monkeypatch.setattr(async_engine.engine, "step", broken_once)
+    monkeypatch.setattr(async_engine.engine, "step", broken)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(async_engine, monkeypatch):
+    _fail_step(async_engine, monkeypatch, 1)
 
     async def main():
         with pytest.raises(RuntimeError, match="engine step failed: RuntimeError: device fell over"):
@@ -259,16 +264,7 @@ def test_requests_and_reloads_queued_when_the_engine_stops_get_an_error_not_sile
 
 def test_a_failed_request_leaves_the_engine_at_once(async_engine, monkeypatch):
     """Its consumer is gone with the error: the request must not run on, holding a slot, to max_tokens."""
-    step = async_engine.engine.step
-    calls = []
-
-    def broken_second():
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("device fell over")
-        return step()
-
-    monkeypatch.setattr(async_engine.engine, "step", broken_second)
+    _fail_step(async_engine, monkeypatch, 2)
 
     async def main():
         with pytest.raises(RuntimeError, match="device fell over"):
