@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationArgs
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+# What transformers' config class of each architecture gives an attention field config.json leaves
+# out; an explicit null (or a field missing here) means one KV head per query head and
+# hidden_size // num_attention_heads, as its modeling code falls back to.
+_ATTENTION_DEFAULTS = {
+    "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4},
+}
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LINEAR = "Linear"  # the class name of every module a quantization config can quantize here
@@ -175,6 +182,9 @@ class ModelConfig:
         if raw.get("hidden_act", "silu") != "silu":
             raise ModelConfigError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
 
+        def attention(key: str):
+            return raw.get(key, _ATTENTION_DEFAULTS[arch].get(key))
+
         num_heads = need("num_attention_heads")
         hidden = need("hidden_size")
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
@@ -207,8 +217,8 @@ class ModelConfig:
             intermediate_size=int(need("intermediate_size")),
             num_layers=int(need("num_hidden_layers")),
             num_heads=int(num_heads),
-            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            num_kv_heads=int(attention("num_key_value_heads") or num_heads),
+            head_dim=int(attention("head_dim") or hidden // num_heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),

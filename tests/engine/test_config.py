@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from quantgate.engine.config import ModelConfig, ModelConfigError, parse_quant_config
+from quantgate.engine.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError, parse_quant_config
 from quantgate.kernels import Scheme
 
 BASE = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
@@ -31,7 +32,27 @@ def _ct(strategy: str, acts: dict | None = None, **weights) -> dict:
 
 def test_dense_fields_and_defaults():
     cfg = ModelConfig.from_dict(dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
-    assert (cfg.head_dim, cfg.rope_theta, cfg.quant, cfg.is_moe) == (16, 5e5, None, False)
+    assert (cfg.head_dim, cfg.rope_theta, cfg.quant, cfg.is_moe) == (128, 5e5, None, False)
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHITECTURES)
+@pytest.mark.parametrize("left_out", [(), ("num_key_value_heads",), ("head_dim",), ("num_key_value_heads", "head_dim")])
+def test_attention_fields_left_out_or_null_mean_what_they_mean_to_transformers(arch, left_out):
+    """Left out, Qwen3Config gives 32 KV heads of 128 and Qwen3MoeConfig 4 KV heads of
+    hidden_size // heads; an explicit null means one KV head per query head. Reading either
+    otherwise builds projections of other shapes than transformers (and vLLM) build."""
+    import transformers
+
+    moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32) if "Moe" in arch else {}
+    raw = dict(BASE, architectures=[arch], num_attention_heads=8, head_dim=16, **moe)
+    for key in left_out:
+        raw.pop(key)
+    hf = getattr(transformers, arch.replace("ForCausalLM", "Config")).from_dict(raw)
+    hf_head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    cfg = ModelConfig.from_dict(raw)
+    assert (cfg.num_kv_heads, cfg.head_dim) == (hf.num_key_value_heads, hf_head_dim)
+    null = ModelConfig.from_dict(dict(raw, num_key_value_heads=None, head_dim=None))
+    assert (null.num_kv_heads, null.head_dim) == (8, 64 // 8)
 
 
 def test_moe_layers_follow_sparse_step_and_mlp_only_layers():
@@ -261,3 +282,95 @@ def test_an_unreadable_file_is_named_with_its_cause(tmp_path, monkeypatch, name)
     with pytest.raises(ModelConfigError, match=re.escape(f"{folder / name} cannot be read (permission denied: fix its "
                                                          "permissions")):
         ModelConfig.from_pretrained(folder)
+
+
+def test_fields_a_config_json_leaves_out_default_as_transformers_does():
+    """A field missing from config.json must mean what it means to transformers (the reference
+    the engine must match), or the engine serves another model than the checkpoint's."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    hf = Qwen3Config()
+    cfg = ModelConfig.from_dict(BASE)
+    hf_theta = getattr(hf, "rope_parameters", None) or {"rope_theta": hf.rope_theta}
+    assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings, cfg.tie_word_embeddings,
+            cfg.attention_bias) == (hf_theta["rope_theta"], hf.rms_norm_eps, hf.max_position_embeddings,
+                                    hf.tie_word_embeddings, hf.attention_bias)
+    assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings) == (10000.0, 1e-6, 32768)
+    assert (cfg.tie_word_embeddings, cfg.attention_bias) == (False, False)
+    moe = ModelConfig.from_dict(dict(BASE, architectures=["Qwen3MoeForCausalLM"], num_experts=8,
+                                     num_experts_per_tok=2, moe_intermediate_size=32))
+    hf_moe = Qwen3MoeConfig()
+    assert (moe.decoder_sparse_step, list(moe.mlp_only_layers)) == (hf_moe.decoder_sparse_step,
+                                                                     hf_moe.mlp_only_layers) == (1, [])
+    assert ModelConfig.from_dict(dict({k: v for k, v in BASE.items() if k != "dtype"}, torch_dtype="float32")).dtype \
+        is torch.float32  # the older name of `dtype`
+    assert ModelConfig.from_dict(dict(BASE, quantization_config={})).quant is None
+    assert ModelConfig.from_dict(dict(BASE, architectures=["Qwen3Model", "Qwen3ForCausalLM"])).architecture == \
+        "Qwen3ForCausalLM"
+
+
+@pytest.mark.parametrize("entry, ignored, kept", [
+    ("lm_head", ["lm_head", "lm_head.sub"], ["lm_head_x", "xlm_head", "model.xlm_head", "lm_head_x.sub"]),
+    ("mlp.gate", ["model.layers.0.mlp.gate"], ["model.layers.0.mlp.gate_proj", "model.layers.0.xmlp.gate",
+                                               "model.layers.0.mlp.gate_up_proj"]),
+    ("self_attn", ["model.layers.0.self_attn.o_proj"], ["model.layers.0.self_attn_x.o_proj",
+                                                        "model.layers.0.xself_attn.o_proj"]),
+])
+def test_native_ignore_entries_match_whole_dotted_name_parts(entry, ignored, kept):
+    """A bare or partial name in modules_to_not_convert matches whole dotted parts of the module
+    name: "lm_head" must not leave "lm_head_x" or "xlm_head" unquantized (their FP8 tensors would be
+    refused, or worse, read as plain weights)."""
+    for key in ("modules_to_not_convert", "ignored_layers"):
+        qc = parse_quant_config({"quant_method": "fp8", "activation_scheme": "dynamic", key: ["other", entry]})
+        assert [qc.is_ignored(n) for n in ignored] == [True] * len(ignored), (key, entry)
+        assert [qc.is_ignored(n) for n in kept] == [False] * len(kept), (key, entry)
+        assert qc.scheme_for(kept[0]) is Scheme.FP8_TENSOR and qc.scheme_for(ignored[0]) is Scheme.UNQUANTIZED
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "config.json: rope_type 'yarn' is not supported (only 'default'"),
+    ({"hidden_act": "gelu"}, "config.json: hidden_act 'gelu' is not supported (only silu)"),
+    ({"eos_token_id": [1, True]}, "config.json: eos_token_id must be a token id or a list of token ids, got [1, True]"),
+    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}},
+     "config.json: block FP8 needs activation_scheme 'dynamic', got 'static'"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "FP8 format 'e5m2' is not supported (only e4m3)"),
+    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "per-token"}},
+     "activation_scheme 'per-token' must be 'dynamic' or 'static'"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [0, 128]}},
+     "weight_block_size must be two positive integers [rows, cols], e.g. [128, 128]; got [0, 128]"),
+    ({"quantization_config": {**_ct("channel"), "config_groups": {}}},
+     "config.json: 0 config_groups; only one quantization group is supported"),
+    ({"quantization_config": {**_ct("channel"), "format": "pack-quantized"}},
+     "compressed-tensors format 'pack-quantized' is not supported (only float-quantized FP8)"),
+    ({"quantization_config": _ct("channel", num_bits=4)}, "only 8-bit float weights are supported"),
+    ({"quantization_config": {**_ct("channel"), "sparsity_config": {"format": "sparse-bitmask"}}},
+     "sparsity_config format 'sparse-bitmask' is not supported"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 2, "num_experts_per_tok": 3,
+      "moe_intermediate_size": 32}, "num_experts 2, num_experts_per_tok 3 and moe_intermediate_size 32 must be"),
+])
+def test_configs_the_engine_would_serve_wrongly_are_refused_with_the_field(change, message):
+    with pytest.raises(ModelConfigError, match=re.escape(message)):
+        ModelConfig.from_dict(dict(BASE, **change))
+
+
+def test_compressed_tensors_block_structure_keeps_rows_then_columns():
+    qc = parse_quant_config(_ct("block", acts={"strategy": "group", "group_size": 128}, block_structure=[64, 128]))
+    assert (qc.scheme, qc.block_size) == (Scheme.FP8_BLOCK, (64, 128))
+
+
+def test_a_folder_without_config_json_is_named(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelConfigError, match=re.escape(f"{tmp_path} has no config.json: pass a Hugging Face model "
+                                                         "folder")):
+        ModelConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelConfigError, match=re.escape(f"{tmp_path / 'config.json'} holds a JSON list, not an "
+                                                         "object of fields")):
+        ModelConfig.from_pretrained(tmp_path)
+
+
+def test_a_field_of_the_wrong_type_in_config_json_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(BASE, rope_scaling="yarn")))
+    with pytest.raises(ModelConfigError, match=re.escape(f"{tmp_path / 'config.json'}: a field has the wrong type or "
+                                                         "shape (AttributeError: ")):
+        ModelConfig.from_pretrained(tmp_path)

@@ -96,10 +96,12 @@ def _logits(loaded, prompt: list[int]) -> torch.Tensor:
         return loaded.model(_prefill_batch([prompt], [0]), kv)
 
 
-@pytest.mark.parametrize("variant", ["fp32", "fp8-block-native", "fp8-tensor-ct"])
+@pytest.mark.parametrize("variant", ["fp32", "fp32-bias", "fp8-block-native", "fp8-tensor-ct", "fp8-tensor-ct-bias"])
 def test_reload_reads_new_weights_into_the_same_storage(tmp_path, variant):
+    """Biases too: no kernel processes them, so a reload copies them into their first storage."""
     def build(seed: int):
-        src = write_model(tmp_path / f"src{seed}", seed=seed, tie_word_embeddings=True)
+        src = write_model(tmp_path / f"src{seed}", seed=seed, tie_word_embeddings=True,
+                          attention_bias=variant.endswith("-bias"))
         if variant == "fp32":
             return src
         scheme, fmt = (Scheme.FP8_BLOCK, "fp8") if "block" in variant else (Scheme.FP8_TENSOR, "compressed-tensors")
@@ -117,6 +119,7 @@ def test_reload_reads_new_weights_into_the_same_storage(tmp_path, variant):
     assert torch.equal(_logits(loaded, prompt), first)
     loaded.reload_weights()
     assert _storage(loaded) == before
+    assert any(name.endswith(".bias") for name in before) is variant.endswith("-bias")
     reloaded = _logits(loaded, prompt)
     assert not torch.equal(reloaded, first)
     assert torch.equal(reloaded, _logits(load_model(new, device="cpu", linear_backend="emulation"
@@ -736,3 +739,57 @@ def test_block_projections_merge_only_where_each_part_is_whole_row_blocks(dense_
     modules = load_model(q_dir, device="cpu", linear_backend="emulation").kernel_report()["modules"]
     assert "model.layers.0.self_attn.qkv_proj" not in modules
     assert modules["model.layers.0.self_attn.k_proj"]["scheme"] == "fp8-block"
+
+
+def test_a_bias_stored_as_integers_is_named_as_a_bias(tmp_path):
+    src = write_model(tmp_path / "src", seed=5, attention_bias=True)
+    bad = _edited(src, tmp_path, "int-bias", _set(f"{O_PROJ}.bias", lambda b: (b * 100).round().to(torch.int32)))
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"{O_PROJ}.bias: stored as torch.int32; biases must be float32, bfloat16 or float16 (a cast to floats "
+            "would serve its integer codes as values): re-export the checkpoint with it in the model dtype")):
+        load_model(bad, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e5m2])
+def test_a_plain_weight_where_the_config_says_fp8_is_refused_not_cast(tmp_path, dtype):
+    """A bf16/fp32 weight among FP8 ones (a module left out of the ignore list) was a candidate for
+    a silent cast to FP8: its values would be served clipped and rounded, against unit scales."""
+    folder = SHIPPED_MODELS / "tiny-qwen3-fp8-block-native"
+    bad = _edited(folder, tmp_path, "plain", _set(f"{O_PROJ}.weight", lambda w: w.float().to(dtype)))
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"{O_PROJ}.weight: expected float8_e4m3fn weights for {O_PROJ} (quantization_config says it is quantized), "
+            f"found {dtype}; add it to the ignore list")):
+        load_model(bad, device="cpu")
+
+
+def test_the_kernel_report_says_why_each_faster_kernel_was_passed_over(tmp_path):
+    modules = load_model(SHIPPED_MODELS / "tiny-qwen3-fp8-block-native", device="cpu").kernel_report()["modules"]
+    entry = modules["model.layers.0.self_attn.qkv_proj"]
+    assert entry["kernel"] == "EmulationLinearKernel"
+    rejected = {r["kernel"]: r["reason"] for r in entry["rejected"]}
+    assert rejected["TritonBlockFp8LinearKernel"] == ("requires CUDA (compute capability >= 8.9, FP8 tensor cores); "
+                                                      "this is cpu")
+    assert all(reason.endswith("this is cpu") for reason in rejected.values())
+    assert modules["lm_head"]["rejected"] == []
+
+
+def test_biases_are_served_in_the_model_dtype(dense_tied_dir):
+    """A bias kept in float32 next to bf16 weights would be added in another precision than
+    transformers adds it (or fail the GEMM's dtype check)."""
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    loaded = load_model(dense_tied_dir, device="cpu", dtype="bfloat16")
+    biases = {name: b.dtype for name, b in loaded.model.named_buffers() if name.endswith(".bias")}
+    assert len(biases) == 4 and set(biases.values()) == {torch.bfloat16}
+    ours, ref = _logits(loaded, prompt), _logits(load_model(dense_tied_dir, device="cpu"), prompt)
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 0.05
+
+
+def test_static_input_scales_stay_float32_in_a_bf16_model(dense_dir, tmp_path):
+    """The checkpoint's 0.02 must be the scale the activations are divided by, not its bf16
+    rounding (0.0200195...), whatever dtype the model is served in."""
+    q_dir = quantize_folder(dense_dir, tmp_path / "q", Scheme.FP8_TENSOR, "fp8", static_input=True)
+    loaded = load_model(q_dir, device="cpu", dtype="bfloat16")
+    scales = {name: s for name, s in loaded.model.named_buffers() if name.endswith(".input_scale")}
+    assert len(scales) == 2 * 7  # q, k, v, o, gate, up and down per layer
+    for name, scale in scales.items():
+        assert scale.dtype == torch.float32 and torch.equal(scale.reshape(()), torch.tensor(0.02)), name

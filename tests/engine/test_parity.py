@@ -63,13 +63,16 @@ def test_logits_match_transformers_in_prefill_and_decode(which, request, seed):
     with torch.inference_mode():
         ours = model(_prefill_batch(prompts, slots), kv)
         refs = [hf(_ints([p])).logits[0] for p in prompts]
-        assert _rel_err(ours, torch.cat(refs)) < 1e-4
+        # fp32 rounding (thread count, GEMM order) moves this by ~1e-6 (measured: at most 1.3e-6 over 15
+        # seeds x 1/2/4 threads), so 1e-4 fails only on a real difference: say which prompt it is in.
+        per_prompt = [_rel_err(o, r) for o, r in zip(ours.split([len(p) for p in prompts]), refs)]
+        assert _rel_err(ours, torch.cat(refs)) < 1e-4, f"relative error per prompt (1, 37, 130 tokens): {per_prompt}"
         nxt = [int(r[-1].argmax()) for r in refs]
         full = [p + [t] for p, t in zip(prompts, nxt)]
         ref_step = torch.stack([hf(_ints([f])).logits[0, -1] for f in full])
         for as_range in (True, False):
             step = model(_decode_batch(nxt, [len(f) for f in full], slots, as_range), kv)
-            assert _rel_err(step, ref_step) < 1e-4
+            assert _rel_err(step, ref_step) < 1e-4, (as_range, [_rel_err(o, r) for o, r in zip(step, ref_step)])
 
 
 @pytest.mark.parametrize("which", MODELS)
@@ -111,3 +114,37 @@ def test_a_moe_config_without_norm_topk_prob_routes_as_transformers_does(tmp_pat
     with torch.inference_mode():
         ours = loaded.model(_prefill_batch([prompt.tolist()], [0]), kv)
         assert _rel_err(ours, hf(prompt[None]).logits[0]) < 1e-4
+
+
+def test_rotary_tables_match_transformers_at_every_position_of_the_context():
+    """cos/sin for every position up to max_position_embeddings, beyond the 256 the engine tests
+    run: a table built short (or from another frequency) fails here, not on a user's long prompt."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    from quantgate.engine.layers import RotaryEmbedding
+
+    config = Qwen3Config(head_dim=32, max_position_embeddings=512, rope_theta=1e6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    ours = RotaryEmbedding(32, 1e6, 512, torch.device("cpu"))
+    positions = torch.tensor([0, 1, 255, 256, 257, 400, 511])
+    cos, sin = ours(positions, torch.float32)
+    ref_cos, ref_sin = Qwen3RotaryEmbedding(config)(torch.zeros(1, dtype=torch.float32), positions[None])
+    assert cos.shape == (7, 1, 32)
+    torch.testing.assert_close(cos[:, 0], ref_cos[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(sin[:, 0], ref_sin[0], rtol=0, atol=1e-5)
+
+
+def test_logits_beyond_position_256_match_transformers(dense_dir, seed):
+    hf, loaded = _hf(dense_dir), load_model(dense_dir, device="cpu")
+    model, cfg = loaded.model, loaded.model_config
+    assert cfg.max_position_embeddings == 512
+    kv = KVCache(cfg, num_slots=1, max_len=512, dtype=torch.float32, device=torch.device("cpu"))
+    prompt = torch.randint(0, cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(seed)).tolist()
+    with torch.inference_mode():
+        ours = model(_prefill_batch([prompt], [0]), kv)
+        ref = hf(_ints([prompt])).logits[0]
+        assert _rel_err(ours[256:], ref[256:]) < 1e-4
+        nxt = int(ref[-1].argmax())
+        step = model(_decode_batch([nxt], [301], [0], as_range=True), kv)
+        assert _rel_err(step, hf(_ints([prompt + [nxt]])).logits[0, -1:]) < 1e-4
