@@ -443,3 +443,90 @@ def test_several_shape_refusals_are_counted() -> None:
     check = verify(Expect(moe_kernel="deep_gemm"), report_from_vllm_log("\n".join([_DEEPGEMM_SELECTED, *lines])),
                    "log")
     assert not check.passed and "(and 1 more such lines)" in check.message
+
+
+# -- mutation survivors (session 24) ------------------------------------------------------------------
+
+
+def test_an_expect_entry_wins_over_what_server_args_imply_for_its_layer() -> None:
+    """Only the layers `expect:` leaves unset are checked for server_args' backend, and only those
+    are listed as implied (result.json's `from_server_args`)."""
+    report = _report(a=_module("MarlinFp8LinearKernel", "marlin"), experts=_module("TritonMoE", "triton", layer="moe"))
+    check = verify(Expect(linear_kernel="marlin"), report, "x", {"linear": "triton", "moe": "triton"})
+    assert check.passed, check.message
+    assert check.expected == {"linear": "marlin", "moe": "triton"} and check.from_server_args == ["moe"]
+    assert check.to_dict()["from_server_args"] == ["moe"]
+
+
+def test_the_kernel_report_keeps_the_servers_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answering(monkeypatch, 200, b'{"platform": {"device": "cuda", "capability": "9.0"}, "modules": {}}',
+               "application/json")
+    assert report_from_server("http://h") == {"source": "GET /v1/kernels", "modules": {},
+                                              "platform": {"device": "cuda", "capability": "9.0"}}
+
+
+def test_a_refused_connection_is_retried_and_one_attempt_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from quantgate.harness import expect
+
+    answers: list = [httpx.ConnectError("refused"), httpx.ReadTimeout("slow"),
+                     httpx.Response(200, json={"platform": None, "modules": {}})]
+
+    def get(url: str, **_: object) -> httpx.Response:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(expect.httpx, "get", get)
+    monkeypatch.setattr(expect, "REPORT_RETRY_WAIT_S", 0.0)
+    assert report_from_server("http://h")["modules"] == {} and answers == []
+    _answering(monkeypatch, 503)
+    with pytest.raises(KernelReportUnavailable, match=r"answered 503 Service Unavailable \(1 attempt\)$"):
+        report_from_server("http://h", attempts=1)
+
+
+
+def test_a_report_naming_no_module_at_all_proves_no_implied_backend_even_on_vllm() -> None:
+    """The dense-model note needs the linear choices that show the log was read; an empty report
+    shows nothing."""
+    check = verify(Expect(), _report(), "x", {"moe": "marlin"}, "vllm")
+    assert not check.passed and not check.notes and "has no moe module" in check.message
+
+
+def test_an_expectation_with_no_module_of_its_layer_is_one_problem() -> None:
+    dense = report_from_vllm_log(_vllm_line("Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod"))
+    check = verify(Expect(moe_kernel="deep_gemm"), dense, "server.log")
+    assert not check.passed and check.mismatches == []
+    assert check.problems == ["expect.moe_kernel 'deep_gemm' cannot be verified: the kernel report (server log) has "
+                              "no moe module"]
+
+
+def test_a_kernels_endpoint_naming_deep_gemm_is_proof_without_debug_lines() -> None:
+    """Only vLLM's log hides deep_gemm's per-shape Triton fallback: a /v1/kernels report names
+    what each module ran."""
+    report = _report(experts=_module("DeepGemmMoEKernel", "deep_gemm", layer="moe"))
+    check = verify(Expect(moe_kernel="deep_gemm"), report, "GET /v1/kernels")
+    assert check.passed and check.to_dict()["message"] is None and check.notes == []
+
+
+@pytest.mark.parametrize("why, said", [
+    ("attached", "server_args' --linear-backend (not applied to a server this run did not start, so checked as "
+                 "expect.linear_kernel) 'marlin' cannot be verified: no kernel report (GET /v1/kernels); start that "
+                 "server with --linear-backend marlin (or run without --server-url), or drop the flag from "
+                 "server_args"),
+    ("vllm", "server_args' --linear-backend (vLLM selects automatically for a layer type that backend has no kernel "
+             "for, so checked as expect.linear_kernel) 'marlin' cannot be verified: no kernel report (GET "
+             "/v1/kernels); name a backend that serves these layers in --linear-backend, or drop the flag from "
+             "server_args"),
+])
+def test_an_implied_expectation_says_why_it_is_checked_and_the_fix(why: str, said: str) -> None:
+    check = verify(Expect(), None, "GET /v1/kernels", {"linear": "marlin"}, why)
+    assert check.problems == [said]
+
+
+def test_a_server_args_deep_gemm_moe_backend_needs_debug_logs_too(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name: m\naccuracy_threshold: 0.5\nengine: vllm\nserver_args: [--moe-backend, deep_gemm]\n")
+    assert proof_env(load_config(path)) == {"VLLM_LOGGING_LEVEL": "DEBUG"}

@@ -531,3 +531,156 @@ def test_quantgate_commit_names_configs_of_quantgate_tree_only(tmp_path: Path, m
     assert results.checkout_commit(tmp_path, tmp_path / "x.yaml") is None  # tmp_path is in no checkout
     monkeypatch.delenv("QUANTGATE_COMMIT")
     assert results.checkout_commit(config.parent, config) != "feed1234"
+
+
+# -- mutation survivors (session 24) ------------------------------------------------------------------
+
+
+def test_exit_code_of_each_verdict_and_of_an_error_the_config_causes() -> None:
+    assert [_record("x", verdict).exit_code for verdict in ("PASS", "FAIL", "ERROR")] == [0, 1, 2]
+    assert _record("x", "ERROR", usage_error=True).exit_code == 3  # never retried
+    # usage_error is an ERROR's: a verdict keeps its own code
+    assert [_record("x", verdict, usage_error=True).exit_code for verdict in ("PASS", "FAIL")] == [0, 1]
+
+
+def test_result_json_is_strict_json_whatever_the_run_measured(tmp_path: Path) -> None:
+    """Paths as strings, numpy scalars (lm-eval's) as numbers, NaN and infinities as null at any
+    depth, even inside a numpy scalar: another tool's strict JSON parser must read every file."""
+    import numpy as np
+
+    record = _record("s", "FAIL", config={"path": tmp_path / "s.yaml"},
+                     metrics={"value": np.float64(0.5), "n": np.int64(40), "stderr": np.float64("nan"),
+                              "invalid_rate": float("inf"), "flexible_extract": np.float32("nan")},
+                     gate={"mode": "absolute", "numbers": [1.0, float("-inf"), {"ratio": float("nan")}]})
+    path = write_result(tmp_path / "s", record)
+    text = path.read_text()
+    assert text.endswith("}\n")
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in result.json")
+
+    data = json.loads(text, parse_constant=refuse)
+    assert data["config"]["path"] == str(tmp_path / "s.yaml")
+    assert (data["metrics"]["value"], data["metrics"]["n"], data["metrics"]["stderr"]) == (0.5, 40, None)
+    assert data["metrics"]["invalid_rate"] is None and data["metrics"]["flexible_extract"] is None  # float32: no float
+    assert data["gate"]["numbers"] == [1.0, None, {"ratio": None}]
+    assert load_result(path) == data
+
+
+def test_a_value_json_cannot_hold_is_an_error_not_a_result_json(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="^cannot write object to JSON$"):
+        write_result(tmp_path / "x", _record("x", "PASS", evaluation={"odd": object()}))
+    assert not (tmp_path / "x" / "result.json").exists()
+
+
+def test_the_metric_and_gate_mode_come_from_the_config_summary_or_its_data() -> None:
+    from quantgate.harness.results import result_shape
+
+    nested = result_shape({"config": {"data": {"metric": "acc", "gate": "absolute"}}})
+    assert nested["metrics"]["metric"] == "acc" and nested["gate"]["mode"] == "absolute"  # a gate given by name
+    top = result_shape({"config": {"metric": "top", "gate": {"mode": "wilson"},
+                                   "data": {"metric": "inner", "gate": {"mode": "absolute"}}}})
+    assert top["metrics"]["metric"] == "top" and top["gate"]["mode"] == "wilson"
+    bare = result_shape({"config": {"data": "not a mapping"}})
+    assert bare["metrics"]["metric"] is None and bare["gate"]["mode"] is None
+    assert bare["server"] == {"command": None, "startup_s": None, "exit_status": None, "log": None}
+    assert bare["gate"] == {"mode": None, "passed": None, "explanation": None}
+
+
+def test_the_record_keeps_none_for_what_result_json_fills(tmp_path: Path) -> None:
+    record = _record("k", "ERROR", gate={"mode": None}, server={"command": "x"})
+    data = record.to_dict()
+    assert data["gate"] == {"mode": None, "passed": None, "explanation": None}
+    assert record.gate == {"mode": None} and record.server == {"command": "x"}
+
+
+def test_result_json_read_errors_say_what_is_wrong(tmp_path: Path) -> None:
+    from quantgate.harness.results import load_result
+
+    path = tmp_path / "result.json"
+    for not_an_object in ([{"schema_version": 1}], "schema_version: 1"):
+        path.write_text(json.dumps(not_an_object))
+        with pytest.raises(ValueError, match=r"^not a quantgate result.json \(no schema_version\)$"):
+            load_result(path)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "name": "x", "verdict": "PASS"}))
+    with pytest.raises(ValueError) as error:
+        load_result(path)
+    assert str(error.value) == (f"schema_version {SCHEMA_VERSION + 1}; this quantgate reads up to {SCHEMA_VERSION}: "
+                                "upgrade quantgate")
+    base = {"schema_version": SCHEMA_VERSION, "name": "x", "verdict": "PASS"}
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "name": "x"}))
+    with pytest.raises(ValueError, match="^'verdict' must be a string, it is missing; "):
+        load_result(path)
+    path.write_text(json.dumps({**base, "timings": [1.5]}))
+    with pytest.raises(ValueError, match=re.escape("'timings' must be an object (or null), got [1.5]; it is not")):
+        load_result(path)
+    path.write_text(json.dumps({**base, "reason": 3}))
+    with pytest.raises(ValueError, match="^'reason' must be a string, got 3; "):
+        load_result(path)
+    # What a run never got to is null or absent: both are read.
+    nulls = {**base, "reason": None, "started_at": None, "config": None, "metrics": None, "gate": None,
+             "expect": None, "evaluation": None, "dataset": None, "timings": None}
+    path.write_text(json.dumps(nulls))
+    assert load_result(path) == nulls
+    path.write_text(json.dumps(base))
+    assert load_result(path) == base
+    path.write_text("{")
+    with pytest.raises(json.JSONDecodeError):
+        load_result(path)
+    with pytest.raises(FileNotFoundError):
+        load_result(tmp_path / "missing" / "result.json")
+
+
+def test_an_output_dir_of_exactly_five_runs_names_them_all(tmp_path: Path) -> None:
+    for name in "abcde":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema_version": 1, "name": name, "verdict": "PASS"}))
+    with pytest.raises(ValueError) as error:
+        load_result(tmp_path)
+    assert str(error.value).endswith(str(tmp_path / "e"))
+    # A run directory whose config ran sub-runs of its own is still read as the run directory.
+    write_result(tmp_path, _record("top", "PASS"))
+    assert load_result(tmp_path)["name"] == "top"
+
+
+def test_unwritable_artifacts_name_the_path_the_os_error_and_the_fix(tmp_path: Path) -> None:
+    import errno
+
+    from quantgate.harness.results import ArtifactsUnwritable
+
+    full = ArtifactsUnwritable.of(tmp_path / "a", OSError(errno.ENOSPC, "No space left on device"))
+    assert str(full) == (f"artifacts cannot be written to {tmp_path / 'a'} ([Errno {errno.ENOSPC}] No space left on "
+                         "device); free space or pass another --output-dir and run again")
+    assert full.errno == errno.ENOSPC and isinstance(full, OSError)
+    for code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        denied = ArtifactsUnwritable.of(tmp_path, OSError(code, "denied"))
+        assert "; make it writable or pass another --output-dir and run again" in str(denied) and denied.errno == code
+    assert "(odd)" in str(ArtifactsUnwritable.of(tmp_path, OSError("odd")))
+    assert "(OSError)" in str(ArtifactsUnwritable.of(tmp_path, OSError()))
+
+
+def test_artifact_paths_of_the_wrong_kind_or_named_twice_are_refused(tmp_path: Path) -> None:
+    folder, file = tmp_path / "out", tmp_path / "junit.xml"
+    folder.mkdir()
+    file.write_text("<testsuites/>")
+    assert artifact_path_problems([("--junit", folder, False), ("--output-dir", file, True)]) == [
+        f"--junit {folder} is a folder; pass a file path", f"--output-dir {file} is a file; pass a folder path"]
+    assert artifact_path_problems([("--junit", tmp_path / "r.xml", False), ("--markdown", None, False),
+                                   ("--markdown", folder / ".." / "r.xml", False)]) == [
+        f"--junit and --markdown are the same path {tmp_path / 'r.xml'}; pass different paths"]
+
+
+def test_timestamps_and_versions_of_a_result_json() -> None:
+    from quantgate.harness.results import harness_versions, now_iso, package_version
+
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", now_iso())
+    assert package_version("no-such-package-quantgate-test") is None
+    versions = harness_versions()
+    assert set(versions) == {"quantgate", "lm_eval", "torch"} and versions["quantgate"] is not None
+    assert versions["torch"] == package_version("torch") and versions["lm_eval"] == package_version("lm_eval")
+
+
+def test_result_json_is_schema_version_1(tmp_path: Path) -> None:
+    """Other tools parse result.json: SCHEMA_VERSION changes only with a key that disappears or
+    changes meaning (then readers of 1 must be told), never by accident."""
+    assert json.loads(write_result(tmp_path, _record("v", "PASS")).read_text())["schema_version"] == 1
