@@ -289,3 +289,15 @@ def test_model_text_names_a_group_of_three_without_and_more(capsys, monkeypatch)
     assert main(["kernels", "--capability", "9.0", "--model", str(BLOCK_MODEL)]) == 0
     assert ("  3 module(s): model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, model.layers.2.mlp.down_proj"
             in capsys.readouterr().out.splitlines())
+
+
+def test_model_applies_the_requested_moe_backend_to_its_experts(capsys):
+    """auto takes triton for the MoE checkpoint's experts on 9.0; --moe-backend marlin must reach them."""
+    moe_model = str(REPO / "models" / "tiny-qwen3-moe-fp8-block-native")
+    code, report = _json(capsys, "--capability", "9.0", "--model", moe_model, "--moe-backend", "marlin")
+    experts = [layer for layer in report["layers"] if layer["layer"] == "moe"]
+    assert code == 0 and experts and all(layer["requested"] == "marlin" for layer in experts)
+    assert {layer["selected"]["kernel"] for layer in experts} == {"MarlinMoEKernel"}
+    assert sum(len(layer["modules"]) for layer in experts) == 4
+    linear = [layer for layer in report["layers"] if layer["layer"] == "linear"]
+    assert linear and all(layer["requested"] == "auto" for layer in linear)

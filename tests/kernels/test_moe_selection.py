@@ -110,3 +110,27 @@ def test_auto_lists_the_candidates_in_the_registrys_documented_order(platform: s
     if platform == "8.0":
         between = select_moe_kernel(Platform.hypothetical("cuda", "8.6"), cfg)
         assert [c.kernel for c in between.candidates] == CANDIDATES["8.0"][scheme]
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS) + ["8.6", "10.0"])
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_falls_back_to_emulation_when_every_other_kernel_is_disabled(platform: str, scheme: Scheme) -> None:
+    """Emulation runs anywhere, so every MoE priority row lists it: auto never fails for want of it."""
+    from quantgate.kernels.registry import ALL_MOE_KERNELS
+
+    described = PLATFORMS.get(platform) or Platform.hypothetical("cuda", platform)
+    others = frozenset(k.kernel_name() for k in ALL_MOE_KERNELS) - {"EmulationMoEKernel"}
+    cfg = MoELayerConfig(scheme=scheme, **QWEN3_30B)
+    selection = select_moe_kernel(described, cfg, disabled=others)
+    assert selection.require().kernel_name() == "EmulationMoEKernel"
+    emulation = next(c for c in selection.candidates if c.kernel == "EmulationMoEKernel")
+    assert emulation.supported and emulation.reason is None
+
+
+def test_an_unknown_moe_backend_lists_the_known_ones_in_order() -> None:
+    from quantgate.kernels import UnknownBackendError
+
+    cfg = MoELayerConfig(scheme=B, **QWEN3_30B)
+    with pytest.raises(UnknownBackendError, match=r"unknown --moe-backend 'cutlass' \(known: auto, emulation, triton, "
+                                                  r"marlin\)$"):
+        select_moe_kernel(PLATFORMS["9.0"], cfg, "cutlass")

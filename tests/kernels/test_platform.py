@@ -68,3 +68,37 @@ def test_cuda_without_a_gpu_says_what_to_do_instead(monkeypatch) -> None:
 def test_a_described_platform_must_be_one_selection_knows(args, says) -> None:
     with pytest.raises(ValueError, match=says):
         Platform.hypothetical(*args)
+
+
+def test_a_detected_cpu_has_the_libraries_a_described_one_has() -> None:
+    """The pinned torch takes a scale per row on CPU (the torch backend's channel and tensor
+    layers need it), and pyproject installs triton on Linux x86-64, where its interpreter runs
+    on the CPU."""
+    import platform as host
+    import sys
+
+    from quantgate.kernels.platform import CPU_ROWWISE_SCALED_MM
+
+    triton = {"triton-interpreter"} if sys.platform == "linux" and host.machine() == "x86_64" else set()
+    assert Platform.detect("cpu").libraries == {CPU_ROWWISE_SCALED_MM} | triton
+    assert Platform.hypothetical("cpu").libraries == {CPU_ROWWISE_SCALED_MM}
+
+
+def test_a_cpu_name_counts_the_cores_this_process_may_use_not_the_machines(monkeypatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert Platform.detect("cpu").name.endswith(", 1 cores")
+
+
+def test_a_cpu_without_a_model_name_is_named_by_its_architecture(monkeypatch) -> None:
+    import platform as host
+    from pathlib import Path
+
+    def unreadable(self, *args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    monkeypatch.setattr(host, "processor", lambda: "")
+    monkeypatch.setattr(host, "machine", lambda: "aarch64")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert Platform.detect("cpu").name == "aarch64, 2 cores"

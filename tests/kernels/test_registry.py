@@ -203,6 +203,7 @@ def test_disabled_kernels_are_skipped_with_a_reason(monkeypatch):
 
 @pytest.mark.parametrize("value, hint", [("marlinfp8linearkernel", "did you mean 'MarlinFp8LinearKernel'"),
                                          ("torchscaledmm", "did you mean 'TorchScaledMMLinearKernel'"),
+                                         ("TorchScaledMM", "did you mean 'TorchScaledMMLinearKernel'"),
                                          ("MarlinFp8LinearKernel;X", "separate names with commas")])
 def test_a_disabled_name_that_is_no_kernel_class_is_an_error(monkeypatch, value, hint):
     # Ignored, it would leave marlin enabled while the debugging run believes it off.
@@ -367,3 +368,51 @@ def test_float32_activations_run_on_triton_where_it_runs(scheme):
     """Triton's W8A8 GEMM writes float32 outputs; cuBLASLt's and marlin's do not."""
     sel = select_linear_kernel(_platform(H200), _config(scheme, dtype=torch.float32))
     assert sel.require().kernel_name() == "TritonBlockFp8LinearKernel"
+
+
+# platform -> scheme -> the candidates auto reports as able to serve ("ok" in `quantgate kernels`).
+# A kernel the platform's row lists after the chosen one can serve; dropped from the row it would
+# be shown as refused ("auto picks only from the priority list"), and a disabled first kernel
+# could no longer fall back to it.
+_LINEAR_SERVABLE = {
+    CPU: {B: {"Emulation"}, C: {"Emulation", "TorchScaledMM"}, T: {"Emulation", "TorchScaledMM"},
+          U: {"Unquantized", "Emulation"}},
+    A100: {B: {"MarlinFp8", "Emulation"}, C: {"MarlinFp8", "Emulation"}, T: {"MarlinFp8", "Emulation"},
+           U: {"Unquantized", "Emulation"}},
+    L40S: {B: {"TritonBlockFp8", "MarlinFp8", "Emulation"},
+           C: {"TorchScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"},
+           T: {"TorchScaledMM", "MarlinFp8", "Emulation"}, U: {"Unquantized", "Emulation"}},
+    H200: {B: {"TorchBlockScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"},
+           C: {"TorchScaledMM", "TritonBlockFp8", "MarlinFp8", "Emulation"},
+           T: {"TorchScaledMM", "MarlinFp8", "Emulation"}, U: {"Unquantized", "Emulation"}},
+}
+
+
+@pytest.mark.parametrize("spec", list(_LINEAR_SERVABLE))
+@pytest.mark.parametrize("scheme", list(Scheme))
+def test_auto_shows_every_kernel_of_the_platforms_row_that_can_serve_as_ok(spec, scheme):
+    sel = select_linear_kernel(_platform(spec), _config(scheme))
+    servable = {c.kernel.removesuffix("LinearKernel") for c in sel.candidates if c.supported}
+    assert servable == _LINEAR_SERVABLE[spec][scheme]
+    assert all(c.reason is None for c in sel.candidates if c.supported)
+
+
+def test_cpu_falls_back_to_torch_when_emulation_is_disabled():
+    """On CPU the row goes on after emulation: row-wise `_scaled_mm` serves channel and tensor FP8."""
+    for scheme in (C, T):
+        sel = select_linear_kernel(_platform(CPU), _config(scheme), disabled=frozenset({"EmulationLinearKernel"}))
+        assert sel.require().kernel_name() == "TorchScaledMMLinearKernel"
+
+
+def test_a_kernel_refused_for_several_reasons_gives_the_first_check_that_fails():
+    """The platform before the layer, and then the layer's checks in order (scheme, shape, dtype):
+    a float32 unquantized layer on CPU asked of marlin is refused for the CPU, on 9.0 for the scheme."""
+    config = _config(U, k=100, dtype=torch.float32)
+    cpu = select_linear_kernel(_platform(CPU), config, "marlin")
+    assert cpu.candidates[0].reason == "requires CUDA (compute capability >= 8.0, bf16 tensor cores); this is cpu"
+    hopper = select_linear_kernel(_platform(H200), config, "marlin")
+    assert hopper.candidates[0].reason == "scheme unquantized not handled (handles: fp8-block, fp8-channel, fp8-tensor)"
+    # Shape before dtype: a K=100 float16 channel layer is refused by row-wise _scaled_mm for its K.
+    torch_mm = select_linear_kernel(_platform(H200), _config(C, k=100, dtype=torch.float16), "torch")
+    row_wise = next(c for c in torch_mm.candidates if c.kernel == "TorchScaledMMLinearKernel")
+    assert "multiples of 16" in row_wise.reason and "row-wise" not in row_wise.reason

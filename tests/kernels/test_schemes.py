@@ -38,3 +38,13 @@ def test_a_config_without_a_scale_name_reads_weight_scale_in_128_blocks(config_c
     block = config_class(*sizes, Scheme.FP8_BLOCK)
     assert (block.scale_name, block.block_size) == ("weight_scale", (128, 128))
     assert config_class(*sizes, Scheme.FP8_CHANNEL).block_size is None
+
+
+def test_a_config_without_a_dtype_computes_in_bfloat16():
+    """The benchmarks build layers without a dtype: what they select for is a bf16 checkpoint's
+    choice (row-wise _scaled_mm serves bf16 and not fp16, so the default decides the kernel)."""
+    import torch
+
+    assert LinearLayerConfig(256, 128, Scheme.FP8_CHANNEL).act_dtype is torch.bfloat16
+    moe = MoELayerConfig(4, 2, 128, 128, Scheme.FP8_CHANNEL)
+    assert (moe.act_dtype, moe.renormalize, moe.activation) == (torch.bfloat16, True, "silu")  # Qwen3-MoE's
