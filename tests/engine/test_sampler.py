@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from quantgate.engine.detokenizer import IncrementalDetokenizer
-from quantgate.engine.sampler import request_generator, sample
-from quantgate.engine.sampling_params import SamplingParams
+from quantgate.engine.sampler import _top_p_filter, request_generator, sample
+from quantgate.engine.sampling_params import InvalidRequestError, SamplingParams
 from quantgate.engine.sequence import Sequence
 
 
@@ -53,7 +53,8 @@ def test_request_generators_of_seeds_2_32_apart_draw_differently() -> None:
 
     for a, b in ((5, 5 + 2**32), (0, 2**32), (-1, 2**32 - 1), (2**63 - 1, 2**31 - 1), (2**40, 2**41)):
         assert draws(a) != draws(b), (a, b)
-    assert draws(1234) == torch.rand(8, generator=torch.Generator().manual_seed(1234)).tolist()
+    for seed in (0, 1234, 2**31, 2**32 - 1):  # every 32-bit seed, both ends included, is the generator's own
+        assert draws(seed) == torch.rand(8, generator=torch.Generator().manual_seed(seed)).tolist(), seed
     assert draws(2**40) == draws(2**40)  # still a seed: the same seed repeats
 
 
@@ -98,4 +99,66 @@ def test_a_stop_given_as_one_string_is_one_stop_string() -> None:
 def test_default_sampling_params_sample_as_vllms_do() -> None:
     params = SamplingParams()
     assert (params.temperature, params.top_p, params.max_tokens, params.stop) == (1.0, 1.0, 16, [])
+    # no logprobs unless asked (they cost every step, and keep greedy decodes from overlapping)
+    assert (params.logprobs, params.prompt_logprobs, params.seed, params.ignore_eos) == (None, False, None, False)
+    assert params.stop_token_ids == []
     assert not params.greedy
+
+
+def test_a_precomputed_greedy_tensor_is_used_and_left_unmodified() -> None:
+    """Inside a CUDA graph the argmax comes precomputed in the graph's own output buffer: the
+    sampled rows' draws go into a copy."""
+    logits = torch.randn(3, 960, generator=torch.Generator().manual_seed(4))
+    greedy = logits.argmax(dim=-1)
+    before = greedy.clone()
+    seqs = [_seq(SamplingParams(temperature=0.0)), _seq(SamplingParams(temperature=1.0), 5),
+            _seq(SamplingParams(temperature=0.0))]
+    tokens, _ = sample(logits, seqs, greedy)
+    assert torch.equal(greedy, before)
+    assert tokens[0] == before[0] and tokens[2] == before[2] and tokens[1] != before[1]
+
+
+def test_top_p_keeps_no_token_after_the_mass_has_reached_it() -> None:
+    """0.5 alone reaches top_p 0.5: the nucleus is that one token (vLLM's too), not the next one
+    as well. Probabilities exact in binary, so the boundary is exact."""
+    probs = torch.tensor([[0.125, 0.5, 0.25, 0.125]]).expand(2, -1)
+    kept = _top_p_filter(probs, torch.tensor([0.5, 0.75]))
+    assert kept.tolist() == [[0.0, 0.5, 0.0, 0.0], [0.0, 0.5, 0.25, 0.0]]
+
+
+def test_the_chosen_logprob_is_each_rows_own_when_other_rows_want_none() -> None:
+    logits = torch.randn(3, 960, generator=torch.Generator().manual_seed(6))
+    seqs = [_seq(SamplingParams(temperature=0.0)), _seq(SamplingParams(temperature=0.0, logprobs=2)),
+            _seq(SamplingParams(temperature=0.0, logprobs=0))]
+    tokens, logprobs = sample(logits, seqs)
+    lp = torch.log_softmax(logits, dim=-1)
+    assert logprobs[0] is None
+    assert logprobs[1][0] == pytest.approx(lp[1, tokens[1]].item()) and len(logprobs[1][1]) == 2
+    assert logprobs[2] == (pytest.approx(lp[2, tokens[2]].item()), {})
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(max_tokens=-1), "max_tokens must be >= 0, got -1"),
+    (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
+    (dict(top_p=1.5), "top_p must be in (0, 1], got 1.5"),
+    (dict(top_p=0.0), "top_p must be in (0, 1], got 0.0"),
+    (dict(logprobs=-1), "logprobs must be between 0 and 20, got -1"),
+    (dict(logprobs=21), "logprobs must be between 0 and 20, got 21"),
+    (dict(stop=[5]), "stop must be a list of non-empty strings"),  # else a TypeError (not a 4xx) when it is added
+    (dict(stop=["ok", ""]), "stop must be a list of non-empty strings"),
+])
+def test_each_bad_sampling_parameter_is_refused_naming_its_range(params: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**params)
+    assert str(err.value) == message
+
+
+def test_sampling_parameters_at_the_edges_of_their_ranges_are_accepted() -> None:
+    params = SamplingParams(max_tokens=0, temperature=0.0, top_p=1.0, logprobs=0)
+    assert (params.max_tokens, params.logprobs, params.greedy) == (0, 0, True)
+    assert SamplingParams(max_tokens=None, logprobs=20, top_p=1e-300).logprobs == 20
+
+
+def test_temperatures_below_1e_5_are_greedy_and_from_1e_5_sampled() -> None:
+    assert SamplingParams(temperature=9.99e-6).greedy and SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=1e-5).greedy and not SamplingParams(temperature=1e-3).greedy

@@ -91,3 +91,21 @@ def test_finishing_frees_the_slot_once_and_a_waiting_request_leaves_the_queue():
     scheduler.finish(running)  # a second finish (e.g. an abort racing the last step) frees nothing more
     assert running.slot is None and scheduler.kv.num_free == 2
     assert not scheduler.has_unfinished() and scheduler.schedule().empty
+
+
+def test_decodes_come_in_increasing_slot_order_and_a_prefill_is_not_also_decoded():
+    """Decode attention relies on the slot order; a slot freed early goes to the next request,
+    which then decodes first although it came last. A request prefilled this step decodes from
+    the next one."""
+    scheduler = _scheduler(slots=3)
+    seqs = {name: _seq(name, 1) for name in "abcd"}
+    for name in "abc":
+        scheduler.add(seqs[name])
+    assert _admitted(scheduler) == ["a", "b", "c"]
+    scheduler.finish(seqs["a"])
+    scheduler.add(seqs["d"])
+    step = scheduler.schedule()
+    assert [s.request_id for s in step.prefills] == ["d"] and [s.request_id for s in step.decodes] == ["b", "c"]
+    assert seqs["d"].slot == 0
+    decode_only = scheduler.schedule()
+    assert [s.request_id for s in decode_only.decodes] == ["d", "b", "c"] and not decode_only.empty
