@@ -37,6 +37,10 @@ class SamplingParams:
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings")
+        # bool is an int to Python, but `true` as a token id is a client's mistake, not token 1
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be a list of token ids (integers >= 0)")
 
     @property
     def greedy(self) -> bool:

@@ -146,6 +146,11 @@ def test_the_chosen_logprob_is_each_rows_own_when_other_rows_want_none() -> None
     (dict(logprobs=21), "logprobs must be between 0 and 20, got 21"),
     (dict(stop=[5]), "stop must be a list of non-empty strings"),  # else a TypeError (not a 4xx) when it is added
     (dict(stop=["ok", ""]), "stop must be a list of non-empty strings"),
+    (dict(stop_token_ids=[3, -1]), "stop_token_ids must be a list of token ids (integers >= 0)"),
+    (dict(stop_token_ids=[True]), "stop_token_ids must be a list of token ids (integers >= 0)"),
+    (dict(stop_token_ids=["3"]), "stop_token_ids must be a list of token ids (integers >= 0)"),
+    (dict(stop_token_ids="3"), "stop_token_ids must be a list of token ids (integers >= 0)"),
+    (dict(stop_token_ids=3), "stop_token_ids must be a list of token ids (integers >= 0)"),
 ])
 def test_each_bad_sampling_parameter_is_refused_naming_its_range(params: dict, message: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
