@@ -105,6 +105,34 @@ def test_port_in_use_moves_to_another_port(tmp_path: Path, gsm8k_dir: Path) -> N
     assert f"(server_args' --port {taken} was in use)" in output  # said where the run is watched
 
 
+def test_a_fixed_port_answered_by_a_proxy_is_evaluated_with_a_warning_where_the_run_is_watched(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener outside the server's process tree that stays up (a container's proxy) is taken
+    as the server's: the console says so, not only server.log and result.json."""
+    from quantgate.harness import server as server_mod
+    from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
+
+    port = server_mod.free_port("127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if k != server_mod.RUNNER_ENV}  # no other quantgate run's
+    proxy = subprocess.Popen([sys.executable, str(FAKE_SERVER), "fake-model", *fake_args(gsm8k_dir), "--port",
+                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not server_mod.listening_sockets(proxy.pid, port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setattr(server_mod, "port_is_free", lambda p, host="127.0.0.1": True)
+        monkeypatch.setattr(server_mod, "FOREIGN_LISTENER_WAIT_S", 0.5)
+        config = write_config(tmp_path, "proxied", gsm8k_dir, {"port": port, "startup_delay": 30}, num_questions=4)
+        code, output = run_in_process([config], tmp_path / "out")
+    finally:
+        proxy.kill()
+        proxy.wait()
+    result = load_json(tmp_path / "out" / "proxied" / "result.json")
+    assert code == 0 and result["server"]["foreign_listener"] is True and result["server"]["port"] == port, output
+    assert (f"warning: port {port} is answered by a process outside the server's process tree (a container's "
+            "proxy?)") in output
+
+
 def _start_run(tmp_path: Path, *configs: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "quantgate.harness.cli", "run", *map(str, configs),
                              "--output-dir", str(tmp_path / "out")], stdout=subprocess.PIPE,
@@ -284,6 +312,8 @@ def test_a_full_disk_is_an_error_that_loses_no_verdict_and_stops_no_other_config
     assert "gate absolute passed" in first["reason"]  # what the run measured is not lost
     assert load_json(tmp_path / "out" / "second" / "result.json")["verdict"] == "PASS"
     assert "ERROR third" in output and "artifacts cannot be written to" in output
+    third = next(line for line in output.splitlines() if "ERROR third" in line)  # its own error, said once
+    assert third.count("artifacts cannot be written to") == 1 and "result.json could not be written either" in third
     assert (tmp_path / "out" / "summary.md").is_file()
     assert f"could not write {tmp_path / 'out' / 'junit.xml'}" in output.replace("\n", "")
     assert not list((tmp_path / "out").rglob("*.tmp"))
@@ -533,7 +563,8 @@ def test_a_signal_during_a_finished_configs_teardown_cuts_its_grace_so_the_resul
     from quantgate.harness.server import INTERRUPTED_GRACE_S, TEARDOWN_GRACE_S
 
     config = write_config(tmp_path, "done", gsm8k_dir, {"note_sigterm": True}, num_questions=4)
-    proc = _start_run(tmp_path, config)
+    after = write_config(tmp_path, "after", gsm8k_dir, num_questions=4)
+    proc = _start_run(tmp_path, config, after)
     log = tmp_path / "out" / "done" / "server.log"
     _wait_for(log, "fake server: SIGTERM received", proc)  # the runner's teardown has begun
     pid = int(log.read_text().split("# quantgate: pid ")[1].split()[0])
@@ -546,4 +577,7 @@ def test_a_signal_during_a_finished_configs_teardown_cuts_its_grace_so_the_resul
     assert not pid_alive(pid) and group_members(pid) == []
     result = load_json(tmp_path / "out" / "done" / "result.json")
     assert result["verdict"] == "PASS" and result["server"]["exit_status"] == -signal.SIGKILL
+    # the signal held while the result was written still ends the run: the next config never starts
+    after_result = load_json(tmp_path / "out" / "after" / "result.json")
+    assert after_result["reason"] == "not started: the run was interrupted by SIGTERM"
     assert (tmp_path / "out" / "junit.xml").is_file() and (tmp_path / "out" / "summary.md").is_file()

@@ -253,6 +253,7 @@ def test_startup_timeout_stops_the_server(tmp_path: Path, gsm8k_dir: Path) -> No
     with pytest.raises(ServerStartError, match="startup_max_wait_seconds") as info:
         launch(cmd, tmp_path / "server.log", startup_timeout_s=1.5)
     assert time.monotonic() - started < 1.5 + 5
+    assert "it was stopped. Raise startup_max_wait_seconds if loading is legitimately slow" in str(info.value)
     assert info.value.startup_s >= 1.5
     server = server_mod.LaunchedServer(cmd, tmp_path / "again.log")  # result.json's server.startup_s too (was 0.0)
     with pytest.raises(ServerStartError):
@@ -276,16 +277,82 @@ def test_preferred_port_in_use_gets_another_port(tmp_path: Path, gsm8k_dir: Path
             server.stop()
 
 
-def test_an_address_in_use_at_every_launch_is_named_with_the_ports_tried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("said", [
+    "OSError: [Errno 98] Address already in use",
+    "Error: listen EADDRINUSE 127.0.0.1:8000",  # the errno's name alone, in upper case
+], ids=["python", "errno-name"])
+def test_an_address_in_use_at_every_launch_is_named_with_the_ports_tried(tmp_path: Path, said: str) -> None:
     """A port the server opens besides --port (vLLM's own) taken by another process fails every
     relaunch; the reason said only "see the log's tail"."""
-    dies = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use'); raise SystemExit(1)"]
+    dies = [sys.executable, "-c", f"print({said!r}); raise SystemExit(1)"]
     command = ServerCommand(argv=dies, env={}, served_model="m", preferred_port=None, host="127.0.0.1", api_key=None)
+    server = server_mod.LaunchedServer(command, tmp_path / "server.log")
     with pytest.raises(ServerStartError) as info:
-        launch(command, tmp_path / "server.log", startup_timeout_s=30)
+        server.start(startup_timeout_s=30)
     message = str(info.value)
     assert f"an address was in use on each of the {server_mod.PORT_ATTEMPTS} launches" in message, message
+    assert len(server.ports_tried) == server_mod.PORT_ATTEMPTS and f"ports {server.ports_tried}" in message
     assert "stop the other server" in message and not info.value.refused_config
+
+
+_SHARES_ITS_PORT = """
+import http.server, socket, sys
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+class Server(http.server.HTTPServer):
+    def server_bind(self):  # as vLLM binds: another listener may share the port
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+print("listening, sharing the port", flush=True)
+Server(("127.0.0.1", int(sys.argv[-1])), Ok).serve_forever()
+"""
+
+
+def test_a_port_another_listener_shares_at_every_launch_is_an_error_naming_the_ports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ours is healthy, but another job's server listens beside it (SO_REUSEPORT) and would take a
+    share of the requests: relaunched, and after the last attempt an error that says to drop the
+    fixed --port, with nothing of ours left running."""
+    import http.server
+    import threading
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    class Sharing(http.server.ThreadingHTTPServer):
+        def server_bind(self) -> None:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            super().server_bind()
+
+    other = Sharing(("127.0.0.1", 0), Ok)
+    port = other.server_address[1]
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    monkeypatch.setattr(server_mod, "free_port", lambda host="127.0.0.1": port)  # each attempt meets it
+    log = tmp_path / "server.log"
+    server = server_mod.LaunchedServer(ServerCommand(argv=[sys.executable, "-c", _SHARES_ITS_PORT], env={},
+                                                     served_model="m"), log)
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.start(startup_timeout_s=30)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert server.ports_tried == [port] * server_mod.PORT_ATTEMPTS
+    assert f"other processes listened on each port tried ({server.ports_tried})" in str(info.value)
+    assert "drop it" in str(info.value) and info.value.exit_status is None
+    text = log.read_text()
+    assert text.count(f"another process listens on port {port} too; relaunching") == server_mod.PORT_ATTEMPTS
+    assert text.splitlines().count("listening, sharing the port") == server_mod.PORT_ATTEMPTS  # each got there
+    assert group_members(server.pgid) == [] and not pid_alive(server.pgid)
 
 
 def test_lost_port_race_relaunches_on_another_port(tmp_path: Path, gsm8k_dir: Path,
