@@ -31,7 +31,9 @@ def test_concurrent_streams_match_the_synchronous_engine(async_engine, dense_eng
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12]]  # one more than the 4 slots
 
     async def main():
-        return await asyncio.gather(*(_collect(async_engine, f"r{i}", p, params) for i, p in enumerate(prompts)))
+        # bounded: a stream that never ends after its last output fails here, not at the suite's timeout
+        return await asyncio.wait_for(asyncio.gather(
+            *(_collect(async_engine, f"r{i}", p, params) for i, p in enumerate(prompts))), timeout=60)
 
     streams = asyncio.run(main())
     for i, (p, outs) in enumerate(zip(prompts, streams)):
@@ -43,7 +45,11 @@ def test_concurrent_streams_match_the_synchronous_engine(async_engine, dense_eng
         assert [t for o in outs for t in o.new_token_ids] == expected
 
 
-def test_leaving_a_stream_early_aborts_the_request(async_engine):
+def test_leaving_a_stream_early_aborts_the_request(async_engine, monkeypatch):
+    # 100 steps now take over 2 s: a request left running would outlast the wait below
+    step = async_engine.engine.step
+    monkeypatch.setattr(async_engine.engine, "step", lambda: (time.sleep(0.02), step())[1])
+
     async def main():
         stream = async_engine.generate("early", [1, 2, 3], SamplingParams(max_tokens=100, temperature=0,
                                                                           ignore_eos=True))
@@ -57,7 +63,8 @@ def test_leaving_a_stream_early_aborts_the_request(async_engine):
         return False
 
     assert asyncio.run(main())
-    assert async_engine.stats()["kv_slots_used"] == 0
+    stats = async_engine.stats()
+    assert stats["kv_slots_used"] == 0 and stats["num_generated_tokens"] < 100
 
 
 def test_invalid_requests_raise_in_the_caller_and_the_engine_keeps_serving(async_engine):
@@ -133,7 +140,7 @@ def test_a_duplicate_request_id_is_refused_and_the_first_request_keeps_its_strea
         first = asyncio.ensure_future(_collect(async_engine, "dup", [1, 2, 3], SamplingParams(
             max_tokens=40, temperature=0, ignore_eos=True)))
         await asyncio.sleep(0)  # the first registers its stream
-        with pytest.raises(InvalidRequestError, match="'dup' is already running"):
+        with pytest.raises(InvalidRequestError, match="'dup' is already running; use a new id"):
             await _collect(async_engine, "dup", [4, 5], SamplingParams(max_tokens=2))
         return await asyncio.wait_for(first, timeout=30)
 
@@ -201,7 +208,7 @@ def test_streams_waiting_when_the_engine_stops_get_an_error_not_silence(async_en
         with pytest.raises(EngineDeadError):
             await _collect(async_engine, "late", [1], SamplingParams(max_tokens=1))
         with pytest.raises(EngineDeadError):
-            await async_engine.reload_weights()
+            await asyncio.wait_for(async_engine.reload_weights(), timeout=10)
 
     asyncio.run(main())
 

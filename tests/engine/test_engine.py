@@ -107,6 +107,18 @@ def test_max_tokens_zero_returns_only_prompt_logprobs(dense_engine, length):
     assert len(out.prompt_logprobs) == length
 
 
+def test_prompt_logprobs_have_as_many_alternatives_as_logprobs_asks(dense_engine):
+    """echo with logprobs=0 wants each prompt token's own logprob and no alternatives (None: a
+    direct engine caller that asked for no logprobs at all)."""
+    for k in (None, 0, 2):
+        dense_engine.add_request(f"k{k}", [1, 2, 3, 4, 5],
+                                 SamplingParams(max_tokens=0, logprobs=k, prompt_logprobs=True))
+    outs = run_to_completion(dense_engine)
+    for k in (None, 0, 2):
+        (out,) = outs[f"k{k}"]
+        assert [len(top) for _, top in out.prompt_logprobs[1:]] == [k or 0] * 4, k
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(dense_engine, seed):
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True)
     dense_engine.add_request("s1", [7, 8, 9], params)
