@@ -69,7 +69,7 @@ def test_special_tokens_generated_among_the_text_are_not_returned(tok: Tokenizer
     assert _run(IncrementalDetokenizer(tok, tok.encode("Q").ids, []), generated) == ("Hi there", False)
 
 
-def test_a_stream_holds_back_only_what_may_start_a_stop_string(tok: Tokenizer) -> None:
+def test_a_stream_holds_back_the_longest_stop_string_less_one_character(tok: Tokenizer) -> None:
     for stops, held in (([], ""), (["#", "###"], "72")):  # the longest stop string less one character
         detok = IncrementalDetokenizer(tok, tok.encode("Q").ids, stops)
         streamed = ""
