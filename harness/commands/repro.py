@@ -161,7 +161,8 @@ def _script(item: PlannedConfig, port: int, eval_cmd: list[str], task_file: Path
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(_eval_env(config, command.api_key)).items())
     server = command.shell(port, redact=True)
     secrets = [] if server == command.shell(port) and not command.api_key else [
-        "# secrets are shown as <redacted>: put the config's values there (or run this with --run)"]
+        "# secrets are shown as <redacted>: put the real values there (the config's, or your "
+        "environment's for a key it does not set), or run this with --run"]
     return "\n".join([
         f"# quantgate repro: {config.name} ({config.source}), engine {config.engine}",
         *secrets,

@@ -77,7 +77,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         "seconds)")
     p.add_argument("--stall-s", type=float, default=30.0, help="--broken stall_body: seconds before the body; trickle_body: between its bytes")
     p.add_argument("--finish-reason", default="stop", help="every completion's finish_reason (length: cut at "
-                                                          "max_tokens)")
+                                                          "max_tokens; null: none given, as some servers do)")
     p.add_argument("--answer-as", default=None,
                    help="completions name this model, not the one asked for (a proxy answering from another model)")
     p.add_argument("--kernels-status", type=int, default=None, help="answer GET /v1/kernels with this error status")
@@ -314,16 +314,17 @@ def _handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
             time.sleep(args.latency)
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
             answered_as = args.answer_as or engine.served
+            finish_reason = None if args.finish_reason == "null" else args.finish_reason
             if self.path == "/v1/chat/completions":  # the last user turn holds the question
                 question = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
                 message = {"role": "assistant", "content": engine.text_for(question)}
                 self._send(200, {"id": f"chat-{seen}", "object": "chat.completion", "model": answered_as,
-                                 "choices": [{"index": 0, "message": message, "finish_reason": args.finish_reason}],
+                                 "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
                                  "usage": usage})
                 engine.sent_one()
                 return
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-            choices = [{"index": i, "text": engine.text_for(p), "finish_reason": args.finish_reason, "logprobs": None}
+            choices = [{"index": i, "text": engine.text_for(p), "finish_reason": finish_reason, "logprobs": None}
                        for i, p in enumerate(prompts)]
             self._send(200, {"id": f"cmpl-{seen}", "object": "text_completion", "model": answered_as,
                              "choices": choices, "usage": usage})

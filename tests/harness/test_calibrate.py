@@ -225,6 +225,22 @@ def test_the_summary_line_has_the_spread_of_the_runs(tmp_path: Path) -> None:
     assert "mean 0.7867, sample stdev 0.0153, min 0.7700, max 0.8000, n per run 1319" in text
 
 
+def test_the_pasted_reference_has_the_spread_and_count_of_the_runs(tmp_path: Path) -> None:
+    text = _proposal(tmp_path, "accuracy_threshold: 0.5\n", [0.80, 0.77, 0.79], 1319)
+    reference = json.loads(text.split("reference: ", 1)[1].splitlines()[0])
+    assert [reference[key] for key in ("value", "stdev", "runs", "n")] == [0.7867, 0.0153, 3, 1319]
+    assert "#   run-to-run spread: 3 * stdev = 0.0458 (a gate tighter than this below the mean flakes)" in text
+    # The absolute gate's tolerance hint: one standard error of a 0.5 mean at n 20 is sqrt(0.25 / 20).
+    assert "(one standard error at n 20: 0.1118)" in _proposal(tmp_path, "accuracy_threshold: 0.5\n", [0.5, 0.5], 20)
+
+
+def test_the_hypothesis_noise_warning_comes_before_any_run_fails(tmp_path: Path) -> None:
+    # Both runs pass (threshold 0.7665), but 3 * stdev 0.0318 exceeds the margin 0.0260 (2 * stdev would not).
+    text = _proposal(tmp_path, "reference: {value: 0.8}\ngate: hypothesis\n", [0.80, 0.785], 1319)
+    assert "would fail" not in text
+    assert "# WARNING: 3 * stdev = 0.0318 exceeds the hypothesis margin (reference - threshold = 0.0260)" in text
+
+
 def test_a_recovery_gate_checks_no_run_against_a_reference(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text("model_name: m\naccuracy_threshold: 0.5\n")
     text = _proposal(tmp_path, "baseline: base\ngate: recovery\n", [0.10, 0.80], 1319)
@@ -265,6 +281,18 @@ def test_a_config_error_after_a_retryable_one_exits_3(tmp_path: Path, gsm8k_dir:
                                          usage_error=True)])
     config = write_config(tmp_path, "c", gsm8k_dir)
     assert cli(["calibrate", str(config), "--runs", "3", "--output-dir", str(tmp_path / "cal")]) == 3
+
+
+def test_a_baseline_with_the_configs_own_error_exits_3(tmp_path: Path, gsm8k_dir: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The baseline's own config error (a retry repeats it) is 3, as `quantgate run` exits, not 2."""
+    _run_records(monkeypatch, [RunRecord(name="base", verdict="ERROR", reason="prompt too long", config={},
+                                         usage_error=True)])
+    write_config(tmp_path, "base", gsm8k_dir)
+    cand = write_config(tmp_path, "cand", gsm8k_dir, baseline="base", gate="paired")
+    assert cli(["calibrate", str(cand), "--runs", "2", "--output-dir", str(tmp_path / "cal")]) == 3
+    assert "error: baseline base measured nothing (prompt too long)" in capsys.readouterr().err
 
 
 def test_a_run_without_a_value_measured_nothing(tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch,

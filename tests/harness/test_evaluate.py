@@ -4,7 +4,9 @@ the scores, per-question records, and failed requests that are never scored."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
+import hashlib
 import json
 import os
 import re
@@ -17,8 +19,8 @@ import pytest
 import yaml
 
 from quantgate.harness.evaluate import (EvalSettings, EvalSetupError, check_metric, compile_templates_once,
-                                        installed_task_yaml, model_args, per_question, run_eval, task_config,
-                                        write_task_yaml)
+                                        installed_task_yaml, lm_eval_command, model_args, per_question, run_eval,
+                                        task_config, write_task_yaml)
 from quantgate.harness.server import LaunchedServer, build_command
 from tests.harness import runner_fixtures
 from tests.harness.runner_fixtures import FAKE_SERVER, expected_accuracy, fake_args, launch
@@ -67,6 +69,16 @@ def test_task_yaml_is_the_installed_one_with_only_the_dataset_replaced(tmp_path:
     assert all(Path(p).is_absolute() for p in data_files.values())
 
 
+def test_relative_data_files_are_written_as_absolute_paths(tmp_path: Path, gsm8k_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """lm-eval resolves a relative data file against its own CWD, not the config's: `quantgate repro`'s
+    lm_eval command, run from elsewhere, would load another file or none."""
+    monkeypatch.chdir(gsm8k_dir.parent)
+    written = write_task_yaml(_settings(Path(gsm8k_dir.name), tmp_path / "run"))
+    assert yaml.safe_load(written.read_text())["dataset_kwargs"]["data_files"] == {
+        "test": str((gsm8k_dir / "test.jsonl").resolve()), "train": str((gsm8k_dir / "train.jsonl").resolve())}
+
+
 def test_unknown_metric_and_missing_train_file_are_setup_errors(tmp_path: Path, gsm8k_dir: Path) -> None:
     with pytest.raises(EvalSetupError, match="exact_match,flexible-extract"):
         check_metric(task_config("gsm8k")[1], "exact_match,strict")
@@ -96,6 +108,9 @@ def test_a_task_with_its_own_few_shot_examples_is_rebuilt_without_a_train_file(t
     assert "train" not in yaml.safe_load(written.read_text())["dataset_kwargs"]["data_files"]
     with pytest.raises(EvalSetupError, match="no train file to draw few-shot examples from"):
         write_task_yaml(_settings(gsm8k_dir, tmp_path / "plain", task="gsm8k", train_file=None, num_fewshot=8))
+    zero_shot = write_task_yaml(_settings(gsm8k_dir, tmp_path / "zero", task="gsm8k", train_file=None, num_fewshot=0))
+    assert yaml.safe_load(zero_shot.read_text())["dataset_kwargs"]["data_files"] == {
+        "test": str((gsm8k_dir / "test.jsonl").resolve())}  # zero-shot draws no examples: no train file needed
 
 
 def test_a_file_name_is_not_a_task_name_and_the_error_names_the_task(tmp_path: Path) -> None:
@@ -203,7 +218,9 @@ def test_scores_match_what_the_server_answered(tmp_path: Path, gsm8k_dir: Path, 
     invalid = sum(s["invalid"] for s in outcome.samples) / 16
     assert outcome.metrics["invalid_rate"] == pytest.approx(invalid)
     assert 0 < outcome.server_busy_s <= outcome.eval_s
-    assert set(outcome.dataset_sha256) == {"test", "train"}
+    # by role: swapped, or one file hashed for both, the result would vouch for data it never read
+    assert outcome.dataset_sha256 == {role: hashlib.sha256((gsm8k_dir / f"{role}.jsonl").read_bytes()).hexdigest()
+                                      for role in ("test", "train")}
 
 
 def test_concurrency_one_uses_the_synchronous_path(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
@@ -241,10 +258,15 @@ def test_http_errors_are_never_scored_and_answers_so_far_are_kept(tmp_path: Path
     server = serve(error_after=5)
     outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=12, max_concurrency=1))
     assert outcome.error is not None and "500" in outcome.error
+    assert outcome.error.startswith("request failed after lm-eval's retries: ")  # a request, not lm-eval, failed
     assert "injected failure" in outcome.error  # the server's own words, not only its status
     assert outcome.answered == 5 and len(outcome.samples) == 5
     assert all(s["correct"] for s in outcome.samples)  # the five answered ones, scored by the task's filters
     assert outcome.metrics["complete"] is False and outcome.metrics["n"] == 5
+    assert outcome.requested == 12  # what was asked for, not only what was answered
+    # the answers before the abort keep their finish_reason, counted as in a complete run
+    assert [s["finish_reason"] for s in outcome.samples] == ["stop"] * 5
+    assert outcome.finish_reasons == {"stop": 5} and outcome.truncated == 0
 
 
 def test_a_hanging_server_fails_within_the_request_timeout(tmp_path: Path, gsm8k_dir: Path,
@@ -289,16 +311,19 @@ def test_an_answer_from_another_model_stops_the_evaluation_unless_the_server_nam
 
 
 @pytest.mark.parametrize("chat", [False, True])
-@pytest.mark.parametrize("reason, truncated", [("length", 6), ("stop", 0)])
+# Only "length" is a cut at max_tokens; a server that gives no finish_reason leaves the count unknown
+# (None), never 0 ("none was cut").
+@pytest.mark.parametrize("reason, truncated", [("length", 6), ("stop", 0), ("content_filter", 0), ("null", None)])
 def test_answers_cut_at_max_tokens_are_counted_and_marked(tmp_path: Path, gsm8k_dir: Path, serve, reason: str,
-                                                           truncated: int, chat: bool) -> None:
+                                                           truncated: int | None, chat: bool) -> None:
     server = serve(finish_reason=reason)
+    given = None if reason == "null" else reason
     for concurrency in (1, 4):
         outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=6, max_concurrency=concurrency,
                                      use_chat_completions=chat))
         assert outcome.error is None and outcome.truncated == truncated
-        assert outcome.finish_reasons == {reason: 6}
-        assert [s["finish_reason"] for s in outcome.samples] == [reason] * 6
+        assert outcome.finish_reasons == ({given: 6} if given else {})
+        assert [s["finish_reason"] for s in outcome.samples] == [given] * 6
 
 
 async def _interrupted() -> None:
@@ -351,6 +376,30 @@ def test_retry_after_is_read_for_429_and_503_only_and_bounded() -> None:
     for bad in ("nan", "inf", "-3", "Wed, 21 Oct 2026 07:28:00 GMT", ""):  # nan used to sleep forever
         assert 0.0 <= _retry_after_s(429, {"Retry-After": bad}) <= RETRY_AFTER_MAX_S
     assert _retry_after_s(429, None) == 0.0
+
+
+def test_retry_after_is_honoured_on_the_concurrent_path_too(tmp_path: Path, gsm8k_dir: Path, serve) -> None:
+    """max_concurrency > 1 sends through aiohttp, whose 429 is waited on in a path of its own."""
+    server = serve(error_after=0, error_status=429, retry_after=1.5)
+    outcome = run_eval(_settings(gsm8k_dir, tmp_path, server.base_url, limit=1, max_concurrency=2))
+    assert outcome.error is not None and "429" in outcome.error and outcome.answered == 0
+    # three attempts, each waiting its 1.5 s Retry-After (lm-eval's own backoff alone waits 2 s in all)
+    assert outcome.eval_s >= 3 * 1.5
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS])
+def test_a_full_disk_behind_a_libraries_own_error_is_named_with_its_fix(code: int) -> None:
+    """datasets re-raises a write the full disk refused as "Cannot find data file", keeping the OSError
+    as its cause: the run must say the disk is full, not that lm-eval stopped for no clear reason."""
+    from quantgate.harness.evaluate import _failure, disk_error
+
+    full = OSError(code, os.strerror(code))
+    wrapped = FileNotFoundError("Cannot find data file")
+    wrapped.__cause__ = full
+    assert disk_error(wrapped) is full
+    said = _failure(wrapped, None)
+    assert said.startswith("lm-eval stopped: a file could not be written") and "free space" in said
+    assert disk_error(OSError(errno.ENOENT, "missing")) is None
 
 
 @pytest.mark.parametrize("body, chat", [({"choices": [{"index": 0, "message": "not an object"}]}, True),
@@ -438,6 +487,22 @@ def test_importing_lm_eval_in_the_background_leaves_the_servers_environment_as_i
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_model_args_are_the_configs_and_the_api_key_is_never_among_them() -> None:
+    """`quantgate repro` prints model_args and the lm_eval command: a seed of 0 is a seed (left out,
+    lm-eval sends its own 1234), and the key goes only into the request header."""
+    settings = _settings(Path("."), Path("."), base_url="http://h:8/", seed=0, max_concurrency=3, max_tokens=48,
+                         request_timeout_s=2.4, api_key="s3cret-key")
+    assert model_args(settings) == {"base_url": "http://h:8/v1/completions", "model": "fake-model",
+                                    "tokenizer_backend": None, "tokenized_requests": False, "num_concurrent": 3,
+                                    "max_gen_toks": 48, "timeout": 2, "seed": 0}
+    assert model_args(_settings(Path("."), Path("."), request_timeout_s=0.2))["timeout"] == 1  # never 0: no bound
+    chat = _settings(Path("."), Path("."), use_chat_completions=True, api_key="s3cret-key", temperature=0.6)
+    command = lm_eval_command(chat, Path("/run/task/gsm8k.yaml"), Path("/run/lm_eval"))
+    assert "s3cret-key" not in " ".join(command)
+    assert command[command.index("--model") + 1] == "local-chat-completions" and "--apply_chat_template" in command
+    assert "base_url=http://127.0.0.1:9/v1/chat/completions" in command[command.index("--model_args") + 1]
 
 
 def test_a_response_is_checked_against_the_model_asked_for_only_when_it_names_one() -> None:

@@ -71,7 +71,7 @@ def test_diff_by_default_then_write_then_idempotent(tmp_path: Path, capsys: pyte
     assert '-  VLLM_TEST_FORCE_FP8_MARLIN: "1"' in diff and "+server_args:" in diff
     assert main(["migrate", "--write", str(path)]) == 0
     once = path.read_text()
-    capsys.readouterr()
+    assert capsys.readouterr().err.endswith(f"migrated {path}\n1 config(s): migrated 1\n")  # each file written
     assert main(["migrate", "--write", str(path)]) == 0 and main(["migrate", str(path)]) == 0
     assert path.read_text() == once and capsys.readouterr().out == ""
 

@@ -148,8 +148,11 @@ def test_repro_of_a_runs_result_reproduces_its_config(tmp_path: Path, gsm8k_dir:
     assert evaluation[evaluation.index("--limit") + 1] == "3"
     # --limit given to repro replaces the run's, and the output says so under the run's header.
     assert cli(["repro", str(tmp_path / "limited" / "ran"), "--limit", "2", "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
     assert "as that run ran it: engine vllm, 3 questions\n# given here instead: --limit 2 (that run: 3 questions)" \
-        in capsys.readouterr().out
+        in output
+    evaluation = shlex.split(_lines_after(output, "#    with the config's local dataset"))
+    assert evaluation[evaluation.index("--limit") + 1] == "2" and "--limit 2 " in _quantgate_runs(output)[0]
     config.unlink()
     assert cli(["repro", str(tmp_path / "out" / "ran" / "result.json")]) == 3
     err = capsys.readouterr().err
@@ -161,9 +164,43 @@ def test_repro_takes_one_config(tmp_path: Path, gsm8k_dir: Path, capsys: pytest.
     write_config(tmp_path, "a", gsm8k_dir)
     write_config(tmp_path, "b", gsm8k_dir)
     (tmp_path / "list.txt").write_text("a.yaml\nb.yaml\n")
-    for given in (tmp_path / "list.txt", tmp_path):
+    for given, kind in ((tmp_path / "list.txt", "list file"), (tmp_path, "folder")):
         assert cli(["repro", str(given)]) == 3
-        assert "repro takes one config file" in capsys.readouterr().err
+        assert f"repro takes one config file (or a run's result.json or run folder); {given} is a {kind}" \
+            in capsys.readouterr().err
+
+
+def test_repro_of_a_runs_result_with_engine_given_reproduces_on_that_engine(tmp_path: Path, gsm8k_dir: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine given to repro replaces the engine the run recorded, and the output says so."""
+    config = write_config(tmp_path, "ran", gsm8k_dir, num_questions=4)
+    assert cli(["run", str(config), "--output-dir", str(tmp_path / "out")]) == 0
+    result = tmp_path / "out" / "ran" / "result.json"
+    data = load_json(result)
+    data["config"]["engine"] = "builtin"  # as a run on the builtin engine records it
+    result.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli(["repro", str(result), "--engine", "vllm", "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert ("as that run ran it: engine builtin, 4 questions\n"
+            "# given here instead: --engine vllm (that run: builtin)\n") in output
+    assert _quantgate_runs(output) == [f"{RUN}{shlex.quote(str(config))} --engine vllm "
+                                       "--server-url http://127.0.0.1:8000"]
+
+
+def test_repro_quotes_paths_with_spaces_in_the_printed_commands(tmp_path: Path, gsm8k_dir: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "my configs"
+    folder.mkdir()
+    config = write_config(folder, "spaced", gsm8k_dir)
+    out = tmp_path / "repro out"
+    assert cli(["repro", str(config), "--output-dir", str(out)]) == 0
+    output = capsys.readouterr().out
+    argv = shlex.split(_lines_after(output, "#    with the config's local dataset"))[2:]
+    assert argv[argv.index("--output_path") + 1] == str((out / "spaced" / "lm_eval").resolve())
+    assert (Path(argv[argv.index("--include_path") + 1]) / "gsm8k.yaml").is_file()
+    [run] = _quantgate_runs(output)
+    assert shlex.split(run)[len(quantgate_executable()) + 1:] == [str(config), "--server-url", "http://127.0.0.1:8000"]
 
 
 def test_calibrate_proposes_a_reference_with_provenance(tmp_path: Path, gsm8k_dir: Path,
@@ -191,8 +228,10 @@ def test_calibrate_takes_one_config_and_only_runs_that_ran_the_kernels_under_tes
     write_config(tmp_path, "cal", gsm8k_dir)
     listing = tmp_path / "list.txt"
     listing.write_text("cal.yaml\n")
-    assert cli(["calibrate", str(listing), "--runs", "2"]) == 3
-    assert "calibrate takes one config file" in capsys.readouterr().err
+    for given, kind in ((listing, "list file"), (tmp_path, "folder")):  # a folder's configs were all run
+        assert cli(["calibrate", str(given), "--runs", "2", "--output-dir", str(tmp_path / "refused")]) == 3
+        assert f"calibrate takes one config file; {given} is a {kind}" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
     wrong = write_config(tmp_path, "wrong", gsm8k_dir, {"linear_backend": "emulation"}, expect={"linear_kernel": "marlin"})
     assert cli(["calibrate", str(wrong), "--runs", "2", "--limit", "4", "--output-dir", str(tmp_path / "o")]) == 1
     assert "did not run the kernels `expect:` names" in capsys.readouterr().err
@@ -352,6 +391,18 @@ def test_repro_run_into_an_output_directory_another_run_holds_is_a_usage_error(
         assert cli(["repro", str(config), "--run", "--output-dir", str(out_dir)]) == 3
     assert "another quantgate run" in capsys.readouterr().err
     assert not (out_dir / "held" / "server.log").exists()
+
+
+def test_repro_says_an_api_key_from_the_environment_is_shown_as_redacted(
+        tmp_path: Path, gsm8k_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM reads VLLM_API_KEY from the environment it inherits: lm-eval is printed with the key
+    redacted, though the server's command line holds no secret."""
+    monkeypatch.setenv("VLLM_API_KEY", "env-s3cret")
+    config = write_config(tmp_path, "envkey", gsm8k_dir)
+    assert cli(["repro", str(config), "--output-dir", str(tmp_path / "r")]) == 0
+    output = capsys.readouterr().out
+    assert "env-s3cret" not in output and "OPENAI_API_KEY='<redacted>'" in output
+    assert "# secrets are shown as <redacted>: put the real values there (the config's, or your environment's" in output
 
 
 def test_repro_says_a_secret_of_the_configs_env_alone_is_shown_as_redacted(tmp_path: Path, gsm8k_dir: Path,
