@@ -4,6 +4,7 @@ to run `quantgate` itself as a process."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -11,6 +12,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from quantgate.harness import server as server_mod
 from quantgate.harness.server import LaunchedServer, ServerCommand
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
@@ -57,6 +60,28 @@ def launch(command: ServerCommand, log_path: Path, startup_timeout_s: float) -> 
     server = LaunchedServer(command, log_path)
     server.start(startup_timeout_s)
     return server
+
+
+@contextlib.contextmanager
+def listener_on(port: int, data: Path, monkeypatch: pytest.MonkeyPatch, *, other_run: bool = False) -> Iterator[None]:
+    """A fake server already listening on `port` when the server under test starts: another quantgate
+    run's (it carries that run's RUNNER_ENV) or a listener outside any run (a container's proxy).
+    The port reads as free, as it did when it was chosen, and the wait on a foreign listener is short."""
+    env = {k: v for k, v in os.environ.items() if k != server_mod.RUNNER_ENV}
+    if other_run:
+        env[server_mod.RUNNER_ENV] = "1"
+    listener = subprocess.Popen([sys.executable, str(FAKE_SERVER), "fake-model", *fake_args(data), "--port", str(port)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not server_mod.listening_sockets(listener.pid, port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setattr(server_mod, "port_is_free", lambda p, host="127.0.0.1": True)
+        monkeypatch.setattr(server_mod, "FOREIGN_LISTENER_WAIT_S", 0.5)
+        yield
+    finally:
+        listener.kill()
+        listener.wait()
 
 
 def write_config(directory: Path, name: str, data: Path, server_flags: dict[str, Any] | None = None,

@@ -110,23 +110,11 @@ def test_a_fixed_port_answered_by_a_proxy_is_evaluated_with_a_warning_where_the_
     """A listener outside the server's process tree that stays up (a container's proxy) is taken
     as the server's: the console says so, not only server.log and result.json."""
     from quantgate.harness import server as server_mod
-    from tests.harness.runner_fixtures import FAKE_SERVER, fake_args
 
     port = server_mod.free_port("127.0.0.1")
-    env = {k: v for k, v in os.environ.items() if k != server_mod.RUNNER_ENV}  # no other quantgate run's
-    proxy = subprocess.Popen([sys.executable, str(FAKE_SERVER), "fake-model", *fake_args(gsm8k_dir), "--port",
-                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not server_mod.listening_sockets(proxy.pid, port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        monkeypatch.setattr(server_mod, "port_is_free", lambda p, host="127.0.0.1": True)
-        monkeypatch.setattr(server_mod, "FOREIGN_LISTENER_WAIT_S", 0.5)
+    with runner_fixtures.listener_on(port, gsm8k_dir, monkeypatch):
         config = write_config(tmp_path, "proxied", gsm8k_dir, {"port": port, "startup_delay": 30}, num_questions=4)
         code, output = run_in_process([config], tmp_path / "out")
-    finally:
-        proxy.kill()
-        proxy.wait()
     result = load_json(tmp_path / "out" / "proxied" / "result.json")
     assert code == 0 and result["server"]["foreign_listener"] is True and result["server"]["port"] == port, output
     assert (f"warning: port {port} is answered by a process outside the server's process tree (a container's "

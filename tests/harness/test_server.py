@@ -20,7 +20,7 @@ from quantgate.harness import server as server_mod
 from quantgate.harness.server import (ServerCommand, ServerCommandError, ServerStartError, attach, build_command, descendants,
                                       env_diff, free_port, group_members, listening_sockets)
 from tests.harness import runner_fixtures
-from tests.harness.runner_fixtures import FAKE_SERVER, REPO, fake_args, launch, pid_alive
+from tests.harness.runner_fixtures import FAKE_SERVER, REPO, fake_args, launch, listener_on, pid_alive
 
 gsm8k_dir = runner_fixtures.gsm8k_dir  # the shared pytest fixture
 
@@ -204,19 +204,8 @@ def test_a_listener_of_another_quantgate_run_is_never_taken_for_ours(
     """Ours binds only after loading (a slow engine), so the port looked free and another job's
     server answers on it meanwhile. That server carries its runner's pid: ours is relaunched at
     once. A listener without it (a container's proxy) is still taken after the wait."""
-    import subprocess
-
     port = free_port("127.0.0.1")
-    env = {**os.environ, server_mod.RUNNER_ENV: "1"} if other_run else {
-        k: v for k, v in os.environ.items() if k != server_mod.RUNNER_ENV}
-    listener = subprocess.Popen(_fake(gsm8k_dir, port=port).with_port(port), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not server_mod.listening_sockets(listener.pid, port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        monkeypatch.setattr(server_mod, "port_is_free", lambda p, host="127.0.0.1": True)
-        monkeypatch.setattr(server_mod, "FOREIGN_LISTENER_WAIT_S", 0.5)
+    with listener_on(port, gsm8k_dir, monkeypatch, other_run=other_run):
         server = launch(_fake(gsm8k_dir, "--startup-delay", "2" if other_run else "30", port=port),
                         tmp_path / "server.log", startup_timeout_s=60)
         try:
@@ -228,9 +217,6 @@ def test_a_listener_of_another_quantgate_run_is_never_taken_for_ours(
                 assert server.port == port and server.foreign_listener and "taken as its own (a proxy)" in log
         finally:
             server.stop()
-    finally:
-        listener.kill()
-        listener.wait()
 
 
 def test_a_server_on_an_ipv6_host_is_launched_and_reached(tmp_path: Path, gsm8k_dir: Path) -> None:
