@@ -3,6 +3,8 @@ torch's own arithmetic must give the same FP8 roundings), reloads, bad layers.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,28 @@ def test_static_input_scales_use_the_largest_expert_scale(seed) -> None:
     x, weights, ids = tie_free_inputs(raw, cfg, 9)
     out = kernel.apply(layer, x, weights, ids)
     assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_non_square_blocks_match_the_reference(seed) -> None:
+    # 64x128 blocks: the stacking rule takes the block height (64), and the scale blocks run
+    # 64 rows by 128 columns, with a partial last column block (hidden 200).
+    cfg = dataclasses.replace(moe_config(Scheme.FP8_BLOCK, hidden=200, inter=64), block_size=(64, 128))
+    assert EmulationMoEKernel.can_implement(cfg) == (True, None)
+    layer = moe_layer(cfg)
+    raw = raw_tensors(layer)
+    assert tuple(raw["w13_weight_scale"].shape) == (8, 2, 2)
+    kernel = EmulationMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x, weights, ids = tie_free_inputs(raw, cfg, 7)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_missing_static_input_scales_are_refused() -> None:
+    cfg = moe_config(Scheme.FP8_TENSOR, hidden=64, inter=32, static_input_scale=True)
+    layer = moe_layer(dataclasses.replace(cfg, static_input_scale=False))
+    with pytest.raises(ValueError, match="static input scales but the layer has no w13_input_scale"):
+        EmulationMoEKernel(cfg).process_weights_after_loading(layer)
 
 
 def test_bf16_activations(seed) -> None:
@@ -165,6 +189,13 @@ def test_layout_refusals_name_the_cause() -> None:
     assert not ok and "multiple of the block height 128" in reason
     ok, reason = EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, top_k=9))
     assert not ok and "top_k 9 exceeds" in reason
+    gelu = dataclasses.replace(moe_config(Scheme.FP8_CHANNEL), activation="gelu")
+    ok, reason = EmulationMoEKernel.can_implement(gelu)
+    assert not ok and "activation 'gelu' not handled (handles: silu)" in reason
+    ok, reason = EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_CHANNEL, inter=0))
+    assert not ok and "sizes must be positive" in reason
+    # Every expert on every token is a valid layer.
+    assert EmulationMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, top_k=8)) == (True, None)
     assert experts.scale_shape(moe_config(Scheme.FP8_TENSOR), "w13") == (8, 2)
 
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from quantgate.kernels import quant
 from quantgate.kernels.moe import experts
-from quantgate.kernels.moe.reference import dequantize64, intermediate64, near_fp8_tie, reference_moe
+from quantgate.kernels.moe.reference import (dequantize64, intermediate64, mean_relative_error, near_fp8_tie,
+                                             reference_moe)
 from quantgate.kernels.moe.routing import select_experts
 from quantgate.kernels.schemes import MoELayerConfig, Scheme
 
@@ -143,6 +144,12 @@ def test_near_fp8_tie_flags_rows_with_a_value_at_a_tie() -> None:
     a[2, 2] = 7 * 17.01 / 1024  # 6e-4 (relative) from that tie
     assert near_fp8_tie(a, cfg, None, margin=1e-5).tolist() == [False, True, False]
     assert near_fp8_tie(a, cfg, None, margin=1e-3).tolist() == [False, True, True]
+
+
+def test_mean_relative_error_is_mean_absolute_error_over_mean_magnitude() -> None:
+    # Errors of opposite signs do not cancel, and the scale is the mean |ref|, not its largest value.
+    ref = torch.tensor([[1.0, -3.0]], dtype=torch.float64)
+    assert mean_relative_error(torch.tensor([[2.0, -4.0]]), ref) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("scheme", FP8_SCHEMES)

@@ -54,5 +54,17 @@ def test_wide_rows_with_ties(seed: int) -> None:
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="top_k=9 must be between 1 and the number of experts \\(8\\)"):
         select_experts(torch.zeros(2, 8), 9, True)
+    with pytest.raises(ValueError, match="top_k=0 must be between 1 and the number of experts \\(8\\)"):
+        select_experts(torch.zeros(2, 8), 0, True)
     with pytest.raises(ValueError, match="\\[tokens, experts\\]"):
         select_experts(torch.zeros(8), 2, True)
+    # A batch dimension is refused too, not read as [tokens, experts] = [batch, tokens].
+    with pytest.raises(ValueError, match="\\[tokens, experts\\], got shape \\(2, 3, 8\\)"):
+        select_experts(torch.zeros(2, 3, 8), 2, True)
+
+
+def test_top_k_may_be_every_expert() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [1.0, 1.0, 1.0, 1.0]])
+    weights, ids = select_experts(logits, 4, renormalize=False)
+    assert ids.tolist() == [[1, 2, 0, 3], [0, 1, 2, 3]]
+    torch.testing.assert_close(weights, torch.softmax(logits, -1).sort(-1, descending=True).values)
