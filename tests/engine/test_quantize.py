@@ -33,6 +33,8 @@ def _fresh_seed(what: str) -> None:
 def _save(model: torch.nn.Module, folder: Path) -> Path:
     model.to(torch.bfloat16).save_pretrained(folder)
     (folder / "tokenizer.json").write_text('{"stand-in": true}\n')
+    (folder / "tokenizer_config.json").write_text('{"stand-in": "config"}\n')
+    (folder / "chat_template.jinja").write_text("{{ stand_in }}\n")
     return folder
 
 
@@ -115,8 +117,9 @@ def test_tensors_config_and_accuracy(model, scheme, fmt, dense_src, moe_src, tmp
         strategy = {"fp8-block": ("block", "group"), "fp8-channel": ("channel", "token"), "fp8-tensor": ("tensor", "tensor")}
         assert (group["weights"]["strategy"], group["input_activations"]["strategy"]) == strategy[scheme]
         assert group["input_activations"]["dynamic"] is True and group["weights"]["type"] == "float"
-    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
-    assert (dst / "generation_config.json").read_bytes() == (src / "generation_config.json").read_bytes()
+    # What serving the output needs besides the weights: the tokenizer, its chat template, generation defaults.
+    for side in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (dst / side).read_bytes() == (src / side).read_bytes(), side
 
 
 @pytest.mark.parametrize("scheme,fmt", [("fp8-block", "native"), ("fp8-channel", "compressed-tensors")])
@@ -233,6 +236,15 @@ def test_sources_are_read_as_the_engine_reads_them(dense_src, tmp_path, capsys) 
     (src / "config.json").write_text(json.dumps({**config, "quantization_config": None}))
     quantize.quantize_checkpoint(src, tmp_path / "d", "fp8-block", "native")
     assert load_file(str(tmp_path / "d" / "model.safetensors"))[name].float().abs().max() > 0
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": {}}))  # as "not quantized"
+    quantize.quantize_checkpoint(src, tmp_path / "e", "fp8-block", "native")
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
+
+
+def test_format_names_accept_underscores_case_and_short_forms() -> None:
+    for fmt in ("compressed-tensors", "Compressed_Tensors", "ct", "compressed"):
+        assert quantize.parse_target("fp8-block", fmt).fmt == "compressed-tensors", fmt
+    assert quantize.parse_target("fp8-tensor", "NATIVE").fmt == "native"
 
 
 def test_native_per_tensor_output_notes_what_transformers_reads(dense_src, tmp_path, capsys) -> None:
@@ -247,6 +259,10 @@ def test_force_replaces_an_existing_destination(dense_src, tmp_path) -> None:
     (dst / "stale.txt").write_text("old")
     assert cli_main(["quantize", str(dense_src), str(dst), "--scheme", "fp8-tensor", "--format", "native", "--force"]) == 0
     assert not (dst / "stale.txt").exists() and (dst / "model.safetensors").is_file()
+    empty = tmp_path / "empty"  # made beforehand (mkdir -p in a script): --force fills it, no config.json needed
+    empty.mkdir()
+    assert cli_main(["quantize", str(dense_src), str(empty), "--scheme", "fp8-tensor", "--format", "native", "--force"]) == 0
+    assert (empty / "model.safetensors").is_file()
 
 
 def test_force_never_deletes_the_source_or_what_is_not_a_model_folder(dense_src, tmp_path, capsys) -> None:
@@ -260,7 +276,8 @@ def test_force_never_deletes_the_source_or_what_is_not_a_model_folder(dense_src,
     quantize.quantize_checkpoint(dense_src, earlier, "fp8-tensor", "native")
     (tmp_path / "link").symlink_to(earlier, target_is_directory=True)
     for dst, message in ((tmp_path / "link", "is a symbolic link"), (work, "holds it"), (src, "is SRC"), (src / "inner", "lies inside it"),
-                         (tmp_path / "notes", "not a model folder"), (tmp_path / "afile", "is a file")):
+                         (tmp_path / "notes", "not a model folder (no config.json); --force will not delete it. Choose a new "
+                                              "or empty folder"), (tmp_path / "afile", "is a file")):
         argv = ["quantize", str(src), str(dst), "--scheme", "fp8-block", "--format", "native", "--force"]
         assert cli_main(argv) == 3
         assert message in capsys.readouterr().err

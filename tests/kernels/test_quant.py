@@ -31,6 +31,42 @@ def test_channel_and_tensor_roundtrip(seed, quantize):
     assert ((quant.dequantize_weight(q, scale) - w).abs() <= w.abs() / 16 + scale.max() * 2**-9).all()
 
 
+def test_weight_quantizers_match_their_definition_in_float64(seed):
+    """The scales a checkpoint stores: amax|w| / 448 (one correctly rounded float32 division, as
+    in float64 then rounded) per 128x128 block, output row or tensor. Edge blocks of N=200, K=300
+    cover only the real values (never the padding); an all-zero block or row gets the floor scale
+    and zero codes, not NaN; a negative outlier is the amax and maps onto -448; every value is within
+    half an e4m3 step of w; dequantize_weight is the float64 product rounded once."""
+    n, k = 200, 300
+    w = (torch.randn(n, k, dtype=torch.float64) * 0.02).float()
+    w[:128, 128:256] = 0  # an all-zero block (and, for the channel scheme, below: an all-zero row)
+    w[199] = 0
+    w[150, 290] = -0.5  # the negative amax of an edge block, of its row and of the tensor
+
+    def definition(amax: torch.Tensor) -> torch.Tensor:
+        return (amax.double() / 448).float().clamp(min=quant.MIN_SCALE)
+
+    def check(q, scale, full_scale, block=None):
+        deq = quant.fp8_to_float(q).double() * full_scale
+        assert ((deq - w.double()).abs() <= w.double().abs() / 16 + full_scale * 2**-10).all()
+        assert torch.equal(quant.dequantize_weight(q, scale, block), deq.float())
+        assert q[150, 290].float() == -quant.FP8_MAX
+
+    q, scale = quant.quantize_weight_block(w)
+    amax = torch.stack([torch.stack([w[i:i + 128, j:j + 128].abs().amax() for j in range(0, k, 128)])
+                        for i in range(0, n, 128)])
+    assert scale.shape == (2, 3) and torch.equal(scale, definition(amax))
+    assert scale[0, 1] == quant.MIN_SCALE and q[:128, 128:256].float().eq(0).all()
+    check(q, scale, scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k], (128, 128))
+    q, scale = quant.quantize_weight_channel(w)
+    assert torch.equal(scale, definition(w.abs().amax(dim=1, keepdim=True)))
+    assert scale[199, 0] == quant.MIN_SCALE and q[199].float().eq(0).all()
+    check(q, scale, scale.double())
+    q, scale = quant.quantize_weight_tensor(w)
+    assert scale.shape == () and torch.equal(scale, definition(w.abs().amax()))
+    check(q, scale, scale.double())
+
+
 def test_zero_group_gets_floor_scale_and_zeros():
     x = torch.zeros(2, 256)
     x[1, :128] = 1.0
@@ -39,8 +75,12 @@ def test_zero_group_gets_floor_scale_and_zeros():
     assert q[0].float().abs().max() == 0 and q[1, :128].float().eq(quant.FP8_MAX).all()
 
 
-def test_out_of_range_values_saturate_instead_of_nan():
-    q, _ = quant.quantize_act_per_tensor(torch.tensor([[1000.0, -1000.0, 1.0]]), torch.tensor(1.0))
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_out_of_range_values_saturate_instead_of_nan(device):
+    """A static scale meets values past 448 times it. The clamp before the cast keeps them finite
+    wherever torch's own float -> e4m3fn cast does not saturate (the CPU's does)."""
+    x, scale = torch.tensor([[1000.0, -1000.0, 1.0]], device=device), torch.tensor(1.0, device=device)
+    q, _ = quant.quantize_act_per_tensor(x, scale)
     assert q.float().tolist() == [[quant.FP8_MAX, -quant.FP8_MAX, 1.0]]
 
 
@@ -185,14 +225,15 @@ def test_activation_quantizers_match_their_definition_in_float64(seed, static):
     x[torch.arange(m), torch.randint(0, k, (m,))] = -20.0 - torch.rand(m, dtype=torch.float64)  # negative amax
     x32 = x.float()
 
-    def check(q, scale, full_scale):
+    def check(q, scale, full_scale, group=None):
         deq = q.double() * full_scale
         assert ((deq - x32.double()).abs() <= x32.double().abs() / 16 + full_scale * 2**-10 + 1e-12).all()
+        assert torch.equal(quant.dequantize_act(q, scale, group), deq.float())  # the inverse, rounded once
 
     q, scale = quant.quantize_act_per_token_group(x32, 128)
     groups = torch.nn.functional.pad(x32.abs(), (0, 384 - k)).view(m, 3, 128).amax(dim=2)
     assert torch.equal(scale, groups / torch.tensor(448.0))
-    check(q, scale, scale.double().repeat_interleave(128, dim=1)[:, :k])
+    check(q, scale, scale.double().repeat_interleave(128, dim=1)[:, :k], 128)
     q, scale = quant.quantize_act_per_token(x32)
     assert torch.equal(scale, x32.abs().amax(dim=1, keepdim=True) / torch.tensor(448.0))
     check(q, scale, scale.double())
