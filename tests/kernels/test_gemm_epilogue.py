@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantgate.kernels.triton.gemm_epilogue import MAX_PARTIAL_BYTES, automatic_split_k
+from quantgate.kernels.triton.gemm_epilogue import MAX_PARTIAL_BYTES, automatic_split_k, choose_split_k, split_k_buffers
 from quantgate.kernels.triton.tuning import m_bucket
 
 CPU = torch.device("cpu")  # 8 target programs there
@@ -43,3 +43,15 @@ def test_a_split_needs_a_tile_that_holds_the_bucket_a_workspace_and_a_target():
     assert automatic_split_k(20, 64, 6, 64, 1, 2, None, CPU) == 1
     assert automatic_split_k(20, 64, 6, 64, 1, 0, WORKSPACE, CPU) == 1
     assert automatic_split_k(1, 256, 6, 1, 4, 5, WORKSPACE, CPU) == 2  # 8 CPU programs over 4 column tiles
+
+
+def test_a_split_leaves_no_empty_slice_and_its_counters_may_fill_the_workspace():
+    # A target of 4 slices over 9 K tiles: slices of cdiv(9, 4) = 3 tiles, so 3 slices, not a
+    # fourth with nothing to sum.
+    assert choose_split_k(1, 9, 4, 16, 64) == 3
+    assert choose_split_k(1, 10, 4, 16, 64) == 4  # 3 + 3 + 3 + 1
+    workspace = torch.zeros(3, dtype=torch.int32)
+    partials, counters = split_k_buffers(2, 4, 64, 3, workspace, CPU)  # exactly one counter per tile
+    assert counters is workspace and partials.numel() >= 2 * 4 * 64
+    with pytest.raises(ValueError, match=">= 4 int32 counters, got 3"):
+        split_k_buffers(2, 4, 64, 4, workspace, CPU)

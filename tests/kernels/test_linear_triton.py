@@ -109,7 +109,8 @@ def test_weight_blocks_narrower_than_the_column_tile(seed):
     assert rel_error(kernel.apply(case.layer, x), reference_w8a8(case, x)) < 1e-3
 
 
-@pytest.mark.parametrize("split_k", [2, 4])
+# 5 K tiles: 4 slices of 2 leave the fourth empty; 5 slices of 1 fill a second group of four.
+@pytest.mark.parametrize("split_k", [2, 4, 5])
 def test_split_k_sums_every_slice_once(seed, split_k):
     from quantgate.kernels.triton.act_quant import quantize_per_token_group
     from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_gemm, workspace_size
@@ -171,6 +172,16 @@ def test_split_k_needs_a_workspace():
     with pytest.raises(ValueError, match="workspace"):
         w8a8_gemm(a, torch.ones(2, 2, device=DEVICE), a, torch.ones(1, 2, device=DEVICE), torch.float16,
                   groupwise=True, config=GemmConfig(16, 32, 4, 3), split_k=2)
+
+
+def test_gemv_refuses_a_column_tile_across_weight_scale_blocks():
+    from quantgate.kernels.triton.fp8_gemv import GemvConfig, w8a8_gemv
+
+    case = make_case(32, 256, B, block=(8, 128), device=DEVICE)
+    x = torch.randn(1, 256, device=DEVICE).half()
+    with pytest.raises(ValueError, match="column tile of 16 does not lie within one of the 8-row weight scale blocks"):
+        w8a8_gemv(x, case.weight, getattr(case.layer, case.config.scale_name), torch.float16, groupwise=True, scale_block_n=8,
+                  config=GemvConfig(16, 256, 4))
 
 
 def test_tma_path_refuses_shapes_tma_cannot_describe():

@@ -135,13 +135,13 @@ def test_triton_per_token_and_per_tensor_quant_are_bit_exact(seed):
         assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
 
 
-def test_triton_row_quantizers_read_long_rows_in_passes_and_reset_their_scratch(seed, monkeypatch):
-    """Rows longer than a register block are read in passes; the dynamic per-tensor scale is one
-    launch whose programs take rows in turn and share an amax and a counter in the device
-    scratch, which the last program zeroes: a second call must not see the first one's amax."""
+def test_triton_row_quantizers_share_rows_out_and_reset_their_scratch(seed):
+    """The dynamic per-tensor scale is one launch whose programs take rows in turn and share an
+    amax and a counter in the device scratch, which the last program zeroes: a second call must
+    not see the first one's amax. Rows read in two passes: see
+    test_triton_row_quantizers_read_rows_longer_than_a_block_in_two_passes."""
     from quantgate.kernels.triton import act_quant
 
-    monkeypatch.setattr(act_quant, "ROW_IN_REGISTERS", 256)  # long rows at an interpreter's size
     x = _activations(21, 300, torch.bfloat16)  # more rows than programs (8 on CPU), K not a multiple of 128
     q, s = act_quant.quantize_per_token(x)
     ref_q, ref_s = quant.quantize_act_per_token(x)
@@ -151,6 +151,74 @@ def test_triton_row_quantizers_read_long_rows_in_passes_and_reset_their_scratch(
             q, s = act_quant.quantize_per_tensor(scaled, transient=transient)
             ref_q, ref_s = quant.quantize_act_per_tensor(scaled, None)
             assert _same_fp8(q, ref_q) and torch.equal(s, ref_s) and s.dim() == 0
+
+
+def test_triton_quantizers_read_only_the_views_rows_and_columns(seed):
+    """Each quantizer reads a view's M x K values and nothing past them: not the element after
+    a row's last partial 128-group (K = 300), not the rows a row_multiple pads to (those are
+    zeros with the floor scale). Here the memory past both is 1000, so any stray read shows."""
+    from quantgate.kernels.triton.act_quant import quantize_per_tensor, quantize_per_token, quantize_per_token_group
+
+    base = torch.full((8, 320), 1000.0, device=DEVICE).half()
+    x = base[:5, :300]
+    x.copy_(_activations(5, 300, torch.float16))
+    x[4, 7] = 60.0  # the tensor's amax in its last row
+    cpu = x.cpu()
+    ref_q, ref_s = quant.quantize_act_per_token_group(cpu, 128)
+    q, s = quantize_per_token_group(x, 128, row_multiple=4)
+    assert _same_fp8(q[:5].cpu(), ref_q) and torch.equal(s[:5].cpu(), ref_s)
+    assert q[5:].float().abs().max() == 0 and (s[5:] == quant.MIN_SCALE).all()
+    ref_q, ref_s = quant.quantize_act_per_token(cpu)
+    q, s = quantize_per_token(x, row_multiple=4)
+    assert q.shape == (8, 300) and _same_fp8(q[:5].cpu(), ref_q) and torch.equal(s[:5].cpu(), ref_s)
+    assert q[5:].float().abs().max() == 0 and (s[5:] == quant.MIN_SCALE).all()
+    for static in (None, torch.tensor(0.02, device=DEVICE)):
+        ref_q, ref_s = quant.quantize_act_per_tensor(cpu, None if static is None else static.cpu())
+        q, s = quantize_per_tensor(x, static, row_multiple=4)
+        assert _same_fp8(q[:5].cpu(), ref_q) and torch.equal(s.cpu(), ref_s) and q[5:].float().abs().max() == 0
+
+
+@pytest.mark.parametrize("group", [128, 64])
+def test_triton_group_quant_spreads_a_long_row_over_programs(seed, group):
+    """A program takes at most 1024 values of a row (8 groups of 128, 16 of 64): K = 1100 needs
+    two programs per row, the second one holding only the last, partial group."""
+    from quantgate.kernels.triton.act_quant import quantize_per_token_group
+
+    x = _activations(2, 1100, torch.float16)
+    ref_q, ref_s = quant.quantize_act_per_token_group(x, group)
+    q, s = quantize_per_token_group(x, group)
+    assert s.shape == (2, -(-1100 // group)) and _same_fp8(q, ref_q) and torch.equal(s, ref_s)
+
+
+def test_triton_row_quantizers_read_rows_longer_than_a_block_in_two_passes(seed, monkeypatch):
+    """Past ROW_IN_REGISTERS a row is read 4096 values at a time: its amax in one pass, its values
+    in a second, both ending in a partial block. The view's rows are 4400 apart and the columns
+    past K hold 1000: a pass that read past K would take them into the amax."""
+    from quantgate.kernels.triton import act_quant
+
+    monkeypatch.setattr(act_quant, "ROW_IN_REGISTERS", 256)
+    base = torch.full((3, 4400), 1000.0, device=DEVICE).half()
+    x = base[:, :4396]
+    x.copy_(_activations(3, 4396, torch.float16))
+    x[1, 5] = 40.0
+    x[2, 4390] = -50.0  # a row's amax in its last, partial block
+    cpu = x.cpu()
+    ref_q, ref_s = quant.quantize_act_per_token(cpu)
+    q, s = act_quant.quantize_per_token(x)
+    assert _same_fp8(q.cpu(), ref_q) and torch.equal(s.cpu(), ref_s)
+    static = torch.tensor(0.05, device=DEVICE)
+    ref_q, _ = quant.quantize_act_per_tensor(cpu, static.cpu())
+    q, _ = act_quant.quantize_per_tensor(x, static)
+    assert _same_fp8(q.cpu(), ref_q)
+
+
+def test_triton_per_tensor_scale_of_an_empty_batch_is_the_floor():
+    """No rows: no launch, and the scale of an all-zero tensor (a later dequantization stays finite)."""
+    from quantgate.kernels.triton.act_quant import quantize_per_tensor
+
+    for transient in (False, True):
+        q, s = quantize_per_tensor(torch.zeros(0, 256, device=DEVICE, dtype=torch.float16), transient=transient)
+        assert q.shape == (0, 256) and s.dim() == 0 and s == quant.MIN_SCALE
 
 
 def test_transient_quantization_reuses_scratch_and_keeps_the_bits(seed):
