@@ -43,6 +43,13 @@ def test_scales_are_read_as_contiguous_float32_in_the_kernels_shapes(seed, schem
         assert input_scale.item() == torch.tensor(0.02, dtype=torch.bfloat16).item()
 
 
+def test_the_scale_is_read_under_the_configs_name_only():
+    # A layer may hold both names (a checkpoint exporting either); the config's name is the scale.
+    case = _case(B)
+    case.layer.weight_scale = torch.ones(7)
+    assert torch.equal(weight_scale(case.layer, case.config), case.layer.weight_scale_inv.float())
+
+
 def _set(attr: str, value):
     def edit(layer: torch.nn.Module) -> None:
         stored = value(getattr(layer, attr))

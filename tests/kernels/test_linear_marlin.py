@@ -26,6 +26,8 @@ def test_pack_roundtrip_and_layout(seed):
     # Byte p of row j in K tile t is w[:, 128 t + 32 p + j].
     as_bytes = packed.view(torch.uint8).view(96, 40, 4)
     assert torch.equal(as_bytes[32 + 5, :, 2], w.view(torch.uint8)[:, 128 + 64 + 5])
+    # K is zero-padded to the 128-wide tile.
+    assert unpack_weight(packed, 384).view(torch.uint8)[:, 300:].eq(0).all()
 
 
 @pytest.mark.parametrize("m", [1, 16], ids=["gemv-path", "dot-path"])
@@ -73,6 +75,63 @@ def test_weight_blocks_narrower_than_128_rows(seed):
     kernel.process_weights_after_loading(case.layer)
     x = torch.randn(3, 300, device=DEVICE).half()
     assert rel_error(kernel.apply(case.layer, x), reference_w8a16(case, x, torch.float16)) < 1e-3
+
+
+@pytest.mark.parametrize("m", [1, 3], ids=["gemv", "dot"])
+def test_activation_columns_past_k_are_never_read(seed, m):
+    # K = 300: the last K tile is partial. x is a view of a wider NaN-filled buffer, so any read
+    # past column K (a missing or off-by-one mask) turns the output into NaN.
+    case = make_case(200, 300, Scheme.FP8_CHANNEL, device=DEVICE)
+    kernel = MarlinFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    wide = torch.full((m, 384), float("nan"), device=DEVICE).half()
+    wide[:, :300] = torch.randn(m, 300, device=DEVICE).half()
+    x = wide[:, :300]
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a16(case, x, torch.float16)) < 1e-3
+
+
+@pytest.mark.parametrize("m", [1, 16], ids=["gemv-path", "dot-path"])
+def test_tiny_activations_times_subnormal_weights_are_not_flushed(m):
+    """2^-24 (the smallest fp16) times the smallest FP8 subnormal, 2^-9: the GEMV's float32
+    products would be 2^-153 (below float32's subnormals) without the 2^64 activation pre-scale."""
+    from quantgate.kernels.triton.w8a16_gemm import SCALE_SHIFT, pack_weight, w8a16_gemm
+
+    w = torch.full((32, 128), 0x01, dtype=torch.uint8).view(quant.FP8_DTYPE).to(DEVICE)
+    x = torch.full((m, 128), 2.0**-24, device=DEVICE).half()
+    scale = torch.full((1, 32), 32.0 * 2.0 ** SCALE_SHIFT[torch.float16], device=DEVICE).half()
+    out = w8a16_gemm(x, pack_weight(w), scale, groupwise=False)
+    assert torch.equal(out, torch.full((m, 32), 2.0**-21, device=DEVICE).half())  # 128 * 2^-24 * 2^-9 * 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scales_are_stored_in_the_activation_dtype(dtype):
+    # fp16 keeps scale * 2^10 (rounded once, after the shift: 1e-6 would be an fp16 subnormal
+    # before it), bf16 the scale itself; under the checkpoint's scale name.
+    case = make_case(200, 300, Scheme.FP8_CHANNEL, act_dtype=dtype, scale_name="weight_scale_inv", device=DEVICE)
+    scales = torch.logspace(-6, -2, 200, device=DEVICE)[:, None]
+    case.layer.weight_scale_inv = scales
+    MarlinFp8LinearKernel(case.config).process_weights_after_loading(case.layer)
+    shift = 10 if dtype == torch.float16 else 0
+    assert not hasattr(case.layer, "weight_scale")
+    assert torch.equal(case.layer.weight_scale_inv, (scales.double() * 2.0**shift).to(dtype).reshape(1, 200))
+
+
+def test_a_packed_weight_of_another_k_is_refused():
+    from quantgate.kernels.triton.w8a16_gemm import pack_weight, w8a16_gemm
+
+    packed = pack_weight(torch.zeros(32, 256, device=DEVICE).to(quant.FP8_DTYPE))  # [64, 32]
+    for k in (128, 384):
+        with pytest.raises(ValueError, match=rf"packed weight \(64, 32\) does not match K={k} "):
+            w8a16_gemm(torch.zeros(1, k, device=DEVICE).half(), packed, torch.ones(1, 32, device=DEVICE).half(),
+                       groupwise=False)
+
+
+def test_block_scales_must_be_128_wide_along_k():
+    ok, reason = MarlinFp8LinearKernel.can_implement(
+        LinearLayerConfig(256, 256, Scheme.FP8_BLOCK, act_dtype=torch.float16, block_size=(128, 64)))
+    assert not ok and reason == "weight blocks must be 128 wide along K; this checkpoint has [128, 64]"
+    assert MarlinFp8LinearKernel.can_implement(
+        LinearLayerConfig(256, 256, Scheme.FP8_BLOCK, act_dtype=torch.float16, block_size=(64, 128))) == (True, None)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
@@ -182,7 +241,10 @@ def test_gemv_config_refuses_more_than_one_row():
 def test_fp16_scales_that_overflow_are_refused():
     case = make_case(128, 128, Scheme.FP8_CHANNEL, device=DEVICE)
     case.layer.weight_scale = torch.full((128, 1), 100.0, device=DEVICE)
-    with pytest.raises(ValueError, match="--dtype bfloat16"):
+    # The message gives the checkpoint scale, not the 2^10-shifted one.
+    message = "Module.weight_scale: weight scales up to 100 do not fit torch.float16 marlin scales; serve this " \
+              "checkpoint with --dtype bfloat16"
+    with pytest.raises(ValueError, match=f"^{message}$"):
         MarlinFp8LinearKernel(case.config).process_weights_after_loading(case.layer)
 
 

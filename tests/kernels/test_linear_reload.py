@@ -56,6 +56,8 @@ def test_reload_keeps_storage_and_uses_new_weights(seed, kernel_cls, scheme, dty
     kernel = kernel_cls(case.config)
     kernel.process_weights_after_loading(case.layer)
     before = processed_storage(case.layer)
+    if kernel_cls is MarlinFp8LinearKernel:
+        assert set(before) == {"weight", case.config.scale_name, "workspace"}  # the workspace's storage is kept too
     x = torch.randn(3, 272, device=DEVICE).to(dtype)
     first = kernel.apply(case.layer, x, case.layer.bias)
 
@@ -78,6 +80,18 @@ def test_reload_with_other_shapes_raises(kernel_cls):
     load_checkpoint(case.layer, bigger, DEVICE)
     with pytest.raises(IncompatibleBufferError, match="does not fit the bound buffer"):
         kernel_cls(bigger).process_weights_after_loading(case.layer)
+
+
+def test_reload_with_another_activation_dtype_raises():
+    # Same shapes, but the marlin scales would be bf16 where fp16 ones are bound: refused, not
+    # copied into the fp16 buffer (a CUDA graph would keep reading them as fp16).
+    case = make_case(128, 256, C, act_dtype=torch.float16, device=DEVICE)
+    MarlinFp8LinearKernel(case.config).process_weights_after_loading(case.layer)
+    as_bf16 = LinearLayerConfig(256, 128, C, act_dtype=torch.bfloat16)
+    load_checkpoint(case.layer, as_bf16, DEVICE)
+    with pytest.raises(IncompatibleBufferError, match=r"weight_scale: new tensor \(1, 128\) torch.bfloat16 .* "
+                       r"does not fit the bound buffer \(1, 128\) torch.float16"):
+        MarlinFp8LinearKernel(as_bf16).process_weights_after_loading(case.layer)
 
 
 @pytest.mark.parametrize("kernel_cls, scheme, n, k, dtype", [
