@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quantgate.engine import LLMEngine, SamplingParams, layers, load_model
-from quantgate.engine.layers import RotaryEmbedding
+from quantgate.engine.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 from .conftest import run_to_completion
 
@@ -111,6 +111,104 @@ def test_decode_attention_reads_each_sequence_up_to_its_length(seed, dtype):
         triton_ops.decode_attention(q[b:b + 1], k_cache, v_cache, slots[b:b + 1], lens[b:b + 1], head_dim**-0.5,
                                     alone, bound)
         assert torch.equal(alone, out[b:b + 1])
+
+
+def test_rms_norm_reads_row_strides_and_honours_eps(seed):
+    """Column views of wider buffers (rows not n apart), inputs small enough that eps moves the
+    result, and without a residual the input is left as it was."""
+    n, eps = 200, 0.5
+    wide_x, wide_res = _random(5, 256, dtype=torch.float32) * 0.3, _random(5, 232, dtype=torch.float32) * 0.3
+    x, residual, w = wide_x[:, 16:16 + n], wide_res[:, :n], _random(n, dtype=torch.float32).abs() + 0.5
+    before_x, before_res = wide_x.clone(), wide_res.clone()
+    torch.testing.assert_close(triton_ops.rms_norm(x, w, eps).double(), _rms(x, w, eps), **TOLERANCE[torch.float32])
+    assert torch.equal(wide_x, before_x)
+    out = triton_ops.rms_norm(x, w, eps, residual)
+    expected_sum = x.double() + before_res[:, :n].double()
+    torch.testing.assert_close(residual.double(), expected_sum, **TOLERANCE[torch.float32])
+    assert torch.equal(wide_res[:, n:], before_res[:, n:]) and torch.equal(wide_x, before_x)
+    torch.testing.assert_close(out.double(), _rms(expected_sum, w, eps), **TOLERANCE[torch.float32])
+
+
+def _mostly_equal(out: torch.Tensor, eager: torch.Tensor) -> None:
+    """The same bits as the eager path but for rare one-ulp differences (float32 sums in another order)."""
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    assert (out != eager).float().mean() < 0.01, (out != eager).float().mean().item()
+    torch.testing.assert_close(out, eager, rtol=2**-10, atol=1e-5)
+
+
+def test_kernels_round_where_the_eager_path_does(seed, monkeypatch):
+    """In float16 (the interpreter truncates float32 to bfloat16, where a GPU rounds to nearest) each kernel
+    gives the eager layers' bits: the residual sum, the normalised value, silu, the rotary tables
+    and each rotary product are rounded to the dtype before the next step, as the eager ops store
+    them. A float64 reference cannot see a missing rounding: it is within the dtype's tolerance."""
+    dtype, device = torch.float16, torch.device(DEVICE)
+    tokens, heads, kv_heads, head_dim, n = 7, 4, 2, 64, 200
+    norm = RMSNorm(n, 1e-6, dtype, device)
+    norm.weight.copy_(_random(n, dtype=dtype).abs() + 0.5)
+    x, residual = _random(tokens, n, dtype=dtype), _random(tokens, n, dtype=dtype)
+    monkeypatch.setattr(layers, "uses_triton_ops", lambda x: False)  # the layers' eager path, on any device
+    eager_out, eager_sum = norm(x, residual.clone())
+    updated = residual.clone()
+    _mostly_equal(triton_ops.rms_norm(x, norm.weight, 1e-6, updated), eager_out)
+    assert torch.equal(updated, eager_sum)
+
+    gate, up = _random(tokens, 1100, dtype=dtype), _random(tokens, 1100, dtype=dtype)
+    _mostly_equal(triton_ops.silu_and_mul(gate, up), layers.silu_and_mul(gate.clone(), up))
+
+    rotary = RotaryEmbedding(head_dim, 1e6, 64, device)
+    q, k, v = (_random(tokens, h * head_dim, dtype=dtype) for h in (heads, kv_heads, kv_heads))
+    q_norm, k_norm = RMSNorm(head_dim, 1e-6, dtype, device), RMSNorm(head_dim, 1e-6, dtype, device)
+    for m in (q_norm, k_norm):
+        m.weight.copy_(_random(head_dim, dtype=dtype).abs() + 0.5)
+    positions = torch.tensor([0, 5, 63, 17, 2, 40, 9], device=DEVICE)
+    k_cache = torch.zeros(tokens, kv_heads, 64, head_dim, dtype=dtype, device=DEVICE)
+    q_out, k_out = triton_ops.qk_norm_rope_to_cache(q, k, v, q_norm.weight, k_norm.weight, 1e-6, rotary.cos,
+                                                     rotary.sin, positions, torch.arange(tokens, device=DEVICE),
+                                                     k_cache, torch.zeros_like(k_cache))
+    cos, sin = rotary(positions, dtype)
+    _mostly_equal(q_out, apply_rotary(q_norm(q.view(tokens, heads, head_dim)), cos, sin))
+    _mostly_equal(k_out, apply_rotary(k_norm(k.view(tokens, kv_heads, head_dim)), cos, sin))
+
+
+def test_qk_norm_rope_reads_strided_projections_and_any_rotary_table(seed):
+    """q, k, v as the column views of one merged qkv projection's output (as the model passes them),
+    then from buffers of three other row strides; cos/sin tables whose halves differ (the kernel
+    reads both) and whose rows are wider than a head; inputs small enough that eps matters."""
+    tokens, heads, kv_heads, head_dim, max_len, eps = 5, 4, 2, 32, 40, 0.25
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    merged = _random(tokens, q_size + 2 * kv_size, dtype=torch.float32) * 0.2
+    separate = [(_random(tokens, size + pad, dtype=torch.float32) * 0.2)[:, pad:]
+                for size, pad in ((q_size, 8), (kv_size, 24), (kv_size, 40))]
+    assert [t.stride(0) for t in separate] == [q_size + 8, kv_size + 24, kv_size + 40]
+    cos_table, sin_table = (_random(64, head_dim + 16, dtype=torch.float32)[:, :head_dim] for _ in range(2))
+    q_w, k_w = (_random(head_dim, dtype=torch.float32).abs() + 0.5 for _ in range(2))
+    positions = torch.tensor([3, 39, 0, 12, 7], device=DEVICE)
+    slot_ids = torch.tensor([1, 0, 2, 3, 4], device=DEVICE)
+    cos, sin = (t[positions].double()[:, None, :] for t in (cos_table, sin_table))
+    for q, k, v in (merged.split([q_size, kv_size, kv_size], dim=1), separate):
+        k_cache = torch.zeros(5, kv_heads, max_len, head_dim, device=DEVICE)
+        v_cache = torch.zeros_like(k_cache)
+        q_out, k_out = triton_ops.qk_norm_rope_to_cache(q, k, v, q_w, k_w, eps, cos_table, sin_table, positions,
+                                                         slot_ids, k_cache, v_cache)
+        expected_q = _rotate(_rms(q.reshape(tokens, heads, head_dim), q_w, eps), cos, sin)
+        expected_k = _rotate(_rms(k.reshape(tokens, kv_heads, head_dim), k_w, eps), cos, sin)
+        torch.testing.assert_close(q_out.double(), expected_q, **TOLERANCE[torch.float32])
+        torch.testing.assert_close(k_out.double(), expected_k, **TOLERANCE[torch.float32])
+        torch.testing.assert_close(k_cache[slot_ids, :, positions].double(), expected_k, **TOLERANCE[torch.float32])
+        assert torch.equal(v_cache[slot_ids, :, positions], v.reshape(tokens, kv_heads, head_dim))
+
+
+def test_silu_and_mul_takes_operands_of_other_layouts(seed):
+    """gate and up of different row strides, and a gate whose columns are not contiguous (copied first)."""
+    gate = _random(3, 1200, dtype=torch.float32)[:, 50:1150]
+    up = _random(3, 1100, dtype=torch.float32)
+    expected = torch.nn.functional.silu(gate.double()) * up.double()
+    torch.testing.assert_close(triton_ops.silu_and_mul(gate, up).double(), expected, **TOLERANCE[torch.float32])
+    transposed = gate.t().contiguous().t()  # stride (1, 3)
+    torch.testing.assert_close(triton_ops.silu_and_mul(transposed, up).double(), expected,
+                               **TOLERANCE[torch.float32])
+    torch.testing.assert_close(triton_ops.silu_and_mul(up, transposed).double(),
+                               torch.nn.functional.silu(up.double()) * gate.double(), **TOLERANCE[torch.float32])
 
 
 def test_engine_with_triton_ops_matches_the_eager_path(dense_dir, monkeypatch):

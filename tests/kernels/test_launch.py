@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from triton.knobs import HookChain
 
-from quantgate.kernels.triton.launch import DirectLaunch, _active, aligned, cdiv, next_power_of_2
+from quantgate.kernels.triton.launch import DirectLaunch, _active, aligned, cdiv, next_power_of_2, tma_device
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -48,6 +48,16 @@ def test_host_integer_helpers_match_triton():
         assert next_power_of_2(a) == triton.next_power_of_2(a), a
         for b in (1, 3, 16, 128):
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+
+
+def test_alignment_is_to_16_bytes_and_tma_needs_a_gpu():
+    """Triton specializes a pointer as aligned when it is a multiple of 16 bytes: a key that called
+    8-byte offsets aligned would reuse an aligned compilation for them on a GPU."""
+    base = torch.empty(64, dtype=torch.float32)
+    assert aligned(base.data_ptr()) and aligned(base[4:].data_ptr()) and aligned(0)
+    assert not any(aligned(base[i:].data_ptr()) for i in (1, 2, 3, 6))
+    assert [aligned(p) for p in (16, 48, 8, 24, 4, 1)] == [True, True, False, False, False, False]
+    assert tma_device(torch.device("cpu")) is False
 
 
 def test_empty_hook_chains_are_not_passed_to_the_launcher():

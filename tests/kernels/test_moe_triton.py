@@ -138,6 +138,32 @@ def test_alignment_groups_slots_by_expert(num_tokens, top_k, experts_, block_m, 
         assert real.numel() and flat[real].eq(int(block_expert[b])).all()
 
 
+def test_the_row_bound_counts_only_experts_the_slots_can_reach(seed):
+    """The GEMM grids cover max_padded_rows: slots plus fewer than block_m padding rows for each
+    expert that can be non-empty (no more than there are slots), rounded up to a block. One decode
+    token's 8 slots among 128 experts need 8 blocks, not 121; the worst routing fits."""
+    assert [max_padded_rows(*case) for case in [(1, 128, 16), (8, 128, 16), (70, 6, 16), (4816, 16, 64)]] == [
+        16, 128, 160, 5824]
+    ids = torch.arange(8, dtype=torch.int32, device=DEVICE)[torch.randperm(8)].view(1, 8) * 16  # 8 experts of 128
+    sorted_slots, block_expert, num_padded = moe_align_block_size(ids, 128, 16)
+    assert int(num_padded) == sorted_slots.numel() == 128 and block_expert.numel() == 8
+    assert sorted(block_expert.tolist()) == list(range(0, 128, 16))
+
+
+def test_alignment_refuses_ids_and_workspaces_it_cannot_use():
+    ids = torch.randint(0, 6, (5, 2), dtype=torch.int32, device=DEVICE)
+    for bad in (ids.long(), ids.t()):
+        with pytest.raises(ValueError, match="topk_ids must be contiguous int32"):
+            moe_align_block_size(bad, 6, 16)
+    for cursor in (torch.zeros(5, dtype=torch.int32, device=DEVICE), torch.zeros(6, dtype=torch.int64, device=DEVICE)):
+        with pytest.raises(ValueError, match="cursor workspace must be int32 with >= 6 elements"):
+            moe_align_block_size(ids, 6, 16, cursor)
+    exact = moe_align_block_size(ids, 6, 16, torch.full((6,), 99, dtype=torch.int32, device=DEVICE))
+    fresh = moe_align_block_size(ids, 6, 16)
+    assert torch.equal(exact[1], fresh[1]) and torch.equal(exact[2], fresh[2])
+    assert sorted(exact[0].tolist()) == sorted(fresh[0].tolist())
+
+
 def _unaligned(t: torch.Tensor) -> torch.Tensor:
     """A copy of contiguous `t` one element past a 16-byte boundary."""
     buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)

@@ -46,6 +46,79 @@ def test_a_choice_needs_a_clear_margin_and_is_logged_with_every_candidates_time(
     assert tuner.timings[("tie",)][2] == ("broken", None, "RuntimeError: out of resources: shared memory")
 
 
+def _fake_timing(monkeypatch, times):
+    """graph_time_ms replaced by `times[name]` for the config `name` (an exception is raised), on a
+    CUDA device that is only named: pick's conditions and bookkeeping run without a GPU."""
+    timed = []
+
+    def fake_graph_time_ms(fn):
+        name = fn()
+        timed.append(name)
+        if isinstance(times[name], Exception):
+            raise times[name]
+        return times[name]
+
+    monkeypatch.setattr(tuning, "graph_time_ms", fake_graph_time_ms)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setenv(AUTOTUNE_ENV, "1")
+    return timed
+
+
+def test_a_key_is_timed_once_and_its_choice_reported(monkeypatch):
+    timed = _fake_timing(monkeypatch, {"default": 0.010, "fast": 0.005, "only": 0.001})
+    cuda = torch.device("cuda")
+    tuner = Autotuner("test_once")
+    assert tuner.pick(("a",), ["default", "fast"], lambda name: name, cuda) == "fast"
+    assert tuner.pick(("a",), ["default", "fast"], lambda name: name, cuda) == "fast"
+    assert timed == ["default", "fast"]
+    assert tuner.pick(("b",), ["fast", "default"], lambda name: name, cuda) == "fast"
+    assert tuner.pick(("c",), ["only"], lambda name: name, cuda) == "only"  # nothing to choose: untimed
+    assert timed == ["default", "fast", "fast", "default"]
+    rows = [row for row in tuning.tuning_report() if row["kernel"] == "test_once"]
+    assert rows == [
+        {"kernel": "test_once", "key": ("a",), "chosen": "fast", "candidates": [
+            {"config": "default", "ms": 0.010, "error": None}, {"config": "fast", "ms": 0.005, "error": None}]},
+        {"kernel": "test_once", "key": ("b",), "chosen": "fast", "candidates": [
+            {"config": "fast", "ms": 0.005, "error": None}, {"config": "default", "ms": 0.010, "error": None}]}]
+
+
+def test_nothing_is_timed_when_tuning_is_off_during_capture_or_off_cuda(monkeypatch):
+    timed = _fake_timing(monkeypatch, {"default": 0.010, "fast": 0.005})
+    tuner = Autotuner("test_untimed")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tuner.pick(("capture",), ["default", "fast"], lambda name: name, torch.device("cuda")) == "default"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert tuner.pick(("meta",), ["default", "fast"], lambda name: name, torch.device("meta")) == "default"
+    monkeypatch.setenv(AUTOTUNE_ENV, "0")
+    assert tuner.pick(("off",), ["default", "fast"], lambda name: name, torch.device("cuda")) == "default"
+    assert timed == [] and tuner.best == {} and tuner.timings == {}
+    monkeypatch.setenv(AUTOTUNE_ENV, "1")  # untimed defaults were not kept: the key is tuned when it can be
+    assert tuner.pick(("off",), ["default", "fast"], lambda name: name, torch.device("cuda")) == "fast"
+
+
+def test_the_margin_is_measured_against_the_config_kept_so_far(monkeypatch):
+    """Candidates each a little faster than the one before must not add up to a switch that no
+    step earned; a slow default is replaced by the faster of the others."""
+    _fake_timing(monkeypatch, {"default": 0.0100, "fast": 0.0090, "slightly_faster": 0.0088, "slow": 0.0200})
+    tuner = Autotuner("test_chain")
+    assert tuner._time(("k",), ["default", "fast", "slightly_faster"], lambda name: name) == "fast"
+    assert tuner._time(("j",), ["slow", "default", "fast"], lambda name: name) == "fast"
+
+
+def test_when_every_candidate_fails_the_first_ones_error_is_raised(monkeypatch):
+    """The error names the tuner, the key and the default's failure; each failure is recorded by its
+    first line, at most 200 characters, and one without a message by its type."""
+    long_line = "x" * 300
+    _fake_timing(monkeypatch, {"default": ValueError(f"{long_line}\nsecond line"),
+                               "two_lines": OSError("first line\nsecond line"), "bare": RuntimeError()})
+    tuner = Autotuner("test_failing")
+    with pytest.raises(RuntimeError, match=f"^test_failing: no candidate config ran for \\('k',\\): "
+                                           f"ValueError: {'x' * 200}$"):
+        tuner._time(("k",), ["default", "two_lines", "bare"], lambda name: name)
+    assert tuner.timings[("k",)] == [("default", None, f"ValueError: {'x' * 200}"),
+                                     ("two_lines", None, "OSError: first line"), ("bare", None, "RuntimeError: ")]
+
+
 @pytest.mark.gpu
 def test_the_tuner_measures_gpu_time_and_keeps_the_faster_config(monkeypatch):
     monkeypatch.setenv(AUTOTUNE_ENV, "1")  # the GPU jobs run the other kernel tests with tuning off
