@@ -21,6 +21,14 @@ needs_moe_kernel = pytest.mark.skipif(
     not MOE_KERNEL_READY, reason=f"the CPU MoE kernel is not available yet: {MOE_KERNEL_REASON}")
 
 
+def mostly_equal(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """The same bits as `ref` but for rare one-ulp differences (float32 sums in another order): a
+    missing or extra rounding to the dtype moves a fifth or more of the elements."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert (out != ref).float().mean() < 0.01, (out != ref).float().mean().item()
+    torch.testing.assert_close(out, ref, rtol=torch.finfo(out.dtype).eps, atol=1e-5)
+
+
 @pytest.fixture(scope="session")
 def dense_dir(tmp_path_factory) -> Path:
     return write_model(tmp_path_factory.mktemp("dense"), seed=1)

@@ -793,3 +793,11 @@ def test_static_input_scales_stay_float32_in_a_bf16_model(dense_dir, tmp_path):
     assert len(scales) == 2 * 7  # q, k, v, o, gate, up and down per layer
     for name, scale in scales.items():
         assert scale.dtype == torch.float32 and torch.equal(scale.reshape(()), torch.tensor(0.02)), name
+
+
+def test_a_tied_lm_head_reads_the_embeddings_not_a_copy(dense_tied_dir):
+    """Checkpoint tensors are copied (on the CPU they are views of the memory-mapped file), but
+    not the embeddings a tied lm_head reads: a copy would hold the vocabulary matrix twice."""
+    loaded = load_model(dense_tied_dir, device="cpu")
+    embeddings = loaded.model.model.embed_tokens.weight
+    assert loaded.model.lm_head.weight.data_ptr() == embeddings.data_ptr()

@@ -11,7 +11,7 @@ from quantgate.engine import LLMEngine, SamplingParams, load_model
 from quantgate.engine.kv_cache import KVCache
 from quantgate.engine.model import ForwardBatch
 
-from .conftest import needs_moe_kernel, random_prompts, run_to_completion
+from .conftest import mostly_equal, needs_moe_kernel, random_prompts, run_to_completion
 from .tiny_models import write_model
 
 MODELS = ["dense", "dense_tied", pytest.param("moe", marks=needs_moe_kernel)]
@@ -56,10 +56,10 @@ def test_logits_match_transformers_in_prefill_and_decode(which, request, seed):
     hf, loaded = _hf(path), load_model(path, device="cpu")
     assert loaded.dtype == torch.float32
     model, cfg = loaded.model, loaded.model_config
-    kv = KVCache(cfg, num_slots=4, max_len=256, dtype=torch.float32, device=torch.device("cpu"))
+    kv = KVCache(cfg, num_slots=5, max_len=256, dtype=torch.float32, device=torch.device("cpu"))
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (1, 37, 130)]
-    slots = [0, 2, 3]  # a hole at slot 1: decode reads the range with an idle slot
+    slots = [1, 3, 4]  # a range from slot 1 with a hole at slot 2: decode reads it with an idle slot, offset
     with torch.inference_mode():
         ours = model(_prefill_batch(prompts, slots), kv)
         refs = [hf(_ints([p])).logits[0] for p in prompts]
@@ -148,3 +148,49 @@ def test_logits_beyond_position_256_match_transformers(dense_dir, seed):
         nxt = int(ref[-1].argmax())
         step = model(_decode_batch([nxt], [301], [0], as_range=True), kv)
         assert _rel_err(step, hf(_ints([prompt + [nxt]])).logits[0, -1:]) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_is_transformers_with_and_without_the_residual(dtype, seed):
+    """Normalised in float32 with the layer's eps, then scaled by the weight in the input dtype:
+    two roundings in bf16/fp16 as transformers does (one rounding of weight x norm differs in a
+    quarter of the elements). eps 0.1 against inputs of mean square 0.09: the tiny models' 1e-6
+    is invisible at their activations' scale, so a norm that drops it passes the parity tests."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from quantgate.engine.layers import RMSNorm
+
+    ours, ref = RMSNorm(200, 0.1, dtype, torch.device("cpu")), Qwen3RMSNorm(200, eps=0.1).to(dtype)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ref.weight.copy_(ours.weight)
+        x, residual = ((torch.randn(37, 200) * 0.3).to(dtype) for _ in range(2))
+        mostly_equal(ours(x), ref(x))
+        out, summed = ours(x, residual)
+        assert torch.equal(summed, x + residual)
+        mostly_equal(out, ref(x + residual))
+
+
+def test_a_bf16_model_returns_float32_logits_close_to_the_float32_models(dense_dir, seed):
+    """The sampler's softmax and logprobs get float32 logits whatever dtype the model runs in."""
+    prompt = torch.randint(0, 384, (29,), generator=torch.Generator().manual_seed(seed)).tolist()
+    logits = {}
+    for dtype in ("bfloat16", "float32"):
+        loaded = load_model(dense_dir, device="cpu", dtype=dtype)
+        kv = KVCache(loaded.model_config, num_slots=1, max_len=64, dtype=loaded.dtype, device=torch.device("cpu"))
+        with torch.inference_mode():
+            logits[dtype] = loaded.model(_prefill_batch([prompt], [0]), kv)
+    assert logits["bfloat16"].dtype == torch.float32
+    assert _rel_err(logits["bfloat16"], logits["float32"]) < 0.05
+
+
+def test_the_configs_rms_norm_eps_reaches_every_norm(tmp_path, seed):
+    """eps 0.5 is larger than the mean square of the tiny model's activations, so each norm built
+    with another eps (1e-6 as written by default, or torch's) moves the logits."""
+    path = write_model(tmp_path / "eps", seed=5, rms_norm_eps=0.5)
+    hf, loaded = _hf(path), load_model(path, device="cpu")
+    assert loaded.model_config.rms_norm_eps == 0.5
+    kv = KVCache(loaded.model_config, num_slots=1, max_len=64, dtype=torch.float32, device=torch.device("cpu"))
+    prompt = torch.randint(0, loaded.model_config.vocab_size, (23,), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        assert _rel_err(loaded.model(_prefill_batch([prompt.tolist()], [0]), kv), hf(prompt[None]).logits[0]) < 1e-4

@@ -9,7 +9,7 @@ import torch
 from quantgate.engine import LLMEngine, SamplingParams, layers, load_model
 from quantgate.engine.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
-from .conftest import run_to_completion
+from .conftest import mostly_equal, run_to_completion
 
 triton_ops = pytest.importorskip("quantgate.engine.triton_ops")
 
@@ -129,13 +129,6 @@ def test_rms_norm_reads_row_strides_and_honours_eps(seed):
     torch.testing.assert_close(out.double(), _rms(expected_sum, w, eps), **TOLERANCE[torch.float32])
 
 
-def _mostly_equal(out: torch.Tensor, eager: torch.Tensor) -> None:
-    """The same bits as the eager path but for rare one-ulp differences (float32 sums in another order)."""
-    assert out.dtype == eager.dtype and out.shape == eager.shape
-    assert (out != eager).float().mean() < 0.01, (out != eager).float().mean().item()
-    torch.testing.assert_close(out, eager, rtol=2**-10, atol=1e-5)
-
-
 def test_kernels_round_where_the_eager_path_does(seed, monkeypatch):
     """In float16 (the interpreter truncates float32 to bfloat16, where a GPU rounds to nearest) each kernel
     gives the eager layers' bits: the residual sum, the normalised value, silu, the rotary tables
@@ -149,11 +142,11 @@ def test_kernels_round_where_the_eager_path_does(seed, monkeypatch):
     monkeypatch.setattr(layers, "uses_triton_ops", lambda x: False)  # the layers' eager path, on any device
     eager_out, eager_sum = norm(x, residual.clone())
     updated = residual.clone()
-    _mostly_equal(triton_ops.rms_norm(x, norm.weight, 1e-6, updated), eager_out)
+    mostly_equal(triton_ops.rms_norm(x, norm.weight, 1e-6, updated), eager_out)
     assert torch.equal(updated, eager_sum)
 
     gate, up = _random(tokens, 1100, dtype=dtype), _random(tokens, 1100, dtype=dtype)
-    _mostly_equal(triton_ops.silu_and_mul(gate, up), layers.silu_and_mul(gate.clone(), up))
+    mostly_equal(triton_ops.silu_and_mul(gate, up), layers.silu_and_mul(gate.clone(), up))
 
     rotary = RotaryEmbedding(head_dim, 1e6, 64, device)
     q, k, v = (_random(tokens, h * head_dim, dtype=dtype) for h in (heads, kv_heads, kv_heads))
@@ -166,8 +159,8 @@ def test_kernels_round_where_the_eager_path_does(seed, monkeypatch):
                                                      rotary.sin, positions, torch.arange(tokens, device=DEVICE),
                                                      k_cache, torch.zeros_like(k_cache))
     cos, sin = rotary(positions, dtype)
-    _mostly_equal(q_out, apply_rotary(q_norm(q.view(tokens, heads, head_dim)), cos, sin))
-    _mostly_equal(k_out, apply_rotary(k_norm(k.view(tokens, kv_heads, head_dim)), cos, sin))
+    mostly_equal(q_out, apply_rotary(q_norm(q.view(tokens, heads, head_dim)), cos, sin))
+    mostly_equal(k_out, apply_rotary(k_norm(k.view(tokens, kv_heads, head_dim)), cos, sin))
 
 
 def test_qk_norm_rope_reads_strided_projections_and_any_rotary_table(seed):
