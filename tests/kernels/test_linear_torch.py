@@ -69,6 +69,21 @@ def test_cpu_empty_batch_gives_an_empty_output(scheme):
     assert kernel.apply(case.layer, torch.empty(2, 0, 200).half()).shape == (2, 0, 72)
 
 
+@cpu_rows
+@pytest.mark.parametrize("scheme", [Scheme.FP8_CHANNEL, Scheme.FP8_TENSOR], ids=lambda s: s.value)
+def test_cpu_a_bias_in_another_dtype_joins_as_the_activation_dtype(seed, scheme):
+    """_scaled_mm on CUDA takes a bias only in the output dtype: a float32 bias is rounded to it
+    first, on CPU too, so both devices add the same bias values."""
+    case = make_case(208, 320, scheme, act_dtype=torch.bfloat16)
+    kernel = TorchScaledMMLinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(7, 320).bfloat16()
+    bias = torch.randn(208) + 1 / 3  # not on the bfloat16 grid
+    out = kernel.apply(case.layer, x, bias)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, kernel.apply(case.layer, x, bias.bfloat16()))
+
+
 def test_platform_verdicts():
     assert TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cpu")) == (True, None)
     ok, reason = TorchScaledMMLinearKernel.is_supported(Platform.hypothetical("cuda", "8.0"))

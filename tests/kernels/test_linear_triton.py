@@ -73,6 +73,7 @@ def _paths():
         ("gemv", 1, GemvConfig(8, 512, 4), None, (8, 128)),  # 8-row scale blocks: 8-column tiles
         ("gemv", 1, GemvConfig(32, 128, 4), None, (64, 128)),  # two tiles per scale row
         ("small_m", 5, GemmConfig(16, 64, 4, 3), 2, (128, 128)),
+        ("small_m", 16, GemmConfig(16, 128, 4, 3), None, (64, 128)),  # a full tile; two scale rows per tile
         ("tiled", 20, GemmConfig(32, 64, 4, 3, group_m=1), 2, (128, 128)),  # split-K: one row tile
         ("tma", 70, GemmConfig(64, 64, 4, 3), None, (128, 128)),
         ("tma", 70, GemmConfig(64, 128, 4, 3), None, (64, 128)),  # two scale rows per tile
@@ -156,6 +157,28 @@ def test_a_rows_output_does_not_depend_on_how_many_rows_share_its_batch(seed, sc
     assert workspace.eq(0).all()
 
 
+# 5 K tiles, the last partial or whole: uneven slices, and slices past the last tile left empty.
+# Both schemes: the block-scheme test above multiplies a K step run past the end by a scale
+# read out of bounds, which left such a step unseen on CPU.
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("path", ["small_m", "tiled"])
+@pytest.mark.parametrize("k", [600, 640])
+@pytest.mark.parametrize("split_k", [2, 4, 5])
+def test_split_k_sums_every_slice_once_in_either_scheme(seed, scheme, path, k, split_k):
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_linear, workspace_size
+
+    case = make_case(96, k, scheme, device=DEVICE)
+    scale = getattr(case.layer, case.config.scale_name)
+    groupwise = scheme is B
+    x = torch.randn(3, k, device=DEVICE).half()
+    workspace = torch.zeros(workspace_size(96), dtype=torch.int32, device=DEVICE)
+    out = w8a8_linear(x, case.weight, scale if groupwise else scale.reshape(-1), torch.float16, groupwise=groupwise,
+                      scale_block_n=128 if groupwise else 1, workspace=workspace, path=path,
+                      config=GemmConfig(16, 32, 4, 3, group_m=1), split_k=split_k)
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+    assert workspace.eq(0).all()
+
+
 def test_the_decode_buckets_offer_no_tile_that_computes_rows_to_other_bits():
     """On the H200 a 32-row tile in the 17-64-row bucket, once tuned in, made answers depend on how
     many requests shared a decode batch (4-14 of 1000 moved between runs, none without it: run
@@ -199,6 +222,147 @@ def test_verdicts():
     assert TritonBlockFp8LinearKernel.is_supported(Platform.hypothetical("cuda", "8.9")) == (True, None)
     ok, reason = TritonBlockFp8LinearKernel.can_implement(LinearLayerConfig(256, 256, Scheme.FP8_TENSOR))
     assert not ok and "fp8-tensor" in reason
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])
+@pytest.mark.usefixtures("untuned")
+def test_an_activation_view_with_a_row_stride_is_read_as_its_values(seed, m):
+    # Rows 600 apart in a 300-wide layer: the small-M kernel reads x in place.
+    case = make_case(200, 300, B, device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 600, device=DEVICE).half()[:, :300]
+    assert rel_error(kernel.apply(case.layer, x), reference_w8a8(case, x)) < 1e-3
+
+
+@pytest.mark.parametrize("path, m", [("small_m", 3), ("tiled", 20)])
+def test_a_per_channel_scale_view_is_read_as_its_values(seed, path, m):
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_linear
+
+    case = make_case(200, 300, C, device=DEVICE)
+    every_other = torch.zeros(2 * 200, device=DEVICE)
+    every_other[::2] = case.scale.reshape(-1)
+    x = torch.randn(m, 300, device=DEVICE).half()
+    out = w8a8_linear(x, case.weight, every_other[::2], torch.float16, groupwise=False, path=path)
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.parametrize("m", [3, 20])
+@pytest.mark.usefixtures("untuned")
+def test_float32_activations_give_float32_outputs(seed, scheme, m):
+    case = make_case(200, 300, scheme, act_dtype=torch.float32, device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(m, 300, device=DEVICE)
+    out = kernel.apply(case.layer, x)
+    assert out.dtype == torch.float32
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+@pytest.mark.usefixtures("untuned")
+def test_an_empty_batch_gives_an_empty_output(scheme):
+    case = make_case(72, 200, scheme, device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    assert kernel.apply(case.layer, torch.empty(2, 0, 200, device=DEVICE).half()).shape == (2, 0, 72)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.value)
+def test_the_bound_workspace_serves_split_k_over_the_narrowest_column_tiles(seed, scheme):
+    """N = 232 is 7.25 tiles of MIN_BLOCK_N columns, and K < N: the processed layer's counters
+    must cover every tile of the narrowest split launch."""
+    from quantgate.kernels.triton.fp8_block_gemm import MIN_BLOCK_N, GemmConfig, w8a8_linear
+
+    case = make_case(232, 160, scheme, device=DEVICE)
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    groupwise = scheme is B
+    x = torch.randn(3, 160, device=DEVICE).half()
+    out = w8a8_linear(x, case.layer.weight, getattr(case.layer, case.config.scale_name), torch.float16,
+                      groupwise=groupwise, scale_block_n=128 if groupwise else 1, workspace=case.layer.workspace,
+                      path="small_m", config=GemmConfig(16, MIN_BLOCK_N, 4, 3), split_k=2)
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+    assert case.layer.workspace.eq(0).all()
+
+
+@pytest.mark.usefixtures("untuned")
+def test_small_m_calls_split_k_over_the_bound_workspace(seed):
+    """apply hands the layer's counters to the GEMM, so decode-sized calls may spread K: with
+    float32 outputs the split's summation order shows in the bits."""
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_linear
+
+    case = make_case(200, 600, B, act_dtype=torch.float32, device=DEVICE)  # 5 K tiles: two slices
+    kernel = TritonBlockFp8LinearKernel(case.config)
+    kernel.process_weights_after_loading(case.layer)
+    x = torch.randn(3, 600, device=DEVICE)
+
+    def direct(workspace: torch.Tensor | None) -> torch.Tensor:
+        return w8a8_linear(x, case.layer.weight, getattr(case.layer, case.config.scale_name), torch.float32,
+                           groupwise=True, workspace=workspace)
+
+    out = kernel.apply(case.layer, x)
+    assert not torch.equal(direct(case.layer.workspace), direct(None))  # the default config splits here
+    assert torch.equal(out, direct(case.layer.workspace))
+    assert case.layer.workspace.eq(0).all()
+
+
+def test_the_tma_path_runs_the_tma_kernel(seed, monkeypatch):
+    from quantgate.kernels.triton import fp8_block_gemm
+    from quantgate.kernels.triton.fp8_block_gemm import GemmConfig, w8a8_linear
+
+    def no_pointer_tiles(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the TMA path launched the pointer-load kernel")
+
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("TMA tiles run on sm_90")
+    monkeypatch.setattr(fp8_block_gemm, "_tiled_launch", no_pointer_tiles)
+    case = make_case(208, 400, B, device=DEVICE)
+    x = torch.randn(70, 400, device=DEVICE).half()
+    out = w8a8_linear(x, case.weight, case.scale, torch.float16, groupwise=True, path="tma",
+                      config=GemmConfig(64, 64, 4, 3))
+    assert rel_error(out, reference_w8a8(case, x)) < 1e-3
+
+
+def test_the_path_follows_the_rows_and_what_tma_can_describe(monkeypatch):
+    """One row: GEMV or small-M; up to SMALL_M rows: in-kernel quantization; from TMA_MIN_M rows
+    on a TMA device, TMA tiles if K and N rows are 16-byte multiples; else pointer tiles."""
+    from quantgate.kernels.triton import fp8_block_gemm
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(fp8_block_gemm, "tma_device", lambda device: True)
+    paths = [fp8_block_gemm._default_path(m, 4096, 4096, cpu) for m in (1, 2, 16, 17, 256, 257, 4096)]
+    assert paths == ["one_row", "small_m", "small_m", "tiled", "tiled", "tma", "tma"]
+    assert fp8_block_gemm._default_path(300, 4104, 4096, cpu) == "tiled"  # K rows not 16-byte multiples
+    assert fp8_block_gemm._default_path(300, 4096, 4104, cpu) == "tiled"  # nor N rows
+    monkeypatch.setattr(fp8_block_gemm, "tma_device", lambda device: False)
+    assert fp8_block_gemm._default_path(300, 4096, 4096, cpu) == "tiled"
+
+
+def test_operands_the_gemms_cannot_read_are_refused():
+    from quantgate.kernels.triton.fp8_block_gemm import w8a8_gemm, w8a8_linear
+
+    w = torch.zeros(64, 256, device=DEVICE).to(quant.FP8_DTYPE)
+    ws = torch.ones(1, 2, device=DEVICE)
+    x = torch.zeros(2, 512, device=DEVICE).half()
+    # The small-M path: no check in w8a8_gemm after this one.
+    for bad_x, bad_w in ((x[:, ::2], w), (x[:, :256], w.t().contiguous().t()), (x[:, :256], w[:, :128].contiguous())):
+        with pytest.raises(ValueError, match="unit K stride"):
+            w8a8_linear(bad_x, bad_w, ws, torch.float16, groupwise=True, path="small_m")
+    a = x.to(quant.FP8_DTYPE)
+    xs = torch.ones(2, 2, device=DEVICE)
+    for bad_a, bad_b in ((a[:, ::2], w), (a[:, :256], w.t().contiguous().t()), (a[:, :256], w[:, :128].contiguous())):
+        with pytest.raises(ValueError, match="unit K stride"):
+            w8a8_gemm(bad_a, xs, bad_b, ws, torch.float16, groupwise=True)
+    # TMA: a row-strided a, or N rows not 16-byte multiples.
+    for bad_a, bad_b in ((a[:, :256], w), (a[:, :256].contiguous(), w[:40].contiguous())):
+        with pytest.raises(ValueError, match="TMA needs a contiguous a and K, N multiples of 16"):
+            w8a8_gemm(bad_a, xs, bad_b, ws, torch.float16, groupwise=True, tma=True)
+    with pytest.raises(ValueError, match="the one-row path takes one row, got 2"):
+        w8a8_linear(x[:, :256], w, ws, torch.float16, groupwise=True, path="one_row")
+    with pytest.raises(ValueError, match="up to 16 rows, got 17"):
+        w8a8_linear(torch.zeros(17, 256, device=DEVICE).half(), w, ws, torch.float16, groupwise=True, path="small_m")
 
 
 CUDA_CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)

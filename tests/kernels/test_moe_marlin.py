@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from quantgate.kernels import IncompatibleBufferError, Platform
-from quantgate.kernels.moe.marlin import MarlinMoEKernel
+from quantgate.kernels.moe.marlin import MarlinMoEKernel, kernel_scales
 from quantgate.kernels.schemes import Scheme
+from quantgate.kernels.triton.fused_moe_w8a16 import CONFIGS, config_for, fused_moe_w8a16
 from quantgate.kernels.triton.w8a16_gemm import unpack_weight
 
 from quantgate.kernels.moe.reference import mean_relative_error, reference_moe
@@ -49,6 +50,21 @@ def test_matches_float64_w8a16_reference(scheme, scale_name, hidden, inter, num_
     assert _run(cfg, num_tokens, skip_experts=(0, 5)) < TOLERANCE
 
 
+def test_activation_rows_strided_past_hidden_read_only_hidden_columns(seed):
+    """x a view of wider rows (hidden 200 of 256) whose other columns hold NaN: the K loop masks
+    columns past hidden instead of relying on the packed weights' zero padding."""
+    cfg = moe_config(Scheme.FP8_BLOCK, hidden=200, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = MarlinMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    x = torch.full((5, 256), torch.nan, device=DEVICE).half()[:, :cfg.hidden_size]
+    x.copy_(torch.randn(5, cfg.hidden_size, device=DEVICE))
+    weights, ids = routing(5, cfg, DEVICE)
+    out = kernel.apply(layer, x, weights, ids)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids, weight_only=True)) < TOLERANCE
+
+
 def test_static_input_scales_are_ignored(seed):
     # Weight-only: a checkpoint's activation scales do not change the result.
     cfg = moe_config(Scheme.FP8_TENSOR, hidden=136, inter=72, act_dtype=torch.float16, static_input_scale=True)
@@ -78,6 +94,73 @@ def test_processing_packs_four_fp8_per_int32_and_keeps_storage_on_reload(seed):
     weights, ids = routing(3, cfg, DEVICE)
     out = kernel.apply(layer, x, weights, ids)
     assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids, weight_only=True)) < TOLERANCE
+
+
+def test_block_scales_expand_to_one_column_per_output_row(seed):
+    """Block scales [E, ceil(N/128), ceil(K/128)] become [E, ceil(K/128), N], scale * 2^10 in fp16, with
+    N not a multiple of 128 (the down projection of a 200-wide layer): no columns past N."""
+    cfg = moe_config(Scheme.FP8_BLOCK, hidden=200, inter=256, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    for proj, (n, k) in (("w13", (2 * cfg.intermediate_size, cfg.hidden_size)),
+                         ("w2", (cfg.hidden_size, cfg.intermediate_size))):
+        scale = raw[f"{proj}_weight_scale"].double()
+        rows, groups = torch.arange(n) // 128, torch.arange(-(-k // 128))
+        expected = (scale[:, rows][:, :, groups] * 2.0 ** 10).transpose(1, 2).half()
+        got = getattr(layer, f"{proj}_weight_scale")
+        assert got.shape == (cfg.num_experts, -(-k // 128), n)
+        assert torch.equal(got.cpu(), expected.cpu())
+
+
+def test_fp16_scales_up_to_the_largest_fp16_value_are_kept():
+    # 65504 / 2^10 is the largest scale fp16 marlin scales hold: kept exactly, not refused.
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    layer.w2_weight_scale[3, 5] = 65504 / 2 ** 10
+    MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    assert layer.w2_weight_scale.abs().max().item() == 65504.0
+
+
+def test_overflow_refusals_name_the_layer_type_without_a_module_name():
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    layer.w2_weight_scale[0, 0] = 100.0
+    with pytest.raises(ValueError, match=r"^Module\.w2_weight_scale: weight scales up to 100 "):
+        MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    with pytest.raises(ValueError, match=r"^MoE layer\.w2_weight_scale: weight scales up to 100 "):
+        kernel_scales(layer.w2_weight_scale, cfg, "w2")
+
+
+def test_w8a16_tile_table_rows_apply_up_to_their_token_count():
+    (first, first_cfg), (second, second_cfg), (_, last_cfg) = CONFIGS
+    assert [config_for(t) for t in (1, first, first + 1, second, second + 1, 1 << 20)] == [
+        first_cfg, first_cfg, second_cfg, second_cfg, last_cfg, last_cfg]
+
+
+@pytest.mark.parametrize("proj", ["w13", "w2"])
+def test_scales_not_in_the_activation_dtype_are_refused(proj, seed):
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    MarlinMoEKernel(cfg).process_weights_after_loading(layer)
+    scales = {"w13": layer.w13_weight_scale, "w2": layer.w2_weight_scale}
+    scales[proj] = scales[proj].float()
+    weights, ids = routing(3, cfg, DEVICE)
+    with pytest.raises(ValueError, match="W8A16 scales must be in the activation dtype torch.float16"):
+        fused_moe_w8a16(torch.randn(3, cfg.hidden_size, device=DEVICE).half(), weights, ids, layer.w13_weight,
+                        scales["w13"], layer.w2_weight, scales["w2"], hidden=cfg.hidden_size,
+                        intermediate=cfg.intermediate_size)
+
+
+def test_no_tokens_give_an_empty_output():
+    cfg = moe_config(Scheme.FP8_BLOCK, hidden=200, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    kernel = MarlinMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    out = kernel.apply(layer, torch.empty(0, cfg.hidden_size, device=DEVICE).half(),
+                       torch.empty(0, cfg.top_k, device=DEVICE), torch.empty(0, cfg.top_k, dtype=torch.int64,
+                                                                              device=DEVICE))
+    assert out.shape == (0, cfg.hidden_size) and out.dtype == torch.float16
 
 
 def test_processing_twice_without_a_reload_names_the_reload():

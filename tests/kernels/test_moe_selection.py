@@ -134,3 +134,16 @@ def test_an_unknown_moe_backend_lists_the_known_ones_in_order() -> None:
     with pytest.raises(UnknownBackendError, match=r"unknown --moe-backend 'cutlass' \(known: auto, emulation, triton, "
                                                   r"marlin\)$"):
         select_moe_kernel(PLATFORMS["9.0"], cfg, "cutlass")
+
+
+@pytest.mark.parametrize("kernel", ["TritonFusedMoEKernel", "TritonUnquantizedMoEKernel", "MarlinMoEKernel"])
+def test_gpu_kernels_name_what_the_platform_lacks(kernel: str) -> None:
+    from quantgate.kernels.registry import ALL_MOE_KERNELS
+
+    kernel_class = next(k for k in ALL_MOE_KERNELS if k.kernel_name() == kernel)
+    ok, reason = kernel_class.is_supported(PLATFORMS["cpu"])
+    assert not ok and reason.startswith("requires CUDA (compute capability >= 8.") and "this is cpu" in reason
+    assert "--moe-backend emulation" in reason
+    no_triton = Platform("cuda", (9, 0), "cuda sm_90", frozenset({"cuda"}))
+    assert kernel_class.is_supported(no_triton) == (False, "triton is not installed (pip install triton)")
+    assert kernel_class.is_supported(PLATFORMS["9.0"]) == (True, None)

@@ -104,6 +104,21 @@ def test_every_tile_row_matches_float64_reference(scheme, tile_config, seed):
     assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
 
 
+def test_grouped_tile_order_covers_a_partial_last_group(seed):
+    """GROUP_M (8) row blocks sweep the column tiles together; 600 slots over 4 experts at BLOCK_M
+    64 bound 14 row blocks, so the last group holds 6, about 4 of them used, and the down GEMM
+    has 3 column tiles (hidden 300): each of its (row block, column tile) pairs must still run."""
+    cfg = moe_config(Scheme.UNQUANTIZED, experts_=4, top_k=2, hidden=300, inter=72, act_dtype=torch.float16)
+    tile_config = fused_moe.BF16_CONFIGS[-1][1]
+    assert tile_config.block_m == 64 and tile_config.down.group_m == 8
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    x, weights, ids = plain_inputs(cfg, 300, DEVICE)
+    assert int(moe_align_block_size(ids, 4, 64)[2]) > 9 * 64  # used row blocks reach into the last group
+    out = fused_moe.fused_moe_unquantized(x, weights, ids, layer.w13_weight, layer.w2_weight, config=tile_config)
+    assert mean_relative_error(out, reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
 def test_all_tokens_on_one_expert_with_tied_logits(seed):
     cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float16, top_k=2)
     layer = moe_layer(cfg, DEVICE)
@@ -225,6 +240,95 @@ def test_reload_with_other_shapes_raises():
         TritonFusedMoEKernel(bigger).process_weights_after_loading(layer)
 
 
+@pytest.mark.parametrize("kernel_class,scheme", [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, id="block"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_TENSOR, id="tensor"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="unquantized"),
+])
+def test_no_tokens_give_an_empty_output(kernel_class, scheme):
+    cfg = moe_config(scheme, hidden=200, inter=128, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    kernel = kernel_class(cfg)
+    kernel.process_weights_after_loading(layer)
+    out = kernel.apply(layer, torch.empty(0, cfg.hidden_size, device=DEVICE).half(),
+                       torch.empty(0, cfg.top_k, device=DEVICE), torch.empty(0, cfg.top_k, dtype=torch.int64,
+                                                                              device=DEVICE))
+    assert out.shape == (0, cfg.hidden_size) and out.dtype == torch.float16
+
+
+def test_calls_past_int32_offsets_are_refused():
+    """The kernels' int32 offsets reach 2^31 - 1: activations, aligned intermediate rows and one
+    expert's gate/up weight each up to that many elements run, one more is refused (meta tensors)."""
+    def check(tokens, hidden, rows, two_i):
+        x = torch.empty(tokens, hidden, dtype=torch.float16, device="meta")
+        fused_moe._check_offsets(x, rows, torch.empty(4, two_i, hidden, dtype=torch.float16, device="meta"))
+
+    limit = 2 ** 31
+    check(limit // 256 - 1, 256, 16, 144)  # the largest of each still fits: 2^31 - 256 elements
+    check(16, 256, (limit - 1) // 144, 144)
+    check(16, 255, 16, limit // 256 - 1)
+    for args in [(limit // 256, 256, 16, 144), (16, 256, limit // 128, 128), (16, 256, 16, limit // 256)]:
+        with pytest.raises(ValueError, match="MoE call too large for int32 offsets"):
+            check(*args)
+
+
+def test_processed_weight_scales_are_float32(seed):
+    # Checkpoints may store scales in bf16; the kernels read float32 (fused_moe.ExpertScales).
+    cfg = moe_config(Scheme.FP8_CHANNEL, hidden=200, inter=72, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    for name in ("w13_weight_scale", "w2_weight_scale"):
+        layer.register_buffer(name, getattr(layer, name).bfloat16(), persistent=False)
+    raw = raw_tensors(layer)
+    kernel = TritonFusedMoEKernel(cfg)
+    kernel.process_weights_after_loading(layer)
+    for name in ("w13_weight_scale", "w2_weight_scale"):
+        assert getattr(layer, name).dtype == torch.float32 and torch.equal(getattr(layer, name), raw[name].float())
+    x, weights, ids = tie_free_inputs(raw, cfg, 5, DEVICE)
+    assert mean_relative_error(kernel.apply(layer, x, weights, ids), reference_moe(raw, cfg, x, weights, ids)) < TOLERANCE
+
+
+def test_tile_table_rows_apply_up_to_their_token_count():
+    # The first row with num_tokens <= largest applies (the edges are tuned batch sizes).
+    for table, fp8 in ((fused_moe.FP8_CONFIGS, True), (fused_moe.BF16_CONFIGS, False)):
+        (first, first_cfg), (second, second_cfg), (_, last_cfg) = table
+        assert [fused_moe.config_for(t, fp8) for t in (1, first, first + 1, second, second + 1, 1 << 20)] == [
+            first_cfg, first_cfg, second_cfg, second_cfg, last_cfg, last_cfg]
+
+
+@pytest.mark.parametrize("kernel_class,scheme", [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, id="triton-channel"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
+    pytest.param(MarlinMoEKernel, Scheme.FP8_CHANNEL, id="marlin-channel"),
+])
+def test_int64_expert_ids_and_float16_routing_weights_are_taken(kernel_class, scheme, seed):
+    # A router's torch.topk gives int64 ids, and its weights may be in the activation dtype.
+    cfg = moe_config(scheme, hidden=200, inter=72, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    raw = raw_tensors(layer)
+    kernel = kernel_class(cfg)
+    kernel.process_weights_after_loading(layer)
+    x, weights, ids = tie_free_inputs(raw, cfg, 5, DEVICE)
+    weights = weights.half()
+    expected = reference_moe(raw, cfg, x, weights, ids, weight_only=kernel_class is MarlinMoEKernel)
+    assert mean_relative_error(kernel.apply(layer, x, weights, ids.long()), expected) < TOLERANCE
+
+
+@pytest.mark.parametrize("kernel_class,scheme", [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, id="triton-channel"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
+    pytest.param(MarlinMoEKernel, Scheme.FP8_CHANNEL, id="marlin-channel"),
+])
+def test_processing_refuses_weights_of_another_dtype(kernel_class, scheme):
+    # bf16 experts under an FP8 config (or fp32 experts under an fp16 one) are refused by name, not bound.
+    cfg = moe_config(scheme, hidden=64, inter=32, act_dtype=torch.float16)
+    layer = moe_layer(cfg, DEVICE)
+    layer.register_buffer("w2_weight", layer.w2_weight.float(), persistent=False)
+    with pytest.raises(ValueError, match=r"MoE layer tensors do not match its config .*w2_weight is \(8, 64, 32\) "
+                                         r"torch.float32, expected \(8, 64, 32\) torch.float"):
+        kernel_class(cfg).process_weights_after_loading(layer)
+    assert not hasattr(layer, "moe_workspace")
+
+
 def test_block_scheme_needs_a_128_wide_gate_up_tile():
     cfg = moe_config(Scheme.FP8_BLOCK, act_dtype=torch.float16)
     layer = moe_layer(cfg, DEVICE)
@@ -246,6 +350,8 @@ def test_layer_refusals_name_the_cause():
     assert not ok and "scheme unquantized not handled" in reason
     ok, reason = TritonUnquantizedMoEKernel.can_implement(moe_config(Scheme.FP8_BLOCK, act_dtype=torch.bfloat16))
     assert not ok and "scheme fp8-block not handled" in reason
+    ok, reason = TritonUnquantizedMoEKernel.can_implement(moe_config(Scheme.UNQUANTIZED, act_dtype=torch.float32))
+    assert not ok and "bfloat16 or float16, not torch.float32" in reason
 
 
 # --- CUDA: the Qwen3-30B-A3B layer in both activation dtypes ------------------------------------
