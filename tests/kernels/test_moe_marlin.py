@@ -152,17 +152,6 @@ def test_scales_not_in_the_activation_dtype_are_refused(proj, seed):
                         intermediate=cfg.intermediate_size)
 
 
-def test_no_tokens_give_an_empty_output():
-    cfg = moe_config(Scheme.FP8_BLOCK, hidden=200, inter=128, act_dtype=torch.float16)
-    layer = moe_layer(cfg, DEVICE)
-    kernel = MarlinMoEKernel(cfg)
-    kernel.process_weights_after_loading(layer)
-    out = kernel.apply(layer, torch.empty(0, cfg.hidden_size, device=DEVICE).half(),
-                       torch.empty(0, cfg.top_k, device=DEVICE), torch.empty(0, cfg.top_k, dtype=torch.int64,
-                                                                              device=DEVICE))
-    assert out.shape == (0, cfg.hidden_size) and out.dtype == torch.float16
-
-
 def test_processing_twice_without_a_reload_names_the_reload():
     """Repacked experts processed again are refused with the fix that applies (reload the checkpoint
     tensors), not with the loader's stacking rule."""

@@ -240,10 +240,18 @@ def test_reload_with_other_shapes_raises():
         TritonFusedMoEKernel(bigger).process_weights_after_loading(layer)
 
 
+EACH_GPU_KERNEL = [
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, id="triton-channel"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
+    pytest.param(MarlinMoEKernel, Scheme.FP8_CHANNEL, id="marlin-channel"),
+]
+
+
 @pytest.mark.parametrize("kernel_class,scheme", [
-    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, id="block"),
-    pytest.param(TritonFusedMoEKernel, Scheme.FP8_TENSOR, id="tensor"),
-    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="unquantized"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_BLOCK, id="triton-block"),
+    pytest.param(TritonFusedMoEKernel, Scheme.FP8_TENSOR, id="triton-tensor"),
+    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
+    pytest.param(MarlinMoEKernel, Scheme.FP8_BLOCK, id="marlin-block"),
 ])
 def test_no_tokens_give_an_empty_output(kernel_class, scheme):
     cfg = moe_config(scheme, hidden=200, inter=128, act_dtype=torch.float16)
@@ -295,11 +303,7 @@ def test_tile_table_rows_apply_up_to_their_token_count():
             first_cfg, first_cfg, second_cfg, second_cfg, last_cfg, last_cfg]
 
 
-@pytest.mark.parametrize("kernel_class,scheme", [
-    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, id="triton-channel"),
-    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
-    pytest.param(MarlinMoEKernel, Scheme.FP8_CHANNEL, id="marlin-channel"),
-])
+@pytest.mark.parametrize("kernel_class,scheme", EACH_GPU_KERNEL)
 def test_int64_expert_ids_and_float16_routing_weights_are_taken(kernel_class, scheme, seed):
     # A router's torch.topk gives int64 ids, and its weights may be in the activation dtype.
     cfg = moe_config(scheme, hidden=200, inter=72, act_dtype=torch.float16)
@@ -313,11 +317,7 @@ def test_int64_expert_ids_and_float16_routing_weights_are_taken(kernel_class, sc
     assert mean_relative_error(kernel.apply(layer, x, weights, ids.long()), expected) < TOLERANCE
 
 
-@pytest.mark.parametrize("kernel_class,scheme", [
-    pytest.param(TritonFusedMoEKernel, Scheme.FP8_CHANNEL, id="triton-channel"),
-    pytest.param(TritonUnquantizedMoEKernel, Scheme.UNQUANTIZED, id="triton-unquantized"),
-    pytest.param(MarlinMoEKernel, Scheme.FP8_CHANNEL, id="marlin-channel"),
-])
+@pytest.mark.parametrize("kernel_class,scheme", EACH_GPU_KERNEL)
 def test_processing_refuses_weights_of_another_dtype(kernel_class, scheme):
     # bf16 experts under an FP8 config (or fp32 experts under an fp16 one) are refused by name, not bound.
     cfg = moe_config(scheme, hidden=64, inter=32, act_dtype=torch.float16)
