@@ -38,14 +38,20 @@ CASES = [
 ]
 
 
-def _run(kernel_class, cfg, num_tokens, skip_experts=(), draw=gaussian_activations, tie_free=True):
-    """Mean relative error of the kernel against the float64 reference on inputs from `draw`,
-    kept clear of FP8 rounding ties of the intermediate unless `tie_free` is False
-    (tests/kernels/test_moe_reference.py says when that matters)."""
+def _processed(kernel_class, cfg):
+    """The kernel, a fresh layer of `cfg` it has processed, and the layer's checkpoint tensors."""
     layer = moe_layer(cfg, DEVICE)
     raw = raw_tensors(layer)
     kernel = kernel_class(cfg)
     kernel.process_weights_after_loading(layer)
+    return kernel, layer, raw
+
+
+def _run(kernel_class, cfg, num_tokens, skip_experts=(), draw=gaussian_activations, tie_free=True):
+    """Mean relative error of the kernel against the float64 reference on inputs from `draw`,
+    kept clear of FP8 rounding ties of the intermediate unless `tie_free` is False
+    (tests/kernels/test_moe_reference.py says when that matters)."""
+    kernel, layer, raw = _processed(kernel_class, cfg)
     if tie_free:
         x, weights, ids = tie_free_inputs(raw, cfg, num_tokens, DEVICE, skip_experts, draw)
     else:
@@ -200,10 +206,7 @@ def test_unaligned_operands_between_aligned_calls(kernel_class, scheme, seed):
     256 elements: with a row stride divisible by 16 the aligned compilation loads the activations
     in 16-byte vectors, which an unaligned pointer cannot take."""
     cfg = moe_config(scheme, hidden=256, inter=128, act_dtype=torch.float16)
-    layer = moe_layer(cfg, DEVICE)
-    raw = raw_tensors(layer)
-    kernel = kernel_class(cfg)
-    kernel.process_weights_after_loading(layer)
+    kernel, layer, raw = _processed(kernel_class, cfg)
     x, weights, ids = tie_free_inputs(raw, cfg, 5, DEVICE)
     expected = reference_moe(raw, cfg, x, weights, ids, weight_only=kernel_class is MarlinMoEKernel)
     unaligned_x, unaligned_weights = _unaligned(x), _unaligned(weights)
@@ -255,9 +258,7 @@ EACH_GPU_KERNEL = [
 ])
 def test_no_tokens_give_an_empty_output(kernel_class, scheme):
     cfg = moe_config(scheme, hidden=200, inter=128, act_dtype=torch.float16)
-    layer = moe_layer(cfg, DEVICE)
-    kernel = kernel_class(cfg)
-    kernel.process_weights_after_loading(layer)
+    kernel, layer, _ = _processed(kernel_class, cfg)
     out = kernel.apply(layer, torch.empty(0, cfg.hidden_size, device=DEVICE).half(),
                        torch.empty(0, cfg.top_k, device=DEVICE), torch.empty(0, cfg.top_k, dtype=torch.int64,
                                                                               device=DEVICE))
@@ -307,10 +308,7 @@ def test_tile_table_rows_apply_up_to_their_token_count():
 def test_int64_expert_ids_and_float16_routing_weights_are_taken(kernel_class, scheme, seed):
     # A router's torch.topk gives int64 ids, and its weights may be in the activation dtype.
     cfg = moe_config(scheme, hidden=200, inter=72, act_dtype=torch.float16)
-    layer = moe_layer(cfg, DEVICE)
-    raw = raw_tensors(layer)
-    kernel = kernel_class(cfg)
-    kernel.process_weights_after_loading(layer)
+    kernel, layer, raw = _processed(kernel_class, cfg)
     x, weights, ids = tie_free_inputs(raw, cfg, 5, DEVICE)
     weights = weights.half()
     expected = reference_moe(raw, cfg, x, weights, ids, weight_only=kernel_class is MarlinMoEKernel)
