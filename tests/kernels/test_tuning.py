@@ -100,9 +100,9 @@ def test_the_margin_is_measured_against_the_config_kept_so_far(monkeypatch):
     """Candidates each a little faster than the one before must not add up to a switch that no
     step earned; a slow default is replaced by the faster of the others."""
     _fake_timing(monkeypatch, {"default": 0.0100, "fast": 0.0090, "slightly_faster": 0.0088, "slow": 0.0200})
-    tuner = Autotuner("test_chain")
-    assert tuner._time(("k",), ["default", "fast", "slightly_faster"], lambda name: name) == "fast"
-    assert tuner._time(("j",), ["slow", "default", "fast"], lambda name: name) == "fast"
+    tuner, cuda = Autotuner("test_chain"), torch.device("cuda")
+    assert tuner.pick(("k",), ["default", "fast", "slightly_faster"], lambda name: name, cuda) == "fast"
+    assert tuner.pick(("j",), ["slow", "default", "fast"], lambda name: name, cuda) == "fast"
 
 
 def test_when_every_candidate_fails_the_first_ones_error_is_raised(monkeypatch):
@@ -114,9 +114,10 @@ def test_when_every_candidate_fails_the_first_ones_error_is_raised(monkeypatch):
     tuner = Autotuner("test_failing")
     with pytest.raises(RuntimeError, match=f"^test_failing: no candidate config ran for \\('k',\\): "
                                            f"ValueError: {'x' * 200}$"):
-        tuner._time(("k",), ["default", "two_lines", "bare"], lambda name: name)
+        tuner.pick(("k",), ["default", "two_lines", "bare"], lambda name: name, torch.device("cuda"))
     assert tuner.timings[("k",)] == [("default", None, f"ValueError: {'x' * 200}"),
                                      ("two_lines", None, "OSError: first line"), ("bare", None, "RuntimeError: ")]
+    assert ("k",) not in tuner.best  # nothing kept: the next call tries again
 
 
 @pytest.mark.gpu
