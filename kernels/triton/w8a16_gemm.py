@@ -7,7 +7,9 @@ single row (decode at batch 1), where the GEMM is a GEMV that only has to stream
 Packed layout ("k-planes"), built once at load by `pack_weight`: for K tile t (128 wide) and
 row j < 32 of that tile, int32 [t * 32 + j, n] holds in byte p the weight w[n, t*128 + 32p + j].
 A [32, BLOCK_N] load therefore yields four [32, BLOCK_N] planes, each the operand of one K=32
-dot (or of 32 x BLOCK_N FMAs), with N contiguous for wide, coalesced loads.
+dot (or of 32 x BLOCK_N FMAs), with N contiguous for wide, coalesced loads. Programs that run
+together then read neighbouring pieces of the same rows; storing each column tile's rows
+contiguously instead put them a whole tile apart, on few DRAM channels: 3-4x slower (run 28).
 
 Bit conversion: an e4m3 byte's sign and 7 exponent/mantissa bits, moved into the top of a
 bf16 (or float32), give the same number times 2^-120 (2^-8 into fp16); fp8 subnormals land on
@@ -26,8 +28,11 @@ Small M streams the weights with K split across programs (gemm_epilogue); the GE
 two or four K tiles at a time and issues the next load before converting the current chunk
 (one tile ahead kept the H200 at 45-69% of its copy bandwidth at M=1: too few bytes in flight
 per SM). Triton software-pipelines a loop without a dot only when asked (`tl.range(...,
-num_stages=...)`), through shared memory: that GEMV measured 15-35% slower (run 7). Column
-tiles, tiles per load and splits are tuned per shape on the GPU (tuning.py).
+num_stages=...)`), through shared memory: that GEMV measured 15-35% slower (run 7). Two chunks
+in flight, or fewer registers so that more programs stay resident, did not help either: the loop
+issues about 5 instructions per weight byte, 3 of them moving bits, and is bound by issue as much
+as by memory latency (run 28). Column tiles, tiles per load and splits are tuned per shape on the
+GPU (tuning.py).
 """
 
 from __future__ import annotations
