@@ -3,17 +3,15 @@ weight bytes are in flight). Variants by source edits; n_regs / spills printed. 
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
 
-import torch
-
 from quantgate.kernels.triton import w8a16_gemm as base
 from quantgate.kernels.triton.tuning import graph_time_ms
 
-SRC = Path(base.__file__).read_text()
+from common import edited_copy, one_row_case
+
 FMA = "            t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)\n"
 TZERO = "        t = tl.zeros((32 * TILES, BLOCK_N), dtype=tl.float32)\n"
 TADD = "        if GROUPWISE:\n            acc += t * s\n        else:\n            acc += t\n"
@@ -36,17 +34,6 @@ VARIANTS = {
                      "        else:\n            acc += tl.sum(tl.reshape(t, (4, 8, BLOCK_N)), axis=0)\n", 1)],
 }
 
-
-def variant(name: str):
-    src = SRC
-    for old, new, count in VARIANTS[name]:
-        assert src.count(old) == count, (name, old)
-        src = src.replace(old, new)
-    mod = f"_exp_{name}"
-    (Path(base.__file__).parent / f"{mod}.py").write_text(src)
-    return importlib.import_module(f"quantgate.kernels.triton.{mod}")
-
-
 SHAPES = ((4096, 14336), (14336, 4096), (4096, 4096))  # (K, N)
 CONFIGS = ([base.W8A16Config(1, 64, 4, 1, s) for s in (4, 5, 6, 7, 8, 10, 12)]
            + [base.W8A16Config(1, 32, 4, 1, s) for s in (8, 10, 12, 16)]
@@ -61,18 +48,10 @@ def regs(mod) -> str:
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    dev = "cuda"
-    mods = {name: variant(name) for name in VARIANTS}
+    mods = {name: edited_copy(name, edits) for name, edits in VARIANTS.items()}
     rows = []
     for k, n in SHAPES:
-        w = (torch.randn(n, k, device=dev) * 0.05).to(torch.float8_e4m3fn)
-        packed = base.pack_weight(w)
-        scale = (torch.rand(k // 128, n, device=dev) + 0.5).to(torch.bfloat16) * 1e-2
-        ws = torch.zeros(base.workspace_size(n), dtype=torch.int32, device=dev)
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        wb = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        bf16 = 1e3 * graph_time_ms(lambda: x @ wb.t())
-        del wb
+        w, packed, scale, ws, x, bf16 = one_row_case(k, n)
         ref = (x.double() @ (w.double() * scale.double().repeat_interleave(128, 0).t()).t()).float()
         print(f"{k}x{n}: bf16 {bf16:.1f} us; 1.6x needs {bf16 / 1.6:.1f} us", flush=True)
         for cfg in CONFIGS:

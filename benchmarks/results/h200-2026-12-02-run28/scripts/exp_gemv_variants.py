@@ -3,7 +3,6 @@ built by source edits (same configs, splits), a plain read of the bytes, and pee
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ from quantgate.kernels.triton.tuning import graph_time_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # benchmarks/
 from bench_gemv_floor import read_words  # noqa: E402
+from common import edited_copy, one_row_case  # noqa: E402
 
-SRC = Path(base.__file__).read_text()
 LOAD0 = "packed = tl.load(w_ptrs, mask=(k_first + tile < k_last)[:, None], other=0)"
 NEXT = "following = tl.load(w_ptrs + 32 * TILES * N, mask=(kt + TILES + tile < k_last)[:, None], other=0)"
 FMA = "t += (x.to(tl.float32) * X_MUL)[:, None] * _plane(packed, p, 0)"
@@ -36,14 +35,7 @@ VARIANTS = {
 
 
 def variant(name: str):
-    src = SRC
-    for old, new, count in VARIANTS[name]:
-        assert src.count(old) == count, (name, old)
-        src = src.replace(old, new)
-    mod = f"_exp_{name}"
-    (Path(base.__file__).parent / f"{mod}.py").write_text(src)
-    return importlib.import_module(f"quantgate.kernels.triton.{mod}")
-
+    return edited_copy(name, VARIANTS[name])
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
 CONFIGS = [base.W8A16Config(1, 64, 4, 1, s) for s in (3, 4, 5, 6, 8, 10)] + [
@@ -56,14 +48,8 @@ def main(out: Path) -> None:
     mods = {name: variant(name) for name in VARIANTS}
     rows = []
     for k, n in SHAPES:
-        w = (torch.randn(n, k, device=dev) * 0.05).to(torch.float8_e4m3fn)
-        packed = base.pack_weight(w)
-        scale = (torch.rand(k // 128, n, device=dev) + 0.5).to(torch.bfloat16) * 1e-2
-        ws = torch.zeros(base.workspace_size(n), dtype=torch.int32, device=dev)
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        wb = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        peers = {"bf16": 1e3 * graph_time_ms(lambda: x @ wb.t())}
-        del wb
+        w, packed, scale, ws, x, bf16 = one_row_case(k, n)
+        peers = {"bf16": bf16}
         xq = x.to(torch.float8_e4m3fn)
         one = torch.ones((), device=dev)
         peers["scaled_mm_tensor"] = 1e3 * graph_time_ms(lambda: torch._scaled_mm(xq, w.t(), one, one, out_dtype=torch.bfloat16))

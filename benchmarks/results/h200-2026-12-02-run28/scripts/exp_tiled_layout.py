@@ -4,7 +4,6 @@ same configs and splits; only the weight pointer arithmetic differs. GPU only.""
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,7 +13,8 @@ import torch
 from quantgate.kernels.triton import w8a16_gemm as base
 from quantgate.kernels.triton.tuning import graph_time_ms
 
-SRC = Path(base.__file__).read_text()
+from common import bf16_peer_us, block_layer, edited_copy
+
 REPL = [  # (old, new, occurrences)
     ("w_ptrs = w_ptr + (k_first * 32 + rj)[:, None] * N + rn_in[None, :]",
      "w_ptrs = w_ptr + pid_n * (k_tiles * 32 * BLOCK_N) + (k_first * 32 + rj)[:, None] * BLOCK_N"
@@ -23,11 +23,7 @@ REPL = [  # (old, new, occurrences)
     ("w_ptrs += 32 * TILES * N", "w_ptrs += 32 * TILES * BLOCK_N", 1),
     ("w_ptrs += 32 * N\n", "w_ptrs += 32 * BLOCK_N\n", 1),
 ]
-for old, new, count in REPL:
-    assert SRC.count(old) == count, old
-    SRC = SRC.replace(old, new)
-(Path(base.__file__).parent / "_exp_tiled.py").write_text(SRC)
-tiled = importlib.import_module("quantgate.kernels.triton._exp_tiled")
+tiled = edited_copy("tiled", REPL)
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
 
@@ -56,15 +52,10 @@ def main(out: Path) -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
     for k, n in SHAPES:
-        w = (torch.randn(n, k, device=dev) * 0.05).to(torch.float8_e4m3fn)
-        packed = base.pack_weight(w)
-        scale = (torch.rand(k // 128, n, device=dev) + 0.5).to(torch.bfloat16) * 1e-2
-        ws = torch.zeros(base.workspace_size(n), dtype=torch.int32, device=dev)
+        w, packed, scale, ws = block_layer(k, n)
         for m in (1, 16):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            wb = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-            bf16_us = 1e3 * graph_time_ms(lambda: x @ wb.t())
-            del wb
+            bf16_us = bf16_peer_us(x, n)
             rows.append(dict(m=m, k=k, n=n, kind="bf16", cfg="-", us=bf16_us))
             print(f"M={m:2d} {k}x{n} bf16 {bf16_us:6.1f} us")
             cands = [c for c in base.candidates_for(m, True) if not c.tma and c.prefetch == 0]
